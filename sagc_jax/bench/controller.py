@@ -1,0 +1,59 @@
+"""Host-side cost of the group-size controllers (one propose + observe pair).
+
+SAGC runs on the host between jitted sampler/learner calls, so its overhead is
+pure idle time for the accelerator mesh. This measures the wall-clock of one
+``propose()`` + ``observe(group_max, group_median)`` pair, per group count,
+on length arrays drawn from the simulator's heavy-tailed process (so the
+controller moves between sizes as it would in training).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.controller import SAGCController, StaticController
+
+
+def _time_pairs(ctrl, group_max: np.ndarray, group_median: np.ndarray) -> np.ndarray:
+  seconds = np.empty(len(group_max))
+  clock = time.perf_counter
+  for i in range(len(group_max)):
+    start = clock()
+    ctrl.propose()
+    ctrl.observe(group_max[i], group_median[i])
+    seconds[i] = clock() - start
+  return seconds
+
+
+def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
+        seed: int = 0) -> dict[str, Any]:
+  rng = np.random.default_rng(seed)
+  results: dict[str, Any] = {"steps": steps, "cases": []}
+  for n_groups in group_counts:
+    # Lengths of groups of 16: log-normal body with occasional 2-5x tails.
+    lengths = 500 * np.exp(0.3 * rng.standard_normal((steps, n_groups, 16)))
+    lengths *= np.where(rng.random(lengths.shape) < 0.03, rng.uniform(2, 5, lengths.shape), 1)
+    group_max = lengths.max(axis=2).round()
+    group_median = np.median(lengths, axis=2).round()
+    for name, ctrl in (("sagc", SAGCController(seed=seed)),
+                       ("static", StaticController(8))):
+      _time_pairs(ctrl, group_max[:200], group_median[:200])        # warm-up
+      us = _time_pairs(ctrl, group_max, group_median) * 1e6
+      results["cases"].append({
+          "controller": name, "n_groups": n_groups,
+          "median_us": float(np.median(us)), "p90_us": float(np.percentile(us, 90)),
+          "p99_us": float(np.percentile(us, 99)), "mean_us": float(us.mean()),
+      })
+  return results
+
+
+def report(results: dict[str, Any]) -> str:
+  lines = [f"controller propose+observe, {results['steps']} steps per case",
+           f"{'controller':<10} {'groups':>6} {'median_us':>10} {'p90_us':>8} {'p99_us':>8}"]
+  for case in results["cases"]:
+    lines.append(f"{case['controller']:<10} {case['n_groups']:>6} {case['median_us']:>10.1f} "
+                 f"{case['p90_us']:>8.1f} {case['p99_us']:>8.1f}")
+  return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Start-up validation helpers for ml_collections configs.
+
+Every check raises ``ValueError`` naming the dotted key, the bad value and what
+is allowed, so a bad command-line override fails before any work is done.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+
+def lookup(config: Any, key: str) -> Any:
+  """Value at a dotted key (``'sim.steps'``); a missing key is an error naming it."""
+  node = config
+  for part in key.split("."):
+    try:
+      node = node[part]
+    except (KeyError, AttributeError, TypeError):
+      raise ValueError(f"config key {key!r} is missing") from None
+  return node
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def positive_int(config: Any, key: str) -> int:
+  value = lookup(config, key)
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    raise ValueError(f"{key}={value!r} must be a positive integer")
+  return value
+
+
+def number_in(config: Any, key: str, low: float = -math.inf, high: float = math.inf,
+              *, low_open: bool = False, high_open: bool = False) -> float:
+  """A finite number inside the given interval (open or closed at each end)."""
+  value = lookup(config, key)
+  if not _is_number(value) or math.isnan(value):
+    raise ValueError(f"{key}={value!r} must be a number")
+  below = value <= low if low_open else value < low
+  above = value >= high if high_open else value > high
+  if below or above:
+    lo = "(" if low_open else "["
+    hi = ")" if high_open else "]"
+    raise ValueError(f"{key}={value!r} must be in {lo}{low}, {high}{hi}")
+  return float(value)
+
+
+def one_of(config: Any, key: str, allowed: Iterable[Any]) -> Any:
+  value = lookup(config, key)
+  allowed = tuple(allowed)
+  if value not in allowed:
+    raise ValueError(f"{key}={value!r} is not one of {allowed}")
+  return value

@@ -1,0 +1,449 @@
+"""Group-size controllers for synchronous GRPO/DAPO: SAGC and a static baseline.
+
+Synchronous on-policy RL samples a group of G responses per prompt and waits
+for the longest response of the step. SAGC (Straggler-Aware Group Control)
+picks G every step from a small sorted candidate set by online constrained
+optimisation:
+
+* utility of a group size ``u(G) = log2 G`` (larger groups, better advantage
+  estimates, diminishing returns);
+* straggler event of one group: ``max_len > tau * median_len`` (i.e.
+  ``max/median > tau``, written multiplicatively so that a zero median needs
+  no division: an all-zero group does not straggle, a zero median with a
+  positive max does);
+* constraint: long-run straggler rate (mean over steps of the fraction of a
+  step's groups that straggle) at most ``delta``;
+* Lagrangian ``L(G; lam) = u(G) - lam * p(G)`` with the dual variable updated
+  by projected ascent ``lam <- clip(lam + eta * (rate - delta), 0, lam_max)``
+  after every step;
+* risk model ``p(G) ~ Beta(alpha0 + s_G, beta0 + f_G)`` where ``s_G``/``f_G``
+  are discounted straggler / non-straggler counts: every step all counts are
+  multiplied by the forgetting factor ``gamma`` (discounted Thompson sampling,
+  Raj & Kalyani 2017), then the counts of the step are added to the G that was
+  used. Unused candidates therefore drift back to the prior and get explored
+  again, which is what lets the controller re-adapt when rollout lengths drift;
+* selection by Thompson sampling: draw ``p~_G`` from every posterior and take
+  the G maximising ``u(G) - lam * p~_G`` among the current size and its
+  neighbours in the sorted candidate list (local search, no 4 -> 16 jumps).
+
+The inputs are only per-group max and median response lengths. The module is
+plain numpy (it must never import jax: it runs on the host between jitted
+steps and costs microseconds). All state, including the RNG, round-trips
+through a JSON-serialisable ``state_dict`` so a resumed run decides exactly as
+the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "SAGCController",
+    "StaticController",
+    "controller_from_config",
+    "straggler_flags",
+]
+
+_STATE_VERSION = 1
+
+
+def straggler_flags(group_max: np.ndarray, group_median: np.ndarray,
+                    tau: float) -> np.ndarray:
+  """Per-group straggler events ``max > tau * median`` (bool array).
+
+  The multiplicative form is the ratio test ``max/median > tau`` with the
+  zero-median case made explicit: a group whose median is 0 straggles iff its
+  max is positive (an unbounded ratio); an all-zero group never straggles.
+  """
+  return group_max > tau * group_median
+
+
+def _validated_lengths(group_max: Any, group_median: Any) -> tuple[np.ndarray, np.ndarray]:
+  """Checks the per-group length arrays of one step; returns them as float64.
+
+  Runs on every step, so the common (valid) case costs a handful of numpy
+  reductions; the detailed diagnosis only runs once something is wrong.
+  """
+  arrays = []
+  for name, value in (("group_max", group_max), ("group_median", group_median)):
+    try:
+      arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+      raise ValueError(f"{name} must be an array of numbers, got {value!r:.80}") from None
+    if arr.ndim != 1:
+      raise ValueError(f"{name} must be 1-D (one entry per group), got shape {arr.shape}")
+    if arr.size == 0:
+      raise ValueError(f"{name} is empty: a step must report at least one group")
+    arrays.append(arr)
+  gmax, gmed = arrays
+  if gmax.shape != gmed.shape:
+    raise ValueError(
+        f"group_max has {gmax.size} groups but group_median has {gmed.size}: "
+        "they must describe the same groups")
+  lowest = min(gmax.min(), gmed.min())       # NaN propagates through min/max
+  highest = gmax.max()
+  if not (lowest >= 0.0 and highest < np.inf) or (gmed > gmax).any():
+    _diagnose(gmax, gmed)
+  return gmax, gmed
+
+
+def _diagnose(gmax: np.ndarray, gmed: np.ndarray) -> None:
+  """Raises the ValueError that names what is wrong with a step's lengths."""
+  for name, arr in (("group_max", gmax), ("group_median", gmed)):
+    bad = ~np.isfinite(arr)
+    if bad.any():
+      raise ValueError(f"{name} contains NaN or infinite lengths at groups "
+                       f"{np.flatnonzero(bad)[:4].tolist()}")
+    if (arr < 0).any():
+      raise ValueError(f"{name} contains negative lengths: {arr[arr < 0][:4].tolist()}")
+  bad = int(np.argmax(gmed > gmax))
+  raise ValueError(
+      f"group {bad}: median length {gmed[bad]:g} exceeds max length {gmax[bad]:g}")
+
+
+def _validate_candidates(candidates: Sequence[int], minimum: int) -> tuple[int, ...]:
+  try:
+    values = [c for c in candidates]
+  except TypeError:
+    raise ValueError(f"candidates must be a sequence of ints, got {candidates!r}") from None
+  for c in values:
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c <= 0:
+      raise ValueError(f"candidates must be positive ints, got {c!r} in {tuple(values)}")
+  if len(set(values)) != len(values):
+    raise ValueError(f"candidates contain duplicates: {tuple(values)}")
+  if len(values) < minimum:
+    raise ValueError(
+        f"need at least {minimum} candidate group size(s), got {tuple(values)}")
+  return tuple(sorted(int(c) for c in values))
+
+
+def _check_range(name: str, value: float, low: float, high: float,
+                 low_open: bool, high_open: bool) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+    raise ValueError(f"{name} must be a number, got {value!r}")
+  value = float(value)
+  below = value <= low if low_open else value < low
+  above = value >= high if high_open else value > high
+  if math.isnan(value) or below or above:
+    lo = "(" if low_open else "["
+    hi = ")" if high_open else "]"
+    raise ValueError(f"{name}={value!r} is outside {lo}{low}, {high}{hi}")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _RiskModelParams:
+  tau: float
+  delta: float
+  forgetting: float
+  prior_alpha: float
+  prior_beta: float
+
+
+class _GroupSizeController:
+  """Shared machinery: validation, straggler statistics, Beta risk posteriors.
+
+  Subclasses implement ``_choose`` (the next G) and may extend the state.
+  Both controllers keep the per-candidate Beta posteriors so a static baseline
+  reports the same risk metrics as SAGC.
+  """
+
+  kind = "base"
+
+  def __init__(self, candidates: Sequence[int], *, tau: float, delta: float,
+               forgetting: float, prior_alpha: float, prior_beta: float,
+               seed: int, min_candidates: int):
+    self.candidates = _validate_candidates(candidates, min_candidates)
+    self.params = _RiskModelParams(
+        tau=_check_range("tau", tau, 1.0, math.inf, True, True),
+        delta=_check_range("delta", delta, 0.0, 1.0, True, True),
+        forgetting=_check_range("forgetting", forgetting, 0.0, 1.0, True, False),
+        prior_alpha=_check_range("prior_alpha", prior_alpha, 0.0, math.inf, True, True),
+        prior_beta=_check_range("prior_beta", prior_beta, 0.0, math.inf, True, True),
+    )
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+      raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    self.seed = int(seed)
+    # The per-candidate state is a few floats: plain Python lists are several
+    # times cheaper than numpy arrays at this size (the controller runs every
+    # step, on the host, between accelerator calls).
+    self._utility = [math.log2(c) for c in self.candidates]
+    self._rng = np.random.Generator(np.random.PCG64(self.seed))
+    n = len(self.candidates)
+    self._straggle_counts = [0.0] * n        # discounted straggler groups per G
+    self._ok_counts = [0.0] * n              # discounted non-straggler groups per G
+    self._lambda = 0.0
+    self._index = 0                          # index of the current G
+    self._pending = False                    # propose() called, observe() not yet
+    self._steps = 0
+    self._rate_sum = 0.0                     # sum of step straggler rates
+
+  # ---------------------------------------------------------------- public API
+  @property
+  def g(self) -> int:
+    """The current (last proposed) group size."""
+    return self.candidates[self._index]
+
+  @property
+  def lam(self) -> float:
+    return self._lambda
+
+  def posterior_params(self) -> list[tuple[float, float]]:
+    """Beta (alpha, beta) of every candidate's straggler probability (sorted order)."""
+    a0, b0 = self.params.prior_alpha, self.params.prior_beta
+    return [(a0 + s, b0 + f) for s, f in zip(self._straggle_counts, self._ok_counts)]
+
+  def posterior_mean(self) -> np.ndarray:
+    """Posterior mean straggler probability per candidate (sorted order)."""
+    return np.array([a / (a + b) for a, b in self.posterior_params()])
+
+  def propose(self) -> int:
+    """Group size for the next step.
+
+    Calling ``propose`` again before ``observe`` returns the same G without a
+    new draw, so a step that collects several sampling rounds (DAPO dynamic
+    sampling) keeps one decision.
+    """
+    if not self._pending:
+      self._index = self._choose()
+      self._pending = True
+    return self.g
+
+  def observe(self, group_max: Any, group_median: Any) -> dict[str, float]:
+    """Feeds back the per-group max/median response lengths of the step.
+
+    The groups must come from a step that used ``self.g`` (the last proposed
+    size). Returns flat float metrics: ``g``, ``log2_g``, ``n_groups``,
+    ``n_stragglers``, ``straggler_rate``, ``lambda`` (after the update),
+    ``mean_straggler_rate`` (running mean over steps) and ``p_mean/G<g>``, the
+    posterior mean straggler probability of every candidate.
+    """
+    gmax, gmed = _validated_lengths(group_max, group_median)
+    n_groups = gmax.size
+    n_straggle = float(np.count_nonzero(straggler_flags(gmax, gmed, self.params.tau)))
+    rate = n_straggle / n_groups
+    gamma = self.params.forgetting
+    self._straggle_counts = [gamma * c for c in self._straggle_counts]
+    self._ok_counts = [gamma * c for c in self._ok_counts]
+    self._straggle_counts[self._index] += n_straggle
+    self._ok_counts[self._index] += n_groups - n_straggle
+    self._update_dual(rate)
+    self._pending = False
+    self._steps += 1
+    self._rate_sum += rate
+    metrics = {
+        "g": float(self.g),
+        "log2_g": self._utility[self._index],
+        "n_groups": float(n_groups),
+        "n_stragglers": n_straggle,
+        "straggler_rate": rate,
+        "lambda": self._lambda,
+        "mean_straggler_rate": self._rate_sum / self._steps,
+    }
+    for cand, (a, b) in zip(self.candidates, self.posterior_params()):
+      metrics[f"p_mean/G{cand}"] = a / (a + b)
+    return metrics
+
+  def state_dict(self) -> dict[str, Any]:
+    """JSON-serialisable state (posteriors, lambda, current G, RNG, counters).
+
+    The PCG64 state integers exceed 64 bits, so they are stored as decimal
+    strings to survive any JSON reader.
+    """
+    rng_state = self._rng.bit_generator.state
+    return {
+        "version": _STATE_VERSION,
+        "kind": self.kind,
+        "candidates": list(self.candidates),
+        "straggle_counts": list(self._straggle_counts),
+        "ok_counts": list(self._ok_counts),
+        "lambda": self._lambda,
+        "g": self.g,
+        "pending": self._pending,
+        "steps": self._steps,
+        "rate_sum": self._rate_sum,
+        "rng": {
+            "bit_generator": rng_state["bit_generator"],
+            "state": str(rng_state["state"]["state"]),
+            "inc": str(rng_state["state"]["inc"]),
+            "has_uint32": int(rng_state["has_uint32"]),
+            "uinteger": int(rng_state["uinteger"]),
+        },
+    }
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    """Restores a ``state_dict``; the candidate set must match this controller's."""
+    if state.get("version") != _STATE_VERSION:
+      raise ValueError(f"unsupported controller state version {state.get('version')!r}, "
+                       f"expected {_STATE_VERSION}")
+    if state.get("kind") != self.kind:
+      raise ValueError(f"state is for a {state.get('kind')!r} controller, this is {self.kind!r}")
+    if tuple(state["candidates"]) != self.candidates:
+      raise ValueError(f"state candidates {tuple(state['candidates'])} differ from "
+                       f"this controller's {self.candidates}")
+    if state["g"] not in self.candidates:
+      raise ValueError(f"state g={state['g']!r} is not one of {self.candidates}")
+    n = len(self.candidates)
+    straggle = [float(c) for c in state["straggle_counts"]]
+    ok = [float(c) for c in state["ok_counts"]]
+    if len(straggle) != n or len(ok) != n or min(straggle + ok) < 0:
+      raise ValueError(f"state posterior counts must be {n} non-negative numbers each")
+    rng = state["rng"]
+    if rng["bit_generator"] != "PCG64":
+      raise ValueError(f"state RNG {rng['bit_generator']!r} is not PCG64")
+    self._rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
+        "has_uint32": int(rng["has_uint32"]),
+        "uinteger": int(rng["uinteger"]),
+    }
+    self._straggle_counts = straggle
+    self._ok_counts = ok
+    self._lambda = float(state["lambda"])
+    self._index = self.candidates.index(int(state["g"]))
+    self._pending = bool(state["pending"])
+    self._steps = int(state["steps"])
+    self._rate_sum = float(state["rate_sum"])
+
+  # ---------------------------------------------------------- subclass hooks
+  def _choose(self) -> int:
+    raise NotImplementedError
+
+  def _update_dual(self, rate: float) -> None:
+    del rate
+
+
+class SAGCController(_GroupSizeController):
+  """Straggler-Aware Group Control (see the module docstring for the algorithm).
+
+  Args:
+    candidates: allowed group sizes (at least two, positive, distinct; sorted
+      internally).
+    tau: straggler threshold on max/median response length, > 1.
+    delta: target long-run straggler rate, in (0, 1).
+    eta: dual step size of the projected ascent on lambda (> 0). Lambda moves
+      by ``eta * (rate - delta)`` per step.
+    lambda_max: projection bound of lambda (> 0). It caps how strongly risk
+      can outweigh utility, and so how long lambda needs to come back down
+      after a heavy-tailed phase (at least ``lambda_max / (eta * delta)`` steps).
+    forgetting: per-step discount of the posterior evidence in (0, 1]
+      (1 = never forget). Evidence half-life is ``ln 2 / (1 - forgetting)``.
+    prior_alpha, prior_beta: Beta prior of each candidate's straggler
+      probability; unused candidates relax back to it.
+    initial_g: the G of the first step (default: the smallest candidate, the
+      safe start).
+    seed: seed of the Thompson-sampling RNG.
+  """
+
+  kind = "sagc"
+
+  def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
+               delta: float = 0.25, *, eta: float = 1.0, lambda_max: float = 50.0,
+               forgetting: float = 0.99, prior_alpha: float = 1.0,
+               prior_beta: float = 1.0, initial_g: int | None = None, seed: int = 0):
+    super().__init__(candidates, tau=tau, delta=delta, forgetting=forgetting,
+                     prior_alpha=prior_alpha, prior_beta=prior_beta, seed=seed,
+                     min_candidates=2)
+    self.eta = _check_range("eta", eta, 0.0, math.inf, True, True)
+    self.lambda_max = _check_range("lambda_max", lambda_max, 0.0, math.inf, True, True)
+    if initial_g is None:
+      initial_g = self.candidates[0]
+    if initial_g not in self.candidates:
+      raise ValueError(f"initial_g={initial_g!r} is not one of candidates {self.candidates}")
+    self._index = self.candidates.index(int(initial_g))
+    self._first = True
+
+  def _choose(self) -> int:
+    # One draw per candidate every step, whatever the neighbourhood, so the
+    # RNG stream (and thus determinism across resumes) does not depend on G.
+    beta = self._rng.beta
+    sampled_risk = [beta(a, b) for a, b in self.posterior_params()]
+    if self._first:          # the first step uses initial_g as configured
+      self._first = False
+      return self._index
+    lo = max(self._index - 1, 0)
+    hi = min(self._index + 2, len(self.candidates))
+    # Lagrangian u(G) - lambda * p~(G) over the local neighbourhood; ties go
+    # to the smaller G (the safer choice).
+    scores = [self._utility[k] - self._lambda * sampled_risk[k] for k in range(lo, hi)]
+    return lo + scores.index(max(scores))
+
+  def _update_dual(self, rate: float) -> None:
+    updated = self._lambda + self.eta * (rate - self.params.delta)
+    self._lambda = float(min(max(updated, 0.0), self.lambda_max))
+
+  def state_dict(self) -> dict[str, Any]:
+    state = super().state_dict()
+    state["first"] = self._first
+    return state
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    super().load_state_dict(state)
+    self._first = bool(state["first"])
+
+
+class StaticController(_GroupSizeController):
+  """Fixed group size with the SAGC interface and metrics (baseline arms).
+
+  It still tracks the Beta risk posterior of its G and the straggler rate,
+  so static and SAGC runs produce the same metric columns (lambda stays 0).
+  """
+
+  kind = "static"
+
+  def __init__(self, g: int = 8, tau: float = 2.0, delta: float = 0.25, *,
+               candidates: Sequence[int] | None = None, forgetting: float = 0.99,
+               prior_alpha: float = 1.0, prior_beta: float = 1.0, seed: int = 0):
+    if candidates is None:
+      candidates = (g,)
+    super().__init__(candidates, tau=tau, delta=delta, forgetting=forgetting,
+                     prior_alpha=prior_alpha, prior_beta=prior_beta, seed=seed,
+                     min_candidates=1)
+    if g not in self.candidates:
+      raise ValueError(f"static g={g!r} is not one of candidates {self.candidates}")
+    self._index = self.candidates.index(int(g))
+
+  def _choose(self) -> int:
+    return self._index
+
+
+_SAGC_KEYS = ("candidates", "tau", "delta", "eta", "lambda_max", "forgetting",
+              "prior_alpha", "prior_beta", "initial_g", "seed")
+_STATIC_KEYS = ("candidates", "tau", "delta", "forgetting", "prior_alpha",
+                "prior_beta", "seed", "static_g")
+
+
+def controller_from_config(config: Any) -> SAGCController | StaticController:
+  """Builds the controller described by ``config.controller`` (or a bare section).
+
+  Keys: ``kind`` ('sagc' or 'static'), ``candidates``, ``tau``, ``delta``,
+  ``seed``, ``forgetting``, ``prior_alpha``, ``prior_beta``; SAGC adds
+  ``eta``, ``lambda_max``, ``initial_g`` (None = smallest); static adds
+  ``static_g``. Missing optional keys take the class defaults. Errors name the
+  offending ``controller.<key>``.
+  """
+  section = config["controller"] if "controller" in config else config
+  values = dict(section.to_dict() if hasattr(section, "to_dict") else section)
+  kind = values.pop("kind", "sagc")
+  allowed = {"sagc": _SAGC_KEYS, "static": _STATIC_KEYS}
+  if kind not in allowed:
+    raise ValueError(f"controller.kind={kind!r} is not one of {sorted(allowed)}")
+  unknown = sorted(set(values) - set(allowed[kind]))
+  if unknown:
+    raise ValueError(f"controller.{unknown[0]} is not a setting of a {kind!r} controller "
+                     f"(allowed: {', '.join(allowed[kind])})")
+  if "candidates" in values and values["candidates"] is not None:
+    values["candidates"] = tuple(values["candidates"])
+  try:
+    if kind == "sagc":
+      return SAGCController(**values)
+    g = values.pop("static_g", None)
+    if g is None:
+      raise ValueError("static_g is required for a 'static' controller (e.g. 8)")
+    return StaticController(g, **values)
+  except ValueError as err:
+    raise ValueError(f"controller: {err}") from None

@@ -1,0 +1,47 @@
+"""sagc_jax: JAX-native synchronous GRPO/DAPO with Straggler-Aware Group Control."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+setup(
+    name="sagc_jax",
+    version="0.1.0",
+    description="Synchronous on-policy RL (GRPO/DAPO) for reasoning LLMs in JAX, "
+                "with Straggler-Aware Group Control (SAGC) of the group size.",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["sagc_jax", "sagc_jax.*"]),
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.12",
+        "numpy>=1.26",
+        "transformers>=4.46",
+        "tensorflow-datasets>=4.9.10",
+        "ml-collections>=1.0",
+        "absl-py>=2.1",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            # Exact pin: a local CPU wheel on our machines; any other spec pulls
+            # a multi-GB CUDA build. Used to build reference HF models in tests.
+            "torch==2.13.0",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "sagc-simulate=sagc_jax.simulate:run",
+            "sagc-bench=sagc_jax.bench.__main__:main",
+        ],
+    },
+)

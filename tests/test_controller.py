@@ -1,0 +1,326 @@
+"""SAGC / static controller: math against numpy re-derivations, behaviour, validation."""
+
+import json
+import math
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from sagc_jax.controller import (SAGCController, StaticController,
+                                 controller_from_config, straggler_flags)
+
+CANDIDATES = (4, 8, 16)
+
+
+def lengths_world(steps, prompts, sigma, tail_prob, seed=0, max_g=16):
+  """Stationary heavy-tailed lengths [steps, prompts, max_g] (log-normal x tails)."""
+  rng = np.random.default_rng(seed)
+  lengths = 500 * np.exp(sigma * rng.standard_normal((steps, prompts, max_g)))
+  lengths *= np.where(rng.random(lengths.shape) < tail_prob, rng.uniform(2, 5, lengths.shape), 1)
+  return np.maximum(np.rint(lengths), 1)
+
+
+def drive(ctrl, world):
+  """Runs a controller over a world; returns (G per step, metrics per step)."""
+  gs, metrics = [], []
+  for step_lengths in world:
+    g = ctrl.propose()
+    block = step_lengths[:, :g]
+    metrics.append(ctrl.observe(block.max(axis=1), np.median(block, axis=1)))
+    gs.append(g)
+  return np.array(gs), metrics
+
+
+def static_rates(world, tau=2.0):
+  """Straggler probability of each candidate G measured directly on the world."""
+  rates = []
+  for g in CANDIDATES:
+    block = world[:, :, :g]
+    rates.append(float((block.max(axis=2) > tau * np.median(block, axis=2)).mean()))
+  return rates
+
+
+def best_mixture_by_grid(rates, delta):
+  """Best mean log2 G over randomised choices of G (brute-force grid on the simplex)."""
+  best = -math.inf
+  grid = np.linspace(0, 1, 201)
+  for w4 in grid:
+    for w8 in grid[grid <= 1 - w4 + 1e-12]:
+      w = np.array([w4, w8, max(1 - w4 - w8, 0.0)])
+      if w @ np.array(rates) <= delta + 1e-12:
+        best = max(best, float(w @ np.log2(CANDIDATES)))
+  return best
+
+
+# ----------------------------------------------------------------- the math
+def test_straggler_event_is_ratio_test_with_zero_median_guard():
+  gmax = np.array([10., 21., 20., 0., 5., 3.])
+  gmed = np.array([10., 10., 10., 0., 0., 1.])
+  np.testing.assert_array_equal(straggler_flags(gmax, gmed, 2.0),
+                                [False, True, False, False, True, True])
+
+
+def test_dual_update_is_projected_ascent():
+  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.25, eta=2.0, lambda_max=2.0)
+  expected = 0.0
+  # rates 1.0, 0.5, 1.0, 0.0, 0.0, 0.0, 0.0: hits the upper bound, then 0.
+  for straggle in [4, 2, 4, 0, 0, 0, 0]:
+    ctrl.propose()
+    gmax = np.array([30.] * straggle + [10.] * (4 - straggle))
+    metrics = ctrl.observe(gmax, np.full(4, 10.))
+    expected = min(max(expected + 2.0 * (straggle / 4 - 0.25), 0.0), 2.0)
+    assert metrics["lambda"] == pytest.approx(expected)
+    assert metrics["straggler_rate"] == straggle / 4
+  assert expected == 0.0
+
+
+def test_posterior_update_with_forgetting_matches_numpy():
+  gamma, a0, b0 = 0.9, 1.5, 2.5
+  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.3, forgetting=gamma,
+                        prior_alpha=a0, prior_beta=b0, seed=3)
+  rng = np.random.default_rng(0)
+  s = np.zeros(3)
+  f = np.zeros(3)
+  for _ in range(60):
+    g = ctrl.propose()
+    n = int(rng.integers(1, 20))
+    gmed = rng.integers(1, 100, n).astype(float)
+    gmax = gmed * rng.uniform(1, 3, n)
+    strag = int((gmax > 2.0 * gmed).sum())
+    metrics = ctrl.observe(gmax, gmed)
+    s *= gamma
+    f *= gamma
+    k = CANDIDATES.index(g)
+    s[k] += strag
+    f[k] += n - strag
+    mean = (a0 + s) / (a0 + s + b0 + f)
+    np.testing.assert_allclose(ctrl.posterior_mean(), mean, rtol=1e-12)
+    for cand, m in zip(CANDIDATES, mean):
+      assert metrics[f"p_mean/G{cand}"] == pytest.approx(m, rel=1e-12)
+
+
+def test_thompson_choice_matches_independent_rederivation():
+  """Each decision is argmax over {i-1, i, i+1} of log2 G - lambda * Beta draw."""
+  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.2, eta=3.0, seed=11)
+  twin_rng = np.random.Generator(np.random.PCG64(11))
+  world = lengths_world(200, 16, 0.3, 0.08, seed=5)
+  index = 0
+  for t, step_lengths in enumerate(world):
+    params = ctrl.posterior_params()
+    lam = ctrl.lam
+    draws = np.array([twin_rng.beta(a, b) for a, b in params])
+    if t == 0:
+      expected = 0                       # initial_g (smallest by default)
+    else:
+      lo, hi = max(index - 1, 0), min(index + 2, 3)
+      scores = np.log2(CANDIDATES)[lo:hi] - lam * draws[lo:hi]
+      expected = lo + int(np.argmax(scores))
+    g = ctrl.propose()
+    assert g == CANDIDATES[expected], f"step {t}"
+    index = expected
+    block = step_lengths[:, :g]
+    ctrl.observe(block.max(axis=1), np.median(block, axis=1))
+
+
+def test_local_search_never_jumps_over_a_neighbour():
+  candidates = (2, 4, 8, 16, 32)
+  ctrl = SAGCController(candidates, tau=1.5, delta=0.3, eta=5.0, forgetting=0.8, seed=0)
+  rng = np.random.default_rng(1)
+  previous = None
+  seen = set()
+  for _ in range(2000):
+    g = ctrl.propose()
+    seen.add(g)
+    if previous is not None:
+      assert abs(candidates.index(g) - candidates.index(previous)) <= 1
+    previous = g
+    n = 8
+    gmed = np.full(n, 100.0)
+    ctrl.observe(gmed * rng.choice([1.0, 3.0], n, p=[0.7, 0.3]), gmed)
+  assert len(seen) >= 3  # it did move around
+
+
+def test_propose_is_stable_until_observe():
+  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.2, seed=0)
+  for _ in range(50):
+    g = ctrl.propose()
+    assert ctrl.propose() == g == ctrl.g
+    ctrl.observe([10.0], [10.0])
+
+
+def test_static_controller_fixed_g_and_metrics():
+  ctrl = StaticController(8, tau=2.0, delta=0.25)
+  for _ in range(5):
+    assert ctrl.propose() == 8
+    metrics = ctrl.observe([30.0, 10.0], [10.0, 10.0])
+  assert metrics["g"] == 8 and metrics["lambda"] == 0.0
+  assert metrics["straggler_rate"] == 0.5
+  assert "p_mean/G8" in metrics
+
+
+# ------------------------------------------------ determinism and state
+def test_same_seed_same_decisions_and_seed_matters():
+  world = lengths_world(300, 16, 0.3, 0.05, seed=2)
+  g1, _ = drive(SAGCController(seed=7), world)
+  g2, _ = drive(SAGCController(seed=7), world)
+  g3, _ = drive(SAGCController(seed=8), world)
+  np.testing.assert_array_equal(g1, g2)
+  assert not np.array_equal(g1, g3)
+
+
+@pytest.mark.parametrize("cut_between_propose_and_observe", [False, True])
+def test_state_round_trip_continues_exactly(cut_between_propose_and_observe):
+  world = lengths_world(400, 16, 0.3, 0.05, seed=3)
+  reference_g, reference_metrics = drive(SAGCController(seed=5, forgetting=0.97), world)
+
+  first = SAGCController(seed=5, forgetting=0.97)
+  drive(first, world[:200])
+  if cut_between_propose_and_observe:
+    first.propose()
+  state = json.loads(json.dumps(first.state_dict()))       # through real JSON
+  resumed = SAGCController(seed=123, forgetting=0.97)     # a different seed is overridden
+  resumed.load_state_dict(state)
+  g_rest, metrics_rest = drive(resumed, world[200:])
+  np.testing.assert_array_equal(g_rest, reference_g[200:])
+  assert metrics_rest == reference_metrics[200:]
+
+
+def test_state_mismatch_is_refused():
+  state = SAGCController(seed=0).state_dict()
+  with pytest.raises(ValueError, match="candidates"):
+    SAGCController(candidates=(2, 4, 8)).load_state_dict(state)
+  with pytest.raises(ValueError, match="static"):
+    StaticController(8, candidates=CANDIDATES).load_state_dict(state)
+
+
+# ------------------------------------------------------------- behaviour
+@pytest.mark.parametrize("delta", [0.2, 0.35])
+def test_feasible_constraint_settles_at_delta_with_near_optimal_utility(delta):
+  world = lengths_world(4000, 32, 0.3, 0.03, seed=1)
+  rates = static_rates(world)
+  assert rates[0] < delta < rates[2]          # the constraint binds, and is feasible
+  gs, metrics = drive(SAGCController(delta=delta, seed=0), world)
+  burn_in = 500
+  long_run_rate = np.mean([m["straggler_rate"] for m in metrics[burn_in:]])
+  assert abs(long_run_rate - delta) < 0.03
+  best = best_mixture_by_grid(rates, delta)
+  assert np.log2(gs[burn_in:]).mean() > best - 0.1
+
+
+def test_uses_largest_g_when_everything_is_safe():
+  world = lengths_world(1000, 32, 0.1, 0.0, seed=4)
+  assert static_rates(world)[2] == 0.0
+  gs, _ = drive(SAGCController(seed=0), world)
+  assert (gs[20:] == 16).mean() > 0.98
+
+
+def test_stays_at_smallest_g_when_even_it_violates():
+  world = lengths_world(1500, 32, 0.3, 0.15, seed=5)
+  assert static_rates(world)[0] > 0.25
+  gs, metrics = drive(SAGCController(delta=0.25, seed=0), world)
+  assert (gs[300:] == 4).mean() > 0.95
+  assert metrics[-1]["lambda"] > 10
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_readapts_after_regime_changes_in_both_directions(seed):
+  light = lengths_world(800, 32, 0.1, 0.0, seed=seed)
+  heavy = lengths_world(800, 32, 0.3, 0.15, seed=seed + 10)
+  light_again = lengths_world(800, 32, 0.1, 0.0, seed=seed + 20)
+  gs, _ = drive(SAGCController(seed=seed), np.concatenate([light, heavy, light_again]))
+  assert (gs[400:800] == 16).mean() > 0.98
+  assert (gs[800 + 300:1600] == 4).mean() > 0.95       # heavier tails: back down in < 300 steps
+  assert (gs[1600 + 300:] == 16).mean() > 0.95         # lighter again: back up in < 300 steps
+
+
+# ---------------------------------------------------- degenerate and bad input
+def test_degenerate_lengths_never_crash_or_nan():
+  ctrl = SAGCController(seed=0)
+  for gmax, gmed in [(np.zeros(8), np.zeros(8)), ([5, 0], [0, 0]), ([0], [0])]:
+    ctrl.propose()
+    metrics = ctrl.observe(gmax, gmed)
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+  assert metrics["straggler_rate"] == 0.0        # an all-zero group does not straggle
+
+
+@pytest.mark.parametrize("gmax, gmed, match", [
+    ([1.0, 2.0], [1.0], "2 groups but group_median has 1"),
+    ([], [], "empty"),
+    ([5.0, -1.0], [1.0, 1.0], "negative"),
+    ([5.0, float("nan")], [1.0, 1.0], "NaN"),
+    ([5.0, 1.0], [1.0, float("inf")], "group_median contains NaN or infinite"),
+    ([[5.0]], [[1.0]], "1-D"),
+    (["a"], ["b"], "array of numbers"),
+    ([5.0, 2.0], [1.0, 3.0], "median length 3 exceeds max length 2"),
+])
+def test_malformed_lengths_raise_value_error(gmax, gmed, match):
+  ctrl = SAGCController(seed=0)
+  ctrl.propose()
+  with pytest.raises(ValueError, match=match):
+    ctrl.observe(gmax, gmed)
+  assert ctrl.observe([2.0], [1.0])["g"] == 4   # a rejected step changed nothing
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(tau=1.0), "tau"),
+    (dict(tau=0.5), "tau"),
+    (dict(delta=0.0), "delta"),
+    (dict(delta=1.0), "delta"),
+    (dict(candidates=(4, 0, 8)), "positive"),
+    (dict(candidates=(4, -8)), "positive"),
+    (dict(candidates=(4, 4, 8)), "duplicates"),
+    (dict(candidates=(8,)), "at least 2"),
+    (dict(candidates=(4, 8.5)), "positive ints"),
+    (dict(forgetting=0.0), "forgetting"),
+    (dict(forgetting=1.01), "forgetting"),
+    (dict(eta=0.0), "eta"),
+    (dict(lambda_max=-1.0), "lambda_max"),
+    (dict(initial_g=5), "initial_g"),
+    (dict(seed=-1), "seed"),
+    (dict(prior_alpha=0.0), "prior_alpha"),
+])
+def test_invalid_construction_raises(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    SAGCController(**kwargs)
+
+
+def test_forgetting_one_is_allowed_and_static_needs_no_second_candidate():
+  SAGCController(forgetting=1.0)
+  StaticController(8)
+  with pytest.raises(ValueError, match="not one of candidates"):
+    StaticController(8, candidates=(4, 16))
+
+
+# ------------------------------------------------------------------ config
+def test_from_config_builds_both_kinds_and_names_bad_keys():
+  config = ml_collections.ConfigDict()
+  config.controller = ml_collections.ConfigDict(dict(
+      kind="sagc", candidates=(4, 8, 16), tau=2.5, delta=0.2, eta=0.5, seed=3))
+  ctrl = controller_from_config(config)
+  assert isinstance(ctrl, SAGCController)
+  assert ctrl.params.tau == 2.5 and ctrl.eta == 0.5 and ctrl.candidates == (4, 8, 16)
+
+  config.controller.kind = "static"
+  config.controller.static_g = 16
+  del config.controller["eta"]
+  ctrl = controller_from_config(config)
+  assert isinstance(ctrl, StaticController) and ctrl.propose() == 16
+
+  config.controller.kind = "greedy"
+  with pytest.raises(ValueError, match="controller.kind='greedy'"):
+    controller_from_config(config)
+  config.controller.kind = "static"
+  config.controller.eta = 1.0
+  with pytest.raises(ValueError, match="controller.eta"):
+    controller_from_config(config)
+  with pytest.raises(ValueError, match="controller: delta"):
+    controller_from_config({"kind": "sagc", "delta": 2.0})
+
+
+def test_controller_module_does_not_import_jax():
+  code = ("import sys, sagc_jax.controller; "
+          "sys.exit(1 if any(m == 'jax' or m.startswith('jax.') for m in sys.modules) else 0)")
+  assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,137 @@
+"""Rollout-length simulator: cost model, length process, LP reference, CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sagc_jax import simulate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_default_config():
+  namespace = {}
+  exec((REPO / "configs" / "simulate.py").read_text(), namespace)
+  return namespace["get_config"]()
+
+
+def test_cost_model_matches_hand_computation():
+  cost = simulate.CostModel(prefill_s_per_token=1e-3, decode_s_per_iter=0.5,
+                            decode_s_per_row_iter=0.01, learner_s_per_token=1e-2,
+                            step_overhead_s=3.0)
+  lengths = np.array([[10, 20], [5, 40]])          # 4 rows, longest 40
+  out = cost.step(lengths, prompt_len=7)
+  rollout = 1e-3 * 4 * 7 + 40 * (0.5 + 0.01 * 4)
+  learner = 1e-2 * 4 * (7 + 40)
+  assert out["rollout_s"] == pytest.approx(rollout)
+  assert out["learner_s"] == pytest.approx(learner)
+  assert out["total_s"] == pytest.approx(rollout + learner + 3.0)
+  assert out["real_tokens"] == 75 and out["padded_tokens"] == 160
+
+
+def test_decode_time_is_driven_by_the_longest_response():
+  cost = simulate.CostModel(0.0, 1.0, 0.0, 0.0, 0.0)
+  short = cost.step(np.array([[100, 100, 100, 100]]), 0)["rollout_s"]
+  straggler = cost.step(np.array([[100, 100, 100, 400]]), 0)["rollout_s"]
+  assert straggler == pytest.approx(4 * short)
+
+
+def test_length_process_is_deterministic_truncated_and_drifts():
+  config = load_default_config()
+  process = simulate.length_process_from_config(config)
+  a = process.draw(5, 32, 16)
+  np.testing.assert_array_equal(a, process.draw(5, 32, 16))
+  assert a.dtype == np.int64 and a.min() >= 1 and a.max() <= config.sim.max_len
+  assert not np.array_equal(a, process.draw(6, 32, 16))
+  early = np.concatenate([process.draw(t, 32, 16).ravel() for t in range(20)])
+  late = np.concatenate([process.draw(t, 32, 16).ravel()
+                         for t in range(config.sim.steps - 20, config.sim.steps)])
+  assert np.median(late) > 2 * np.median(early)
+  spread = lambda x: np.std(np.log(x))
+  assert spread(late) > spread(early)
+
+
+def test_best_fixed_mixture_matches_brute_force():
+  rng = np.random.default_rng(0)
+  candidates = (4, 8, 16)
+  for _ in range(20):
+    rates = np.sort(rng.uniform(0, 0.6, 3))
+    delta = float(rng.uniform(0.05, 0.5))
+    grid = np.linspace(0, 1, 401)
+    best = None
+    for w0 in grid:
+      for w1 in grid[grid <= 1 - w0 + 1e-12]:
+        w = np.array([w0, w1, max(0.0, 1 - w0 - w1)])
+        if w @ rates <= delta + 1e-12:
+          value = float(w @ np.log2(candidates))
+          best = value if best is None else max(best, value)
+    got = simulate.best_fixed_mixture(candidates, list(rates), delta)
+    if best is None:
+      assert got is None
+    else:
+      assert got == pytest.approx(best, abs=5e-3)
+
+
+@pytest.mark.parametrize("mode", simulate.MODES)
+def test_simulation_arms_share_random_streams(mode):
+  config = load_default_config()
+  config.sim.steps = 60
+  config.sim.mode = mode
+  result = simulate.simulate(config)
+  assert set(result["summary"]) == {"static_G4", "static_G8", "static_G16", "sagc"}
+  process = simulate.length_process_from_config(config)
+  # Re-derive static G=8's straggler rate directly from the length process.
+  rates = []
+  for t in range(60):
+    block = process.draw(t, simulate.prompts_for(4, config), 16)[:simulate.prompts_for(8, config), :8]
+    rates.append(np.mean(block.max(1) > 2.0 * np.median(block, 1)))
+  assert result["summary"]["static_G8"]["straggler_rate"] == pytest.approx(np.mean(rates))
+  assert result["summary"]["static_G16"]["speedup_vs_largest_static"] == 1.0
+  rows = [g * n for g, n in zip(result["traces"]["sagc"]["g"], result["traces"]["sagc"]["n_groups"])]
+  if mode == "hold_rollouts":
+    assert set(rows) == {config.sim.rollouts_per_step}
+  else:
+    assert set(result["traces"]["sagc"]["n_groups"]) == {config.sim.prompts_per_step}
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("sim.steps", 0, "sim.steps=0"),
+    ("sim.mode", "hold_nothing", "sim.mode='hold_nothing'"),
+    ("sim.tail_prob_end", 1.5, "sim.tail_prob_end=1.5"),
+    ("sim.rollouts_per_step", 100, "not divisible by candidate group size"),
+    ("cost.decode_s_per_iter", -1.0, "cost.decode_s_per_iter"),
+    ("controller.delta", 1.5, "delta"),
+])
+def test_invalid_config_names_the_key(key, value, match):
+  config = load_default_config()
+  config.sim.mode = "hold_rollouts"
+  section, name = key.split(".")
+  config[section][name] = value
+  with pytest.raises(ValueError, match=match):
+    simulate.simulate(config)
+
+
+def test_default_cli_runs_and_writes_json_and_png(tmp_path):
+  out = tmp_path / "sim.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "sagc_jax.simulate", f"--out={out}", "--config.sim.steps=200"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "static_G16" in proc.stdout and "sagc" in proc.stdout
+  result = json.loads(out.read_text())
+  assert result["config"]["sim"]["steps"] == 200
+  assert len(result["traces"]["sagc"]["g"]) == 200
+  png = out.with_suffix(".png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_bad_override_with_key(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "sagc_jax.simulate", f"--out={tmp_path / 'x.json'}",
+       "--config.sim.mode=sideways"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2
+  assert "sim.mode='sideways'" in proc.stderr
