@@ -1,4 +1,4 @@
-"""Dispatcher: ``python -m sagc_jax.bench {controller} [--out FILE.json]``."""
+"""Dispatcher: ``python -m sagc_jax.bench {controller,sampler} [--out FILE.json]``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import platform
 import sys
 from pathlib import Path
 
-from sagc_jax.bench import controller
+from sagc_jax.bench import controller, sampler
 
-BENCHMARKS = {"controller": controller}
+BENCHMARKS = {"controller": controller, "sampler": sampler}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,6 +125,8 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   Query head h reads key/value head h // num_groups (transformers' ``repeat_kv``).
   """
   b, t, h, d = q.shape
+  if t == 1:
+    return _attend_one_query(q, k, v, mask, num_groups)
   q = q.reshape(b, t, h // num_groups, num_groups, d)
   scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = scores * (d ** -0.5)
@@ -132,6 +134,27 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
   return out.reshape(b, t, h, d)
+
+
+def _attend_one_query(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      num_groups: int) -> jax.Array:
+  """Decode-step attention (one query per row) as fused multiply-reduce, float32.
+
+  With T = 1 the two contractions are B*KV matrix-vector products; lowered as
+  batched dots they cost one small GEMM call per (row, KV head) — on XLA:CPU
+  ~2 ms per step for 32 rows x 4 layers, 50x the arithmetic. Written as
+  broadcast-multiply + reduce, XLA fuses each into one pass over the cache,
+  which is what a memory-bound decode step should be on any backend.
+  """
+  b, _, h, d = q.shape
+  kv_heads = h // num_groups
+  qf = q.reshape(b, kv_heads, num_groups, d).astype(jnp.float32)
+  kf = k.astype(jnp.float32)[:, :, :, None, :]                    # [B, S, KV, 1, D]
+  scores = jnp.sum(qf[:, None] * kf, axis=-1) * (d ** -0.5)      # [B, S, KV, G]
+  scores = jnp.where(mask[:, 0, :, None, None], scores, _MASKED)
+  probs = jax.nn.softmax(scores, axis=1)
+  out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=1)
+  return out.reshape(b, 1, h, d).astype(v.dtype)
 
 
 class Attention(nnx.Module):

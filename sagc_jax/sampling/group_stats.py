@@ -1,0 +1,98 @@
+"""Per-group response-length statistics inside jit, and their host-side sink.
+
+SAGC observes only each group's max and median response length. The sampler
+computes them on the accelerator, right after decoding, over the *real* rows
+of each group (padding rows of a row bucket never count), and ships them to
+the host with ``jax.experimental.io_callback`` — the controller never needs the
+full length vector, and the host sees the stats of every sampling round as it
+finishes.
+
+Group structure is data (``group_ids``), never a static G: one compiled
+sampler serves every group size that maps to the same row bucket.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class GroupLengthStats(NamedTuple):
+  """Per-group stats, padded to a static number of group slots.
+
+  ``count[g] == 0`` marks an unused slot (its max/median are 0).
+  """
+  group_max: jax.Array      # [num_groups] float32
+  group_median: jax.Array   # [num_groups] float32 (numpy's median: mean of the two middles)
+  count: jax.Array          # [num_groups] int32, real rows per group
+
+
+def group_length_stats(lengths: jax.Array, group_ids: jax.Array, row_valid: jax.Array,
+                       num_groups: int) -> GroupLengthStats:
+  """Max and median of ``lengths`` per group over rows with ``row_valid``.
+
+  Args:
+    lengths: [rows] int response lengths.
+    group_ids: [rows] int in ``[0, num_groups)`` for real rows (any value for
+      padding rows).
+    row_valid: [rows] bool, False for padding rows.
+    num_groups: static number of group slots.
+
+  The median is computed without a static group size: rows are sorted by
+  (group, length) with padding rows sent past every real group, so group g
+  occupies the sorted slice ``[start_g, start_g + n_g)`` and its median is the
+  mean of the elements at ``start_g + (n_g-1)//2`` and ``start_g + n_g//2``.
+  """
+  lengths = lengths.astype(jnp.int32)
+  gid = jnp.where(row_valid, group_ids.astype(jnp.int32), num_groups)
+  order = jnp.lexsort((lengths, gid))                   # primary key: gid
+  sorted_lengths = lengths[order]
+  count = jax.ops.segment_sum(row_valid.astype(jnp.int32), gid, num_segments=num_groups + 1)
+  count = count[:num_groups]
+  start = jnp.cumsum(count) - count
+  last = lengths.shape[0] - 1
+  lower = sorted_lengths[jnp.clip(start + (count - 1) // 2, 0, last)]
+  upper = sorted_lengths[jnp.clip(start + count // 2, 0, last)]
+  present = count > 0
+  median = jnp.where(present, (lower + upper).astype(jnp.float32) / 2, 0.0)
+  gmax = jax.ops.segment_max(jnp.where(row_valid, lengths, 0), gid, num_segments=num_groups + 1)
+  gmax = jnp.where(present, gmax[:num_groups], 0).astype(jnp.float32)
+  return GroupLengthStats(gmax, median, count)
+
+
+class LengthStatsSink:
+  """Host end of the length-stats callback: buffers each sampling round's stats.
+
+  The jitted sampler calls ``sink(group_max, group_median, count)`` through
+  ``io_callback``; the trainer calls ``pop()`` at the end of the step and feeds
+  the concatenated real groups to ``controller.observe``. Thread-safe: XLA
+  may run host callbacks on its own threads.
+  """
+
+  def __init__(self):
+    self._rounds: list[tuple[np.ndarray, np.ndarray]] = []
+    self._lock = threading.Lock()
+
+  def __call__(self, group_max, group_median, count) -> None:
+    present = np.asarray(count) > 0
+    gmax = np.asarray(group_max, dtype=np.float64)[present]
+    gmed = np.asarray(group_median, dtype=np.float64)[present]
+    with self._lock:
+      self._rounds.append((gmax, gmed))
+
+  def pending_rounds(self) -> int:
+    with self._lock:
+      return len(self._rounds)
+
+  def pop(self) -> tuple[np.ndarray, np.ndarray]:
+    """(group_max, group_median) of every round since the last pop, concatenated."""
+    jax.effects_barrier()          # make sure every issued callback has run
+    with self._lock:
+      rounds, self._rounds = self._rounds, []
+    if not rounds:
+      return np.zeros(0), np.zeros(0)
+    return (np.concatenate([r[0] for r in rounds]), np.concatenate([r[1] for r in rounds]))

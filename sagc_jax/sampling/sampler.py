@@ -1,0 +1,372 @@
+"""Jitted, mesh-sharded group sampler with bucketed shapes and host length stats.
+
+One call generates G responses for each of P prompts (rows of a group are
+contiguous): a prefill of the left-padded prompts into a static-shape KV cache,
+then a ``lax.while_loop`` that decodes one token for every row per iteration
+and exits as soon as every real row has produced a stop token (EOS or a stop
+id) or ``max_new_tokens`` is reached. A step therefore costs as much as its
+*longest* response — exactly the straggler effect SAGC manages.
+
+Inside the same jitted program, after the loop, the per-group max and median
+response lengths over real rows are computed (``group_stats``) and sent to the
+host with ``io_callback`` into a ``LengthStatsSink`` that feeds the
+controller.
+
+Shapes and compilation. Row counts are padded to a small set of *row
+buckets* (one per candidate G: ``P(G) * G`` rounded up to the data-axis size)
+and prompt lengths to *prompt buckets*; padding rows are masked everywhere
+(they are "done" from the start, never count in stats and get no tokens).
+Group structure is data (``group_ids``), so G is never a static value and G's
+sharing a row bucket share an executable. ``warmup()`` compiles every
+(row bucket, prompt bucket) pair ahead of time with ``jit(...).lower().compile()``;
+``generate`` then only looks executables up, so after warm-up the number of
+XLA compilations is zero whatever sequence of G the controller produces.
+
+Randomness. Row r's token t is drawn with the key
+``fold_in(fold_in(PRNGKey(seed), r), t)``: the result depends on the seed and
+the row's index only, not on the bucket, batch padding or mesh, so one device
+and 8 devices sample identical tokens.
+
+Log-probabilities. ``logprobs[r, t]`` is the log-probability of the sampled
+token under the sampling distribution before top-k/top-p truncation, i.e.
+``log_softmax(logits / temperature)`` (``temperature = 0``: plain
+``log_softmax(logits)``). The learner recomputes exactly this quantity, so it
+serves as the PPO "old" log-prob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import io_callback
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from sagc_jax.models.transformer import Transformer, init_cache
+from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
+
+__all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static decoding settings (each distinct value compiles its own program).
+
+  Attributes:
+    max_new_tokens: response length cap (tokens, including the stop token).
+    temperature: 0 = greedy; otherwise logits are divided by it.
+    top_p: nucleus mass in (0, 1]; 1 disables it.
+    top_k: keep the k most likely tokens; 0 disables it.
+    stop_ids: token ids that end a response (EOS and any stop tokens).
+    pad_id: id written in padding positions.
+  """
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  stop_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+      raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be a positive int")
+    if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+      raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
+    if not isinstance(self.top_k, int) or self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k!r} must be an int >= 0 (0 = off)")
+    object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+    if not self.stop_ids:
+      raise ValueError("stop_ids is empty: give at least the EOS id")
+
+
+@dataclasses.dataclass
+class SampleBatch:
+  """Host (numpy) result of one ``generate`` call, padded to the row bucket.
+
+  Padding rows have ``row_valid == False``, length 0, pad tokens and zero
+  log-probs. ``response_mask[r, t]`` is True for the ``lengths[r]`` generated
+  tokens of row r (the stop token included).
+  """
+  prompt_tokens: np.ndarray      # [B, Tp] int32, left-padded
+  prompt_mask: np.ndarray        # [B, Tp] bool
+  response_tokens: np.ndarray    # [B, N] int32
+  response_logprobs: np.ndarray  # [B, N] float32
+  response_mask: np.ndarray      # [B, N] bool
+  lengths: np.ndarray            # [B] int32
+  row_valid: np.ndarray          # [B] bool
+  group_ids: np.ndarray          # [B] int32 (prompt index of the row)
+  group_max: np.ndarray          # [num_prompts] float64, from the in-jit stats
+  group_median: np.ndarray       # [num_prompts] float64
+  group_size: int
+  num_prompts: int
+  decode_steps: int              # while-loop iterations actually run
+  seconds: float                 # wall-clock of the device call
+
+  @property
+  def num_rows(self) -> int:
+    return self.num_prompts * self.group_size
+
+
+def row_buckets_for(candidates: Sequence[int], prompts_for: Any, multiple_of: int = 1
+                    ) -> tuple[int, ...]:
+  """One padded row count per candidate G: ``prompts_for(G) * G`` rounded up.
+
+  ``prompts_for`` maps G to the prompts per sampling round (a callable or a
+  mapping). Rounding up to ``multiple_of`` (the data-axis size) lets the rows
+  shard evenly. Several G with the same count share one bucket.
+  """
+  buckets = set()
+  for g in candidates:
+    p = prompts_for(g) if callable(prompts_for) else prompts_for[g]
+    if p <= 0:
+      raise ValueError(f"prompts_for({g})={p}: need at least one prompt per round")
+    buckets.add(-(-p * g // multiple_of) * multiple_of)
+  return tuple(sorted(buckets))
+
+
+def _smallest_bucket(value: int, buckets: Sequence[int], what: str) -> int:
+  for b in buckets:
+    if value <= b:
+      return b
+  raise ValueError(f"{what}={value} exceeds the largest bucket {max(buckets)} "
+                   f"(buckets: {tuple(buckets)})")
+
+
+def _sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Draws one token per row; returns (tokens [B], log-probs [B]).
+
+  top-k then top-p filter the temperature-scaled logits; the draw is a Gumbel
+  arg-max with each row's own key. The returned log-prob is of the unfiltered
+  scaled distribution (see the module docstring).
+  """
+  logits = logits.astype(jnp.float32)
+  if params.temperature == 0:
+    tokens = jnp.argmax(logits, axis=-1)
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    scaled = logits / params.temperature
+    logp_all = jax.nn.log_softmax(scaled, axis=-1)
+    filtered = scaled
+    if params.top_k:
+      k = min(params.top_k, scaled.shape[-1])
+      kth = jax.lax.top_k(scaled, k)[0][:, -1:]
+      filtered = jnp.where(scaled < kth, -jnp.inf, filtered)
+    if params.top_p < 1:
+      sorted_logits = jnp.sort(filtered, axis=-1)[:, ::-1]
+      probs = jax.nn.softmax(sorted_logits, axis=-1)
+      mass_before = jnp.cumsum(probs, axis=-1) - probs
+      # Keep the smallest prefix whose mass reaches top_p (always the top token).
+      keep = mass_before < params.top_p
+      threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+      filtered = jnp.where(filtered < threshold, -jnp.inf, filtered)
+    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[-1:]))(keys)
+    tokens = jnp.argmax(filtered + gumbel, axis=-1)
+  tokens = tokens.astype(jnp.int32)
+  logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
+  return tokens, logp
+
+
+class Sampler:
+  """Bucketed, AOT-compiled generation for one model architecture.
+
+  Args:
+    model: the policy (its graph is fixed here; its parameters are passed on
+      every ``generate`` call, so learner updates are picked up without
+      recompiling).
+    params: ``SamplingParams``.
+    row_buckets: allowed padded row counts (see ``row_buckets_for``).
+    prompt_buckets: allowed padded prompt lengths.
+    mesh: optional mesh; rows go on its ``'data'`` axis, parameters keep their
+      own (nnx-annotated) shardings.
+    sink: host sink for the per-group length stats (default: a new one,
+      ``self.sink``).
+    cache_dtype: KV cache dtype (default: the model's parameter dtype).
+  """
+
+  def __init__(self, model: Transformer, params: SamplingParams, row_buckets: Sequence[int],
+               prompt_buckets: Sequence[int], *, mesh: Mesh | None = None,
+               sink: LengthStatsSink | None = None, cache_dtype: Any = None):
+    self.params = params
+    self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
+    self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
+    if not self.row_buckets or min(self.row_buckets) <= 0:
+      raise ValueError(f"row_buckets={tuple(row_buckets)} must be positive ints")
+    if not self.prompt_buckets or min(self.prompt_buckets) <= 0:
+      raise ValueError(f"prompt_buckets={tuple(prompt_buckets)} must be positive ints")
+    self.mesh = mesh
+    if mesh is not None:
+      data = mesh.shape.get("data", 1)
+      bad = [b for b in self.row_buckets if b % data]
+      if bad:
+        raise ValueError(f"row buckets {bad} do not divide evenly over the mesh 'data' "
+                         f"axis of size {data}")
+    self.sink = sink if sink is not None else LengthStatsSink()
+    self.cfg = model.cfg
+    self._graphdef, state = nnx.split(model)
+    self.cache_dtype = cache_dtype or jax.tree.leaves(state)[0].dtype
+    self._compiled: dict[tuple[int, int], Any] = {}
+    self._jitted = jax.jit(self._make_core(), **self._shardings(state))
+
+  # ----------------------------------------------------------- jitted core
+  def _make_core(self):
+    graphdef, params, cfg, sink = self._graphdef, self.params, self.cfg, self.sink
+    cache_dtype = self.cache_dtype
+    stop_ids = jnp.asarray(params.stop_ids, jnp.int32)
+    n_new = params.max_new_tokens
+
+    def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
+      model = nnx.merge(graphdef, state)
+      rows, prompt_len = prompt_tokens.shape
+      cache = init_cache(cfg, rows, prompt_len + n_new, dtype=cache_dtype)
+      logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache)
+      base = jax.random.key(seed)
+      row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
+
+      def emit(carry, step_logits):
+        """Samples token t for the rows still running and records it."""
+        t = carry["t"]
+        keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
+        tokens, logp = _sample_tokens(step_logits, keys, params)
+        alive = ~carry["done"]
+        tokens = jnp.where(alive, tokens, params.pad_id)
+        hit_stop = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+        return dict(
+            carry, t=t + 1, last=tokens, alive=alive,
+            tokens=jax.lax.dynamic_update_slice(carry["tokens"], tokens[:, None], (0, t)),
+            logprobs=jax.lax.dynamic_update_slice(
+                carry["logprobs"], jnp.where(alive, logp, 0.0)[:, None], (0, t)),
+            lengths=carry["lengths"] + alive.astype(jnp.int32),
+            done=carry["done"] | (alive & hit_stop))
+
+      carry = dict(
+          t=jnp.int32(0), cache=cache, last=jnp.zeros((rows,), jnp.int32),
+          alive=row_valid,
+          tokens=jnp.full((rows, n_new), params.pad_id, jnp.int32),
+          logprobs=jnp.zeros((rows, n_new), jnp.float32),
+          lengths=jnp.zeros((rows,), jnp.int32), done=~row_valid)
+      # Left padding: every real row's last prompt token sits in the last column.
+      carry = emit(carry, logits[:, -1, :])
+
+      def keep_going(c):
+        return (c["t"] < n_new) & jnp.any(~c["done"])
+
+      def decode_one(c):
+        step_logits, new_cache = model(c["last"][:, None], attention_mask=(~c["done"])[:, None],
+                                       cache=c["cache"])
+        return emit(dict(c, cache=new_cache), step_logits[:, -1, :])
+
+      carry = jax.lax.while_loop(keep_going, decode_one, carry)
+      stats = group_length_stats(carry["lengths"], group_ids, row_valid, num_groups=rows)
+      io_callback(sink, None, *stats, ordered=True)
+      return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
+                  decode_steps=carry["t"], stats=stats)
+
+    return sampler_generate
+
+  def _shardings(self, state) -> dict[str, Any]:
+    if self.mesh is None:
+      return {}
+    rows2d = NamedSharding(self.mesh, P("data", None))
+    rows1d = NamedSharding(self.mesh, P("data"))
+    repl = NamedSharding(self.mesh, P())
+    state_sh = jax.tree.map(lambda x: x.sharding, state)
+    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl,
+               stats=GroupLengthStats(repl, repl, repl))
+    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, rows1d, repl),
+                out_shardings=out)
+
+  # -------------------------------------------------------------- compile
+  def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
+    def spec(shape, dtype, names):
+      sharding = None if self.mesh is None else NamedSharding(self.mesh, P(*names))
+      return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    return (spec((rows, prompt_len), jnp.int32, ("data", None)),
+            spec((rows, prompt_len), jnp.bool_, ("data", None)),
+            spec((rows,), jnp.bool_, ("data",)),
+            spec((rows,), jnp.int32, ("data",)),
+            spec((rows,), jnp.int32, ("data",)),
+            spec((), jnp.uint32, ()))
+
+  def _executable(self, state, rows: int, prompt_len: int):
+    key = (rows, prompt_len)
+    if key not in self._compiled:
+      abstract_state = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+          state)
+      lowered = self._jitted.lower(abstract_state, *self._abstract_inputs(rows, prompt_len))
+      self._compiled[key] = lowered.compile()
+    return self._compiled[key]
+
+  def warmup(self, model: Transformer) -> int:
+    """Compiles every (row bucket, prompt bucket) executable; returns how many were new."""
+    state = nnx.state(model)
+    before = len(self._compiled)
+    for rows in self.row_buckets:
+      for prompt_len in self.prompt_buckets:
+        self._executable(state, rows, prompt_len)
+    return len(self._compiled) - before
+
+  # ------------------------------------------------------------- generate
+  def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
+               seed: int) -> SampleBatch:
+    """Samples ``group_size`` responses for each prompt (token id lists).
+
+    Rows ``[i*G, (i+1)*G)`` belong to prompt i (group id i). The per-group
+    length stats also reach ``self.sink`` through the in-jit host callback.
+    """
+    if group_size <= 0:
+      raise ValueError(f"group_size={group_size} must be positive")
+    if not prompts:
+      raise ValueError("prompts is empty")
+    for i, p in enumerate(prompts):
+      if len(p) == 0:
+        raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
+    num_prompts = len(prompts)
+    real_rows = num_prompts * group_size
+    rows = _smallest_bucket(real_rows, self.row_buckets, "rows (prompts x group_size)")
+    prompt_len = _smallest_bucket(max(len(p) for p in prompts), self.prompt_buckets,
+                                  "prompt length")
+    tokens = np.full((rows, prompt_len), self.params.pad_id, np.int32)
+    mask = np.zeros((rows, prompt_len), bool)
+    for i, p in enumerate(prompts):
+      block = slice(i * group_size, (i + 1) * group_size)
+      tokens[block, prompt_len - len(p):] = np.asarray(p, np.int32)
+      mask[block, prompt_len - len(p):] = True
+    row_valid = np.arange(rows) < real_rows
+    group_ids = np.where(row_valid, np.arange(rows) // group_size, 0).astype(np.int32)
+    row_ids = np.arange(rows, dtype=np.int32)
+    state = nnx.state(model)
+    executable = self._executable(state, rows, prompt_len)
+    inputs = (tokens, mask, row_valid, group_ids, row_ids, np.uint32(seed))
+    if self.mesh is not None:
+      inputs = tuple(jax.device_put(x, s.sharding)
+                     for x, s in zip(inputs, self._abstract_inputs(rows, prompt_len)))
+    start = time.perf_counter()
+    out = executable(state, *inputs)
+    out = jax.device_get(out)
+    seconds = time.perf_counter() - start
+    lengths = np.asarray(out["lengths"])
+    present = np.asarray(out["stats"].count) > 0
+    return SampleBatch(
+        prompt_tokens=tokens, prompt_mask=mask,
+        response_tokens=np.asarray(out["tokens"]),
+        response_logprobs=np.asarray(out["logprobs"]),
+        response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
+        lengths=lengths, row_valid=row_valid, group_ids=group_ids,
+        group_max=np.asarray(out["stats"].group_max, np.float64)[present],
+        group_median=np.asarray(out["stats"].group_median, np.float64)[present],
+        group_size=group_size, num_prompts=num_prompts,
+        decode_steps=int(out["decode_steps"]), seconds=seconds)
+
+  @property
+  def num_executables(self) -> int:
+    return len(self._compiled)

@@ -1,0 +1,256 @@
+"""Jitted sampler vs transformers (greedy generate, forward log-probs), sampling
+statistics, stop handling, host-callback stats, sharding and compile counts."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import numpy as np
+import pytest
+import scipy.stats
+
+import hf_fixtures as hf
+from sagc_jax import compile_count
+from sagc_jax.models import from_pretrained
+from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
+
+torch = pytest.importorskip("torch")
+
+PAD = 0
+
+
+def load_case(tmp_path_factory, name):
+  torch_model = hf.build_hf_model(hf.CASES[name])
+  folder = hf.save_hf_model(torch_model, tmp_path_factory.mktemp(name))
+  model, cfg = from_pretrained(folder)
+  return types.SimpleNamespace(torch=torch_model, folder=folder, model=model, cfg=cfg)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+  return load_case(tmp_path_factory, "llama_untied")
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+  return load_case(tmp_path_factory, "qwen2_tied")
+
+
+def random_prompts(n, low, high, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(4, 256, rng.integers(low, high + 1)).tolist() for _ in range(n)]
+
+
+def left_pad(prompts, length):
+  ids = np.full((len(prompts), length), PAD, np.int64)
+  mask = np.zeros((len(prompts), length), np.int64)
+  for i, p in enumerate(prompts):
+    ids[i, length - len(p):] = p
+    mask[i, length - len(p):] = 1
+  return ids, mask
+
+
+def hf_greedy(torch_model, prompts, max_new, eos):
+  """transformers' greedy generate on left-padded prompts -> new tokens [P, max_new]."""
+  length = max(len(p) for p in prompts)
+  ids, mask = left_pad(prompts, length)
+  with torch.no_grad():
+    out = torch_model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                               max_new_tokens=max_new, min_new_tokens=0, do_sample=False,
+                               eos_token_id=eos, pad_token_id=PAD)
+  new = out[:, length:].numpy()
+  return np.pad(new, ((0, 0), (0, max_new - new.shape[1])), constant_values=PAD)
+
+
+def first_stop_length(tokens, stop_ids, max_new):
+  hits = [t for t, tok in enumerate(tokens) if tok in stop_ids]
+  return hits[0] + 1 if hits else max_new
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2"])
+def test_greedy_matches_transformers_generate(case, request):
+  ref = request.getfixturevalue(case)
+  prompts = random_prompts(4, 3, 14, seed=1)
+  max_new = 24
+  # Choose an EOS that the greedy continuation of prompt 0 emits mid-way, so the
+  # comparison covers both stopped and full-length rows.
+  free_run = hf_greedy(ref.torch, prompts, max_new, eos=None)
+  eos = int(free_run[0, 9])
+  expected = hf_greedy(ref.torch, prompts, max_new, eos=eos)
+  sampler = Sampler(ref.model, SamplingParams(max_new, temperature=0.0, stop_ids=(eos,)),
+                    row_buckets=(8,), prompt_buckets=(16,))
+  batch = sampler.generate(ref.model, prompts, group_size=2, seed=0)
+  matches = 0
+  for row in range(8):
+    length = first_stop_length(expected[row // 2].tolist(), {eos}, max_new)
+    assert batch.lengths[row] == length
+    matches += np.array_equal(batch.response_tokens[row, :length], expected[row // 2, :length])
+    assert np.all(batch.response_tokens[row, length:] == PAD)
+  assert matches == 8, f"greedy_match={matches / 8}"
+  assert batch.lengths[0] <= 10 and batch.lengths.max() == max_new
+
+
+def test_stop_ids_and_lengths(llama):
+  prompts = random_prompts(3, 4, 10, seed=2)
+  max_new = 20
+  free_run = hf_greedy(llama.torch, prompts, max_new, eos=None)
+  stop_ids = {int(free_run[0, 4]), int(free_run[1, 12])}
+  params = SamplingParams(max_new, temperature=0.0, stop_ids=tuple(stop_ids), pad_id=PAD)
+  sampler = Sampler(llama.model, params, row_buckets=(4,), prompt_buckets=(16,))
+  batch = sampler.generate(llama.model, prompts, group_size=1, seed=0)
+  for row in range(3):
+    length = first_stop_length(free_run[row].tolist(), stop_ids, max_new)
+    assert batch.lengths[row] == length
+    assert batch.response_tokens[row, length - 1] in stop_ids or length == max_new
+    np.testing.assert_array_equal(batch.response_mask[row], np.arange(max_new) < length)
+    assert np.all(batch.response_logprobs[row, length:] == 0)
+    assert np.all(batch.response_logprobs[row, :length] < 0)
+  assert batch.lengths[0] <= 5 and batch.lengths[1] <= 13
+  assert not batch.row_valid[3] and batch.lengths[3] == 0
+
+
+def test_logprobs_equal_forward_log_softmax(llama):
+  prompts = random_prompts(3, 5, 12, seed=3)
+  temperature, max_new = 0.8, 16
+  params = SamplingParams(max_new, temperature=temperature, top_k=50, top_p=0.95,
+                          stop_ids=(7,))
+  sampler = Sampler(llama.model, params, row_buckets=(6,), prompt_buckets=(12,))
+  batch = sampler.generate(llama.model, prompts, group_size=2, seed=4)
+  ids = np.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
+  mask = np.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
+  logits = hf.hf_logits(llama.torch, ids, mask.astype(np.int64)) / temperature
+  logp = logits - scipy.special.logsumexp(logits, axis=-1, keepdims=True)
+  prompt_len = batch.prompt_tokens.shape[1]
+  for row in range(6):
+    for t in range(batch.lengths[row]):
+      expected = logp[row, prompt_len - 1 + t, batch.response_tokens[row, t]]
+      assert batch.response_logprobs[row, t] == pytest.approx(expected, abs=1e-4)
+
+
+def expected_distribution(logits, temperature, top_k, top_p):
+  """numpy: softmax(logits / T) restricted to top-k, then to the top-p nucleus."""
+  z = logits / temperature
+  p = np.exp(z - z.max())
+  p /= p.sum()
+  order = np.argsort(-p, kind="stable")
+  keep = np.ones_like(p, bool)
+  if top_k:
+    keep[order[top_k:]] = False
+  q = np.where(keep, p, 0.0)
+  q /= q.sum()
+  if top_p < 1:
+    mass_before = np.cumsum(q[order]) - q[order]
+    drop = order[mass_before >= top_p]
+    q[drop] = 0.0
+    q /= q.sum()
+  return q
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (1.3, 12, 1.0),
+                                                      (1.0, 0, 0.6)])
+def test_sampled_tokens_follow_the_filtered_distribution(llama, temperature, top_k, top_p):
+  prompt = random_prompts(1, 6, 6, seed=5)[0]
+  rows = 4096
+  params = SamplingParams(1, temperature=temperature, top_k=top_k, top_p=top_p, stop_ids=(1,))
+  sampler = Sampler(llama.model, params, row_buckets=(rows,), prompt_buckets=(8,))
+  batch = sampler.generate(llama.model, [prompt], group_size=rows, seed=6)
+  ids, mask = left_pad([prompt], 8)
+  logits = hf.hf_logits(llama.torch, ids, mask)[0, -1].astype(np.float64)
+  q = expected_distribution(logits, temperature, top_k, top_p)
+  counts = np.bincount(batch.response_tokens[:, 0], minlength=q.size)
+  assert counts[q == 0].sum() == 0, "sampled a token outside the top-k/top-p support"
+  if top_k:
+    assert (q > 0).sum() == top_k
+  # Chi-square goodness of fit, pooling categories with expected count < 5.
+  expected = q * rows
+  big = expected >= 5
+  f_obs = np.append(counts[big], counts[~big].sum())
+  f_exp = np.append(expected[big], expected[~big].sum())
+  if f_exp[-1] == 0:
+    f_obs, f_exp = f_obs[:-1], f_exp[:-1]
+  assert big.sum() >= 4                                  # a non-degenerate distribution
+  assert scipy.stats.chisquare(f_obs, f_exp).pvalue > 1e-3
+
+
+def test_callback_stats_equal_numpy_and_padding_rows_never_leak(llama):
+  prompts = random_prompts(3, 4, 9, seed=7)
+  params = SamplingParams(24, temperature=1.5, stop_ids=tuple(range(4, 40)))
+  sampler = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,))
+  sampler.sink.pop()
+  batch = sampler.generate(llama.model, prompts, group_size=4, seed=8)
+  gmax, gmed = sampler.sink.pop()
+  assert batch.row_valid.sum() == 12 and not batch.row_valid[12:].any()
+  assert np.all(batch.lengths[12:] == 0) and np.all(batch.response_tokens[12:] == PAD)
+  lengths = batch.lengths[:12].reshape(3, 4)
+  assert len(np.unique(lengths)) > 2                     # varied lengths, a real check
+  np.testing.assert_array_equal(gmax, lengths.max(axis=1))
+  np.testing.assert_array_equal(gmed, np.median(lengths, axis=1))
+  np.testing.assert_array_equal(batch.group_max, gmax)
+  np.testing.assert_array_equal(batch.group_median, gmed)
+  assert sampler.sink.pop()[0].size == 0                  # popped exactly once
+
+
+def test_zero_compilations_after_warmup_across_random_group_sizes(llama):
+  candidates = (2, 4, 8)
+  buckets = row_buckets_for(candidates, lambda g: 2)
+  assert buckets == (4, 8, 16)
+  params = SamplingParams(6, temperature=1.0, stop_ids=(3,))
+  sampler = Sampler(llama.model, params, row_buckets=buckets, prompt_buckets=(8, 16))
+  assert sampler.warmup(llama.model) == 6
+  before_total = compile_count.compile_count()
+  before_sampler = compile_count.compile_count("sampler_generate")
+  rng = np.random.default_rng(9)
+  for step in range(20):
+    g = int(rng.choice(candidates))
+    prompts = random_prompts(2, 2, 16, seed=100 + step)
+    batch = sampler.generate(llama.model, prompts, group_size=g, seed=step)
+    assert batch.response_tokens.shape[0] == 2 * g
+  sampler.sink.pop()
+  assert compile_count.compile_count("sampler_generate") == before_sampler
+  assert compile_count.compile_count() == before_total
+  assert sampler.num_executables == 6
+
+
+def test_hold_rollouts_group_sizes_share_one_bucket():
+  assert row_buckets_for((4, 8, 16), lambda g: 64 // g) == (64,)
+  assert row_buckets_for((4, 8), {4: 3, 8: 3}, multiple_of=8) == (16, 24)
+
+
+def test_sharded_matches_unsharded(llama):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  sharded_model, _ = from_pretrained(llama.folder, mesh=mesh)
+  params = SamplingParams(12, temperature=1.0, top_p=0.9, stop_ids=(5, 6, 7))
+  prompts = random_prompts(4, 3, 10, seed=10)
+  single = Sampler(llama.model, params, row_buckets=(8,), prompt_buckets=(12,))
+  multi = Sampler(sharded_model, params, row_buckets=(8,), prompt_buckets=(12,), mesh=mesh)
+  a = single.generate(llama.model, prompts, group_size=2, seed=11)
+  b = multi.generate(sharded_model, prompts, group_size=2, seed=11)
+  np.testing.assert_array_equal(a.response_tokens, b.response_tokens)
+  np.testing.assert_array_equal(a.lengths, b.lengths)
+  np.testing.assert_allclose(a.response_logprobs, b.response_logprobs, atol=1e-5)
+  np.testing.assert_array_equal(a.group_max, b.group_max)
+  kernel = sharded_model.layers[0].self_attn.q_proj.kernel[...]
+  assert len(kernel.sharding.device_set) == 8
+
+
+def test_bad_inputs_are_refused(llama):
+  params = SamplingParams(4, temperature=0.0, stop_ids=(3,))
+  sampler = Sampler(llama.model, params, row_buckets=(4,), prompt_buckets=(8,))
+  with pytest.raises(ValueError, match="prompt length=9 exceeds the largest bucket 8"):
+    sampler.generate(llama.model, [[5] * 9], group_size=1, seed=0)
+  with pytest.raises(ValueError, match="rows .* exceeds the largest bucket 4"):
+    sampler.generate(llama.model, [[5], [6]], group_size=4, seed=0)
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    sampler.generate(llama.model, [[5], []], group_size=1, seed=0)
+  for kwargs, match in [(dict(max_new_tokens=0), "max_new_tokens"),
+                        (dict(max_new_tokens=4, temperature=-1.0), "temperature"),
+                        (dict(max_new_tokens=4, top_p=0.0), "top_p"),
+                        (dict(max_new_tokens=4, top_k=-2), "top_k")]:
+    with pytest.raises(ValueError, match=match):
+      SamplingParams(**{"stop_ids": (2,), **kwargs})
+  with pytest.raises(ValueError, match="stop_ids"):
+    SamplingParams(4)
