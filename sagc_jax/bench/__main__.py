@@ -1,4 +1,4 @@
-"""Dispatcher: ``python -m sagc_jax.bench {controller,sampler} [--out FILE.json]``."""
+"""Dispatcher: ``python -m sagc_jax.bench {controller,learner,sampler} [--out FILE.json]``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import platform
 import sys
 from pathlib import Path
 
-from sagc_jax.bench import controller, sampler
+from sagc_jax.bench import controller, learner, sampler
 
-BENCHMARKS = {"controller": controller, "sampler": sampler}
+BENCHMARKS = {"controller": controller, "learner": learner, "sampler": sampler}
 
 
 def main(argv: list[str] | None = None) -> int:

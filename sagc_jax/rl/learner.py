@@ -1,0 +1,504 @@
+"""Jitted GRPO / DAPO learner: advantages, clipped policy loss, optax updates.
+
+One ``Learner.update(batch)`` consumes a step's rollouts:
+
+1. ``prepare`` (jitted, per row bucket): optional DAPO soft overlong
+   punishment added to the rewards, group-relative advantages (GRPO std
+   normalisation or Dr. GRPO centring), and the DAPO dynamic-sampling mask
+   (rows of zero-variance groups get no loss).
+2. GRPO only: log-probs of the frozen reference policy, once per batch.
+3. ``epochs`` passes over the batch in ``mini_batches`` shuffled minibatches;
+   each minibatch is one optimizer update, its gradient accumulated over
+   ``grad_accum`` microbatches with ``lax.scan`` (the per-microbatch loss is
+   rescaled so the accumulated gradient equals the full-minibatch gradient for
+   every aggregation mode).
+4. The update is applied only if the loss and the gradient norm are finite;
+   otherwise the parameters and optimizer state are left untouched and the
+   skip is counted.
+
+Log-probs use ``logits / temperature``, the sampler's distribution, so the
+sampler's log-probs are the PPO "old" log-probs.
+
+Shapes: batches come padded to the sampler's row buckets; responses are cut
+to the smallest *response bucket* that holds the longest response; the train
+step is compiled ahead of time (``warmup``) for every (minibatch rows, prompt
+bucket, response bucket), so whatever G the controller picks, no compilation
+happens after warm-up. Parameters keep their nnx shardings; batch rows are
+sharded on the mesh's ``'data'`` axis.
+
+References: GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 2025),
+Dr. GRPO (Liu et al. 2025); see ``losses`` for the per-function citations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from sagc_jax.models.transformer import Transformer
+from sagc_jax.rl import losses
+from sagc_jax.rl.rollout import RolloutBatch
+
+__all__ = ["Learner", "LearnerConfig"]
+
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  """Learner settings; ``grpo()`` and ``dapo()`` give the published presets.
+
+  Optimisation: AdamW (``lr``, ``b1``, ``b2``, ``eps``, ``weight_decay``) with a
+  linear warm-up over ``warmup_steps`` then a ``constant`` or ``cosine`` (to
+  ``min_lr_ratio * lr`` at ``total_steps``) schedule; global-norm clipping at
+  ``max_grad_norm``. Steps count optimizer updates.
+
+  Objective: ``clip_low``/``clip_high`` (and dual clip ``clip_c``), aggregation
+  ``agg`` (with ``agg_scale`` for ``seq-mean-token-sum-norm``), KL to a frozen
+  reference policy with ``kl_coef`` (0 = no reference model in memory) and
+  estimator ``kl_kind``, advantages with ``normalize_std``.
+
+  DAPO extras: ``overlong_buffer`` > 0 enables the soft overlong punishment
+  over the last ``overlong_buffer`` tokens before ``max_response_len`` with
+  ``overlong_factor``; ``dynamic_sampling`` drops zero-variance groups
+  (``dynamic_max_rounds`` sampling rounds at most to refill the batch).
+
+  Batching: ``mini_batches`` updates per pass, ``epochs`` passes per rollout
+  batch, ``grad_accum`` microbatches per update.
+  """
+  algorithm: str = "grpo"
+  lr: float = 1e-6
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.01
+  warmup_steps: int = 0
+  schedule: str = "constant"
+  total_steps: int = 1000
+  min_lr_ratio: float = 0.0
+  max_grad_norm: float = 1.0
+  clip_low: float = 0.2
+  clip_high: float = 0.2
+  clip_c: float | None = None
+  agg: str = "seq-mean-token-mean"
+  agg_scale: float | None = None
+  kl_coef: float = 0.04
+  kl_kind: str = "k3"
+  normalize_std: bool = True
+  adv_eps: float = 1e-6
+  temperature: float = 1.0
+  mini_batches: int = 1
+  epochs: int = 1
+  grad_accum: int = 1
+  overlong_buffer: int = 0
+  overlong_factor: float = 1.0
+  max_response_len: int = 0
+  dynamic_sampling: bool = False
+  dynamic_max_rounds: int = 3
+
+  @classmethod
+  def grpo(cls, **overrides) -> "LearnerConfig":
+    """GRPO: std-normalised advantages, clip 0.2, k3 KL (beta 0.04), seq-mean-token-mean."""
+    base = dict(algorithm="grpo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3",
+                agg="seq-mean-token-mean", normalize_std=True, dynamic_sampling=False,
+                overlong_buffer=0)
+    return cls(**{**base, **overrides})
+
+  @classmethod
+  def dapo(cls, **overrides) -> "LearnerConfig":
+    """DAPO: clip-higher 0.2/0.28, token-mean, no KL, dynamic sampling, overlong shaping."""
+    base = dict(algorithm="dapo", clip_low=0.2, clip_high=0.28, kl_coef=0.0,
+                agg="token-mean", normalize_std=True, dynamic_sampling=True,
+                overlong_factor=1.0)
+    return cls(**{**base, **overrides})
+
+  def __post_init__(self):
+    def fail(key, why):
+      raise ValueError(f"learner.{key}={getattr(self, key)!r} {why}")
+    for key in ("lr", "eps", "max_grad_norm", "temperature", "adv_eps"):
+      value = getattr(self, key)
+      if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        fail(key, "must be a positive number")
+    for key in ("b1", "b2"):
+      if not 0 <= getattr(self, key) < 1:
+        fail(key, "must be in [0, 1)")
+    for key in ("weight_decay", "kl_coef", "clip_low", "clip_high", "overlong_factor"):
+      if not getattr(self, key) >= 0:
+        fail(key, "must be >= 0")
+    if self.clip_low > 1:
+      fail("clip_low", "must be <= 1")
+    if self.clip_c is not None and not self.clip_c > 1:
+      fail("clip_c", "must be > 1 (dual clip) or None")
+    for key in ("mini_batches", "epochs", "grad_accum", "dynamic_max_rounds", "total_steps"):
+      value = getattr(self, key)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fail(key, "must be a positive int")
+    for key in ("warmup_steps", "overlong_buffer", "max_response_len"):
+      value = getattr(self, key)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        fail(key, "must be an int >= 0")
+    if self.schedule not in SCHEDULES:
+      fail("schedule", f"is not one of {SCHEDULES}")
+    if not 0 <= self.min_lr_ratio <= 1:
+      fail("min_lr_ratio", "must be in [0, 1]")
+    if self.agg not in losses.AGG_MODES:
+      fail("agg", f"is not one of {losses.AGG_MODES}")
+    if self.agg_scale is not None and (self.agg != "seq-mean-token-sum-norm"
+                                       or not self.agg_scale > 0):
+      fail("agg_scale", "is only valid (> 0) with agg='seq-mean-token-sum-norm'")
+    if self.kl_kind not in losses.KL_KINDS:
+      fail("kl_kind", f"is not one of {losses.KL_KINDS}")
+    if self.overlong_buffer and self.overlong_buffer > self.max_response_len:
+      fail("overlong_buffer", f"exceeds max_response_len={self.max_response_len} (set "
+           "max_response_len to the sampler's max_new_tokens)")
+
+  @classmethod
+  def from_dict(cls, values: dict[str, Any]) -> "LearnerConfig":
+    """Builds from a config section (``algorithm`` picks the preset defaults)."""
+    values = dict(values)
+    algorithm = values.get("algorithm", "grpo")
+    presets = {"grpo": cls.grpo, "dapo": cls.dapo}
+    if algorithm not in presets:
+      raise ValueError(f"learner.algorithm={algorithm!r} is not one of {tuple(presets)}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise ValueError(f"learner.{unknown[0]} is not a learner setting "
+                       f"(allowed: {', '.join(sorted(fields))})")
+    return presets[algorithm](**values)
+
+  def optimizer(self) -> optax.GradientTransformation:
+    if self.schedule == "cosine":
+      decay = optax.cosine_decay_schedule(self.lr, max(self.total_steps - self.warmup_steps, 1),
+                                          alpha=self.min_lr_ratio)
+    else:
+      decay = optax.constant_schedule(self.lr)
+    schedule = (optax.join_schedules([optax.linear_schedule(0.0, self.lr, self.warmup_steps),
+                                      decay], [self.warmup_steps])
+                if self.warmup_steps else decay)
+    return optax.chain(optax.clip_by_global_norm(self.max_grad_norm),
+                       optax.adamw(schedule, b1=self.b1, b2=self.b2, eps=self.eps,
+                                   weight_decay=self.weight_decay))
+
+
+def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
+  """The denominator ``aggregate`` uses for ``mode`` (1 for sums)."""
+  w = mask.astype(jnp.float32)
+  if mode == "token-mean":
+    return jnp.sum(w)
+  if mode == "token-sum":
+    return jnp.float32(1)
+  return jnp.sum((jnp.sum(w, axis=-1) > 0).astype(jnp.float32))
+
+
+class Learner:
+  """Owns the optimizer state and the compiled train steps for one policy.
+
+  Args:
+    model: the policy; its parameters are updated in place at the end of each
+      ``update`` (so the sampler sees them).
+    config: ``LearnerConfig``.
+    row_buckets, prompt_buckets, response_buckets: the padded shapes batches
+      can have (rows and prompts as in the sampler; responses are cut to the
+      smallest response bucket holding the longest response).
+    mesh: optional mesh; batch rows go on ``'data'``.
+  """
+
+  def __init__(self, model: Transformer, config: LearnerConfig, row_buckets: Sequence[int],
+               prompt_buckets: Sequence[int], response_buckets: Sequence[int], *,
+               mesh: Mesh | None = None):
+    self.model = model
+    self.config = config
+    self.mesh = mesh
+    self.row_buckets = tuple(sorted(set(row_buckets)))
+    self.prompt_buckets = tuple(sorted(set(prompt_buckets)))
+    self.response_buckets = tuple(sorted(set(response_buckets)))
+    data = 1 if mesh is None else mesh.shape.get("data", 1)
+    for rows in self.row_buckets:
+      micro, rem = divmod(rows, config.mini_batches * config.grad_accum)
+      if rem or micro % data:
+        raise ValueError(
+            f"row bucket {rows} does not split into mini_batches={config.mini_batches} x "
+            f"grad_accum={config.grad_accum} microbatches of a multiple of the 'data' axis "
+            f"({data}) rows")
+    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.tx = config.optimizer()
+    self.params = params
+    self.opt_state = jax.jit(self.tx.init)(params)
+    if mesh is not None:
+      # Moments inherit the parameter shardings; scalars (step counts) come out on
+      # one device and must be replicated over the mesh like everything else.
+      replicated = NamedSharding(mesh, P())
+      self.opt_state = jax.tree.map(
+          lambda x: x if len(x.sharding.device_set) == mesh.size
+          else jax.device_put(x, replicated), self.opt_state)
+    self.reference = (jax.tree.map(jnp.copy, params) if config.kl_coef > 0 else None)
+    self.step = 0
+    self.skipped_updates = 0
+    state_sh = None if mesh is None else jax.tree.map(
+        lambda x: x.sharding, (self.params, self.opt_state))
+    self._state_shardings = state_sh
+    self._train_step = jax.jit(self._make_train_step(), donate_argnums=(0, 1),
+                               **self._jit_shardings(state_sh))
+    self._ref_logprobs = jax.jit(self._make_ref_logprobs())
+    self._prepare = jax.jit(self._make_prepare())
+    self._compiled: dict[tuple, Any] = {}
+
+  # ------------------------------------------------------------ jitted code
+  def _make_prepare(self):
+    cfg = self.config
+
+    def learner_prepare(scores, lengths, group_ids, row_valid):
+      scores = scores.astype(jnp.float32)
+      if cfg.overlong_buffer:
+        scores = scores + losses.overlong_penalty(lengths, cfg.max_response_len,
+                                                  cfg.overlong_buffer, cfg.overlong_factor)
+      scores = jnp.where(row_valid, scores, 0.0)
+      adv = losses.group_advantages(scores, group_ids, normalize_std=cfg.normalize_std,
+                                    eps=cfg.adv_eps, mask=row_valid)
+      if cfg.dynamic_sampling:
+        keep = losses.dynamic_sampling_keep(scores, group_ids, mask=row_valid)
+      else:
+        keep = row_valid
+      return adv, keep, scores
+
+    return learner_prepare
+
+  def _forward_logprobs(self, params, tokens, attn_mask, n_resp):
+    """(log-probs [b, N], response logits [b, N, V]) of the response tokens."""
+    model = nnx.merge(self.graphdef, params, self.rest)
+    logits = model(tokens, attention_mask=attn_mask)
+    prompt_len = tokens.shape[1] - n_resp
+    resp_logits = logits[:, prompt_len - 1:-1] / self.config.temperature
+    return losses.token_logprobs(resp_logits, tokens[:, prompt_len:]), resp_logits
+
+  def _make_ref_logprobs(self):
+    def learner_ref_logprobs(ref_params, tokens, attn_mask, resp_mask):
+      logp, _ = self._forward_logprobs(ref_params, tokens, attn_mask, resp_mask.shape[1])
+      return jnp.where(resp_mask, logp, 0.0)
+    return learner_ref_logprobs
+
+  def _make_train_step(self):
+    cfg = self.config
+    tx = self.tx
+
+    def micro_loss(params, micro, mb_count):
+      tokens, attn_mask, resp_mask, old_logp, adv, ref_logp = micro
+      logp, resp_logits = self._forward_logprobs(params, tokens, attn_mask, resp_mask.shape[1])
+      fraction = jnp.where(mb_count > 0, _agg_count(resp_mask, cfg.agg) / mb_count, 0.0)
+      pg, metrics = losses.policy_loss(logp, old_logp, adv, resp_mask, clip_low=cfg.clip_low,
+                                       clip_high=cfg.clip_high, clip_c=cfg.clip_c,
+                                       agg=cfg.agg, scale=cfg.agg_scale)
+      loss = pg * fraction
+      if cfg.kl_coef > 0:
+        kl = losses.aggregate(losses.kl_penalty(logp, ref_logp, cfg.kl_kind), resp_mask,
+                              cfg.agg, cfg.agg_scale)
+        loss = loss + cfg.kl_coef * kl * fraction
+        metrics["kl"] = jax.lax.stop_gradient(kl)
+      entropy = losses.entropy_from_logits(jax.lax.stop_gradient(resp_logits))
+      w = resp_mask.astype(jnp.float32)
+      metrics["entropy"] = jnp.sum(entropy * w) / jnp.maximum(jnp.sum(w), 1.0)
+      metrics["tokens"] = jnp.sum(w)
+      return loss, metrics
+
+    def learner_train_step(params, opt_state, tokens, attn_mask, resp_mask, old_logp, adv,
+                           ref_logp):
+      mb_count = _agg_count(resp_mask, cfg.agg)
+      micro = jax.tree.map(
+          lambda x: x.reshape((cfg.grad_accum, x.shape[0] // cfg.grad_accum) + x.shape[1:]),
+          (tokens, attn_mask, resp_mask, old_logp, adv, ref_logp))
+      grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+      def accumulate(carry, batch):
+        (loss, metrics), grads = grad_fn(params, batch, mb_count)
+        carry_grads, carry_loss, carry_metrics = carry
+        weight = metrics["tokens"]
+        metrics = {k: v * weight for k, v in metrics.items() if k != "tokens"}
+        return (jax.tree.map(jnp.add, carry_grads, grads), carry_loss + loss,
+                jax.tree.map(jnp.add, carry_metrics, {**metrics, "tokens": weight})), None
+
+      zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(
+          lambda x: x[0], micro), mb_count)[1])
+      zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
+      init = (jax.tree.map(jnp.zeros_like, params), jnp.float32(0), zero_metrics)
+      (grads, loss, sums), _ = jax.lax.scan(accumulate, init, micro)
+      tokens_total = sums.pop("tokens")
+      metrics = {k: v / jnp.maximum(tokens_total, 1.0) for k, v in sums.items()}
+      grad_norm = optax.tree.norm(grads)
+      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+      def apply(_):
+        updates, new_opt = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt
+
+      new_params, new_opt = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
+      metrics.update(loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
+                     tokens=tokens_total)
+      return new_params, new_opt, metrics
+
+    return learner_train_step
+
+  # --------------------------------------------------------- shapes, compile
+  def _row_sharding(self, ndim: int):
+    if self.mesh is None:
+      return None
+    return NamedSharding(self.mesh, P("data", *([None] * (ndim - 1))))
+
+  def _jit_shardings(self, state_sh) -> dict[str, Any]:
+    if state_sh is None:
+      return {}
+    rows = [self._row_sharding(n) for n in (2, 2, 2, 2, 1, 2)]
+    repl = NamedSharding(self.mesh, P())
+    return dict(in_shardings=(state_sh[0], state_sh[1], *rows),
+                out_shardings=(state_sh[0], state_sh[1], repl))
+
+  def _abstract_batch(self, rows: int, prompt_len: int, n_resp: int) -> tuple:
+    seq = prompt_len + n_resp
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype,
+                                                     sharding=self._row_sharding(len(shape)))
+    return (spec((rows, seq), jnp.int32), spec((rows, seq), jnp.bool_),
+            spec((rows, n_resp), jnp.bool_), spec((rows, n_resp), jnp.float32),
+            spec((rows,), jnp.float32), spec((rows, n_resp), jnp.float32))
+
+  @staticmethod
+  def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=getattr(x, "sharding", None)),
+                        tree)
+
+  def _executables(self, rows: int, prompt_len: int, n_resp: int):
+    """(train step, reference log-probs) compiled for one minibatch shape."""
+    key = (rows, prompt_len, n_resp)
+    if key not in self._compiled:
+      batch = self._abstract_batch(rows, prompt_len, n_resp)
+      train = self._train_step.lower(self._abstract(self.params), self._abstract(self.opt_state),
+                                     *batch).compile()
+      ref = None
+      if self.reference is not None:
+        ref = self._ref_logprobs.lower(self._abstract(self.reference), batch[0], batch[1],
+                                       batch[2]).compile()
+      self._compiled[key] = (train, ref)
+    return self._compiled[key]
+
+  def _prepare_executable(self, rows: int):
+    key = ("prepare", rows)
+    if key not in self._compiled:
+      abstract = (jax.ShapeDtypeStruct((rows,), jnp.float32),
+                  jax.ShapeDtypeStruct((rows,), jnp.int32),
+                  jax.ShapeDtypeStruct((rows,), jnp.int32),
+                  jax.ShapeDtypeStruct((rows,), jnp.bool_))
+      self._compiled[key] = self._prepare.lower(*abstract).compile()
+    return self._compiled[key]
+
+  def minibatch_rows(self, rows: int) -> int:
+    return rows // self.config.mini_batches
+
+  def warmup(self) -> int:
+    """Compiles every shape a batch from the buckets can take; returns how many."""
+    before = len(self._compiled)
+    for rows in self.row_buckets:
+      self._prepare_executable(rows)
+      for prompt_len in self.prompt_buckets:
+        for n_resp in self.response_buckets:
+          self._executables(self.minibatch_rows(rows), prompt_len, n_resp)
+    return len(self._compiled) - before
+
+  @property
+  def num_executables(self) -> int:
+    return len(self._compiled)
+
+  def response_bucket(self, longest: int) -> int:
+    for bucket in self.response_buckets:
+      if longest <= bucket:
+        return bucket
+    raise ValueError(f"longest response {longest} exceeds the largest response bucket "
+                     f"{self.response_buckets[-1]}")
+
+  # ---------------------------------------------------------------- update
+  def prepare(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(advantages, keep mask, shaped rewards) per row, computed in the jitted prepare."""
+    rows = batch.num_rows
+    if rows not in self.row_buckets:
+      raise ValueError(f"batch has {rows} rows; learner row buckets are {self.row_buckets}")
+    adv, keep, shaped = self._prepare_executable(rows)(
+        batch.scores.astype(np.float32), batch.lengths.astype(np.int32),
+        batch.group_ids.astype(np.int32), batch.row_valid)
+    return np.asarray(adv), np.asarray(keep), np.asarray(shaped)
+
+  def _device(self, arrays: tuple) -> tuple:
+    if self.mesh is None:
+      return arrays
+    return tuple(jax.device_put(a, self._row_sharding(a.ndim)) for a in arrays)
+
+  def update(self, batch: RolloutBatch, seed: int = 0) -> dict[str, float]:
+    """Trains on one rollout batch; returns metrics averaged over its updates."""
+    start = time.perf_counter()
+    cfg = self.config
+    adv, keep, shaped = self.prepare(batch)
+    longest = int(batch.lengths.max()) if batch.row_valid.any() else 1
+    n_resp = self.response_bucket(max(longest, 1))
+    prompt_len = batch.prompt_tokens.shape[1]
+    resp_mask = batch.response_mask[:, :n_resp] & keep[:, None]
+    tokens = np.concatenate([batch.prompt_tokens, batch.response_tokens[:, :n_resp]], axis=1)
+    attn_mask = np.concatenate([batch.prompt_mask, batch.response_mask[:, :n_resp]], axis=1)
+    old_logp = batch.old_logprobs[:, :n_resp].astype(np.float32)
+    mb_rows = self.minibatch_rows(batch.num_rows)
+    train, ref = self._executables(mb_rows, prompt_len, n_resp)
+
+    ref_logp = np.zeros_like(old_logp)
+    if ref is not None:
+      for lo in range(0, batch.num_rows, mb_rows):
+        sl = slice(lo, lo + mb_rows)
+        ref_logp[sl] = np.asarray(ref(self.reference, *self._device(
+            (tokens[sl], attn_mask[sl], resp_mask[sl]))))
+
+    rng = np.random.default_rng([seed, self.step])
+    history = []
+    for _ in range(cfg.epochs):
+      order = rng.permutation(batch.num_rows)
+      for lo in range(0, batch.num_rows, mb_rows):
+        idx = order[lo:lo + mb_rows]
+        inputs = self._device((tokens[idx], attn_mask[idx], resp_mask[idx], old_logp[idx],
+                               adv[idx].astype(np.float32), ref_logp[idx]))
+        self.params, self.opt_state, metrics = train(self.params, self.opt_state, *inputs)
+        history.append(metrics)
+        self.step += 1
+    history = jax.device_get(history)
+    skipped = int(sum(m["skipped"] for m in history))
+    self.skipped_updates += skipped
+    nnx.update(self.model, self.params)
+    out = {k: float(np.mean([m[k] for m in history])) for k in history[0]
+           if k not in ("skipped", "tokens")}
+    real_tokens = float(resp_mask.sum())
+    out.update(
+        updates=float(len(history)), skipped_updates=float(skipped),
+        total_skipped_updates=float(self.skipped_updates),
+        kept_rows=float(keep.sum()), real_rows=float(batch.row_valid.sum()),
+        adv_abs_mean=float(np.abs(adv[keep]).mean()) if keep.any() else 0.0,
+        shaped_reward_mean=float(shaped[batch.row_valid].mean()) if batch.row_valid.any()
+        else 0.0,
+        response_tokens=real_tokens,
+        padded_tokens=float(tokens.shape[0] * tokens.shape[1]),
+        response_bucket=float(n_resp), learner_seconds=time.perf_counter() - start,
+        lr=float(self._learning_rate()))
+    return out
+
+  def _learning_rate(self) -> float:
+    """Current learning rate (for logging), read from the schedule via the step count."""
+    cfg = self.config
+    if cfg.warmup_steps and self.step < cfg.warmup_steps:
+      return cfg.lr * self.step / cfg.warmup_steps
+    if cfg.schedule == "cosine":
+      t = min(max(self.step - cfg.warmup_steps, 0) / max(cfg.total_steps - cfg.warmup_steps, 1),
+              1.0)
+      return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+    return cfg.lr

@@ -1,0 +1,126 @@
+"""The learner's input: one step's rollouts as padded host arrays, and their assembly.
+
+A ``RolloutBatch`` holds everything the train step needs for every row of a
+row bucket: prompt (left-padded) and response tokens, masks, the sampler's
+log-probs (PPO "old" log-probs), group ids, rewards and the response lengths.
+Padding rows have ``row_valid == False`` and an all-zero response mask, so they
+never reach a loss, a statistic or a gradient.
+
+DAPO dynamic sampling needs several sampling rounds per step; ``select_groups``
+and ``concat_rollouts`` cut whole groups out of rounds and stitch them into one
+batch padded to a row bucket (group ids renumbered, prompts re-padded to the
+widest round).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from sagc_jax.sampling.sampler import SampleBatch
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+  prompt_tokens: np.ndarray      # [B, Tp] int32, left-padded
+  prompt_mask: np.ndarray        # [B, Tp] bool
+  response_tokens: np.ndarray    # [B, N] int32
+  response_mask: np.ndarray      # [B, N] bool
+  old_logprobs: np.ndarray       # [B, N] float32
+  lengths: np.ndarray            # [B] int32
+  group_ids: np.ndarray          # [B] int32
+  row_valid: np.ndarray          # [B] bool
+  scores: np.ndarray             # [B] float32 rewards (0 for padding rows)
+  group_size: int
+
+  @property
+  def num_rows(self) -> int:
+    return self.prompt_tokens.shape[0]
+
+  @property
+  def num_groups(self) -> int:
+    return int(np.unique(self.group_ids[self.row_valid]).size)
+
+  @classmethod
+  def from_samples(cls, samples: SampleBatch, scores: np.ndarray) -> "RolloutBatch":
+    """Wraps a sampler result with the rewards of its real rows (``[num_rows]``)."""
+    scores = np.asarray(scores, np.float32)
+    if scores.shape != (samples.num_rows,):
+      raise ValueError(f"scores has shape {scores.shape}, expected ({samples.num_rows},) "
+                       "(one reward per real row)")
+    padded = np.zeros(samples.row_valid.shape, np.float32)
+    padded[:samples.num_rows] = scores
+    return cls(prompt_tokens=samples.prompt_tokens, prompt_mask=samples.prompt_mask,
+               response_tokens=samples.response_tokens, response_mask=samples.response_mask,
+               old_logprobs=samples.response_logprobs, lengths=samples.lengths,
+               group_ids=samples.group_ids, row_valid=samples.row_valid, scores=padded,
+               group_size=samples.group_size)
+
+
+def _left_pad_to(x: np.ndarray, width: int, fill) -> np.ndarray:
+  extra = width - x.shape[1]
+  return x if extra == 0 else np.pad(x, ((0, 0), (extra, 0)), constant_values=fill)
+
+
+def select_groups(batch: RolloutBatch, keep_groups: Sequence[int]) -> RolloutBatch:
+  """The real rows of the listed groups, in that order (no padding rows)."""
+  rows = np.concatenate([np.flatnonzero(batch.row_valid & (batch.group_ids == g))
+                         for g in keep_groups]) if len(keep_groups) else np.zeros(0, int)
+  fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+  out = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
+  return RolloutBatch(**out)
+
+
+def concat_rollouts(parts: Sequence[RolloutBatch], rows: int, pad_id: int = 0) -> RolloutBatch:
+  """Stacks the real rows of ``parts`` and pads to ``rows`` rows.
+
+  Group ids are renumbered 0..n-1 in order of appearance; prompts are
+  left-padded to the widest part. All parts must share the group size and the
+  response width.
+  """
+  parts = [p for p in parts if p.num_rows]
+  if not parts:
+    raise ValueError("concat_rollouts: nothing to concatenate")
+  sizes = {p.group_size for p in parts}
+  widths = {p.response_tokens.shape[1] for p in parts}
+  if len(sizes) != 1 or len(widths) != 1:
+    raise ValueError(f"concat_rollouts: parts differ in group size {sizes} or response "
+                     f"width {widths}")
+  prompt_width = max(p.prompt_tokens.shape[1] for p in parts)
+  real = [select_groups(p, list(dict.fromkeys(p.group_ids[p.row_valid].tolist())))
+          for p in parts]
+  total = sum(p.num_rows for p in real)
+  if total > rows:
+    raise ValueError(f"concat_rollouts: {total} real rows do not fit in {rows} rows")
+  group_ids, next_id = [], 0
+  for p in real:
+    _, inverse = np.unique(p.group_ids, return_inverse=True)
+    order = np.argsort(np.unique(p.group_ids, return_index=True)[1])   # appearance order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    group_ids.append(rank[inverse] + next_id)
+    next_id += order.size
+  pad_rows = rows - total
+
+  def stack(name, fill, width=None):
+    arrays = [getattr(p, name) for p in real]
+    if width is not None:
+      arrays = [_left_pad_to(a, width, fill) for a in arrays]
+    out = np.concatenate(arrays)
+    pad_shape = (pad_rows,) + out.shape[1:]
+    return np.concatenate([out, np.full(pad_shape, fill, out.dtype)])
+
+  return RolloutBatch(
+      prompt_tokens=stack("prompt_tokens", pad_id, prompt_width),
+      prompt_mask=stack("prompt_mask", False, prompt_width),
+      response_tokens=stack("response_tokens", pad_id),
+      response_mask=stack("response_mask", False),
+      old_logprobs=stack("old_logprobs", 0.0),
+      lengths=stack("lengths", 0),
+      group_ids=np.concatenate([np.concatenate(group_ids).astype(np.int32),
+                                np.zeros(pad_rows, np.int32)]),
+      row_valid=np.arange(rows) < total,
+      scores=stack("scores", 0.0),
+      group_size=parts[0].group_size)
