@@ -26,6 +26,11 @@ setup(
         "ml-collections>=1.0",
         "absl-py>=2.1",
         "matplotlib>=3.8",
+        "safetensors>=0.4",
+        "tokenizers>=0.20",
+        "math-verify>=0.7",
+        "tensorboardX>=2.6",
+        "pyarrow>=14",
     ],
     extras_require={
         "test": [
@@ -41,6 +46,8 @@ setup(
     entry_points={
         "console_scripts": [
             "sagc-simulate=sagc_jax.simulate:run",
+            "sagc-train=sagc_jax.train:run",
+            "sagc-eval=sagc_jax.eval:main",
             "sagc-bench=sagc_jax.bench.__main__:main",
         ],
     },

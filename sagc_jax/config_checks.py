@@ -53,3 +53,21 @@ def one_of(config: Any, key: str, allowed: Iterable[Any]) -> Any:
   if value not in allowed:
     raise ValueError(f"{key}={value!r} is not one of {allowed}")
   return value
+
+
+def group_budget(config: Any, section: str, mode: str, group_sizes: Iterable[int]) -> None:
+  """Checks the per-step budget of ``<section>`` for the two ways of changing G.
+
+  ``hold_rollouts``: ``<section>.rollouts_per_step`` must be a positive int that
+  every group size divides (whole prompts per step); ``hold_prompts``:
+  ``<section>.prompts_per_step`` must be a positive int.
+  """
+  if mode == "hold_rollouts":
+    key = f"{section}.rollouts_per_step"
+    rollouts = positive_int(config, key)
+    bad = [g for g in group_sizes if rollouts % g]
+    if bad:
+      raise ValueError(f"{key}={rollouts} is not divisible by group size(s) {bad}: "
+                       "hold_rollouts needs whole prompts per step")
+  else:
+    positive_int(config, f"{section}.prompts_per_step")

@@ -421,10 +421,11 @@ def controller_from_config(config: Any) -> SAGCController | StaticController:
   """Builds the controller described by ``config.controller`` (or a bare section).
 
   Keys: ``kind`` ('sagc' or 'static'), ``candidates``, ``tau``, ``delta``,
-  ``seed``, ``forgetting``, ``prior_alpha``, ``prior_beta``; SAGC adds
-  ``eta``, ``lambda_max``, ``initial_g`` (None = smallest); static adds
-  ``static_g``. Missing optional keys take the class defaults. Errors name the
-  offending ``controller.<key>``.
+  ``seed``, ``forgetting``, ``prior_alpha``, ``prior_beta``; SAGC uses
+  ``eta``, ``lambda_max``, ``initial_g`` (None = smallest); static uses
+  ``static_g``. Keys of the other kind are ignored; unknown keys are errors.
+  Missing optional keys take the class defaults. Errors name the offending
+  ``controller.<key>``.
   """
   section = config["controller"] if "controller" in config else config
   values = dict(section.to_dict() if hasattr(section, "to_dict") else section)
@@ -432,10 +433,14 @@ def controller_from_config(config: Any) -> SAGCController | StaticController:
   allowed = {"sagc": _SAGC_KEYS, "static": _STATIC_KEYS}
   if kind not in allowed:
     raise ValueError(f"controller.kind={kind!r} is not one of {sorted(allowed)}")
-  unknown = sorted(set(values) - set(allowed[kind]))
+  known = sorted(set(_SAGC_KEYS) | set(_STATIC_KEYS))
+  unknown = sorted(set(values) - set(known))
   if unknown:
-    raise ValueError(f"controller.{unknown[0]} is not a setting of a {kind!r} controller "
-                     f"(allowed: {', '.join(allowed[kind])})")
+    raise ValueError(f"controller.{unknown[0]} is not a controller setting "
+                     f"(allowed: kind, {', '.join(known)})")
+  # One config section serves both kinds (switching kind is one override), so the
+  # other kind's settings are accepted and ignored.
+  values = {k: v for k, v in values.items() if k in allowed[kind]}
   if "candidates" in values and values["candidates"] is not None:
     values["candidates"] = tuple(values["candidates"])
   try:

@@ -28,7 +28,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,6 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax import config_checks as checks
+from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.controller import SAGCController, StaticController, controller_from_config
 
 MODES = ("hold_rollouts", "hold_prompts")
@@ -154,14 +154,7 @@ def validate_config(config: Any) -> None:
               "learner_s_per_token", "step_overhead_s"):
     checks.number_in(config, f"cost.{key}", 0.0)
   candidates = tuple(checks.lookup(config, "controller.candidates"))
-  if mode == "hold_rollouts":
-    rollouts = checks.positive_int(config, "sim.rollouts_per_step")
-    bad = [g for g in candidates if rollouts % g]
-    if bad:
-      raise ValueError(f"sim.rollouts_per_step={rollouts} is not divisible by candidate "
-                       f"group size(s) {bad}: hold_rollouts needs whole prompts")
-  else:
-    checks.positive_int(config, "sim.prompts_per_step")
+  checks.group_budget(config, "sim", mode, candidates)
   del steps
 
 
@@ -323,9 +316,6 @@ def plot(result: dict[str, Any], path: str | os.PathLike) -> None:
   plt.close(fig)
 
 
-_FLAGS = None  # absl flags, defined only when the CLI runs (never at import)
-
-
 def _define_flags():
   from absl import flags
   from ml_collections import config_flags
@@ -337,10 +327,8 @@ def _define_flags():
   return flags.FLAGS
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected positional arguments: {argv[1:]}")
-  flags = _FLAGS
+def main(argv: Sequence[str], flags) -> None:
+  reject_positional(argv)
   config = flags.config
   result = simulate(config)
   print(f"SAGC simulator: {config.sim.steps} steps, mode={config.sim.mode}, "
@@ -357,14 +345,7 @@ def main(argv: Sequence[str]) -> None:
 
 def run() -> None:
   """Console entry point ``sagc-simulate``."""
-  from absl import app
-  global _FLAGS
-  _FLAGS = _define_flags()
-  try:
-    app.run(main)
-  except ValueError as err:
-    print(f"error: {err}", file=sys.stderr)
-    raise SystemExit(2) from None
+  run_absl_tool(main, _define_flags)
 
 
 if __name__ == "__main__":

@@ -313,8 +313,10 @@ def test_from_config_builds_both_kinds_and_names_bad_keys():
   with pytest.raises(ValueError, match="controller.kind='greedy'"):
     controller_from_config(config)
   config.controller.kind = "static"
-  config.controller.eta = 1.0
-  with pytest.raises(ValueError, match="controller.eta"):
+  config.controller.eta = 1.0                      # a SAGC setting: ignored by static
+  assert controller_from_config(config).propose() == 16
+  config.controller.etta = 1.0
+  with pytest.raises(ValueError, match="controller.etta is not a controller setting"):
     controller_from_config(config)
   with pytest.raises(ValueError, match="controller: delta"):
     controller_from_config({"kind": "sagc", "delta": 2.0})

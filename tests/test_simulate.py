@@ -102,7 +102,7 @@ def test_simulation_arms_share_random_streams(mode):
     ("sim.steps", 0, "sim.steps=0"),
     ("sim.mode", "hold_nothing", "sim.mode='hold_nothing'"),
     ("sim.tail_prob_end", 1.5, "sim.tail_prob_end=1.5"),
-    ("sim.rollouts_per_step", 100, "not divisible by candidate group size"),
+    ("sim.rollouts_per_step", 100, "not divisible by group size"),
     ("cost.decode_s_per_iter", -1.0, "cost.decode_s_per_iter"),
     ("controller.delta", 1.5, "delta"),
 ])

@@ -367,6 +367,10 @@ class Sampler:
         group_size=group_size, num_prompts=num_prompts,
         decode_steps=int(out["decode_steps"]), seconds=seconds)
 
+  def row_bucket_for(self, rows: int) -> int:
+    """The padded row count a call with ``rows`` real rows uses."""
+    return _smallest_bucket(rows, self.row_buckets, "rows (prompts x group_size)")
+
   @property
   def num_executables(self) -> int:
     return len(self._compiled)

@@ -1,0 +1,18 @@
+"""TPU-pod preset: GRPO + SAGC on Llama-3.2-3B with local GSM8K files.
+
+See ``sagc_jax.config.tpu_pod_preset`` for the scale (512 rollouts per step, G in
+{4, 8, 16}, 2048-token responses, bf16, 4-way model parallel). Needs a local
+checkpoint folder and the GSM8K files (train.jsonl / test.jsonl):
+
+  python -m sagc_jax.train --config configs/llama3_2_3b.py --workdir gs://BUCKET/runs/llama3_2_3b \\
+      --config.model.path=/mnt/ckpt/Llama-3.2-3B --config.data.manual_dir=/mnt/data/gsm8k
+
+Switch algorithm / controller with the DAPO settings of configs/dapo_sagc.py or
+--config.controller.kind=static.
+"""
+
+from sagc_jax.config import tpu_pod_preset
+
+
+def get_config():
+  return tpu_pod_preset()

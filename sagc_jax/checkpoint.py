@@ -1,0 +1,76 @@
+"""Orbax checkpoints of a training run, with fallback past a broken latest one.
+
+One checkpoint holds the policy parameters, the optimizer state (both as pure
+nested dicts of arrays, restored onto the live shardings) and a JSON ``meta``
+item with everything else a resumed run needs to continue *exactly*: step,
+controller state (posteriors, lambda, RNG), data-loader position, learner
+counters, and the metrics history. Orbax writes each step into a temporary
+directory and renames it when complete, so a save interrupted by a kill never
+shows up as a step; a step whose files were later damaged fails to restore and
+the previous step is used instead, with a message saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import jax
+import orbax.checkpoint as ocp
+
+_ITEMS = ("params", "opt_state", "meta")
+
+
+class Checkpointer:
+  """Save / restore-latest for ``(params, opt_state, meta)`` under one directory."""
+
+  def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3,
+               log: Callable[[str], None] = print):
+    self.directory = os.path.abspath(os.fspath(directory))
+    self.log = log
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def save(self, step: int, params: Any, opt_state: Any, meta: dict[str, Any]) -> None:
+    """Starts an asynchronous save (call ``wait`` before exiting)."""
+    self._manager.save(step, force=True, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        meta=ocp.args.JsonSave(meta)))
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def restore_latest(self, abstract_params: Any, abstract_opt_state: Any
+                     ) -> tuple[int, Any, Any, dict[str, Any]] | None:
+    """Newest restorable ``(step, params, opt_state, meta)``, or None without checkpoints.
+
+    The abstract targets (``jax.ShapeDtypeStruct`` with shardings) decide where
+    the restored arrays live. Damaged steps are reported and skipped.
+    """
+    for step in reversed(self.all_steps()):
+      try:
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_params),
+            opt_state=ocp.args.StandardRestore(abstract_opt_state),
+            meta=ocp.args.JsonRestore()))
+        meta = dict(restored.meta)
+        if meta.get("step") != step:
+          raise ValueError(f"meta says step {meta.get('step')!r}")
+        jax.block_until_ready((restored.params, restored.opt_state))
+      except Exception as err:  # noqa: BLE001 - any failure means "this step is unusable"
+        message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
+                   f"({type(err).__name__}: {str(err)[:200]}); trying the previous one")
+        self.log(message)
+        logging.warning(message)
+        continue
+      return step, restored.params, restored.opt_state, meta
+    return None
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,195 @@
+"""The training config schema: defaults (``base_config``) and start-up validation.
+
+Config files in ``configs/`` start from ``base_config()`` and override what
+their preset changes; every key can be overridden on the command line
+(``--config.learner.lr=1e-6``). ``validate`` runs before any work and raises
+``ValueError`` naming the dotted key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from sagc_jax import config_checks as checks
+from sagc_jax.controller import controller_from_config
+from sagc_jax.rl.learner import LearnerConfig
+
+ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
+DATASETS = ("synthetic", "gsm8k_local", "math_local")
+REWARDS = ("exact_match", "math_verify")
+DTYPES = ("float32", "bfloat16")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Defaults shared by every preset (a small GRPO + SAGC run on the built-in task)."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+
+  # Policy: an HF checkpoint folder, or '' for the built-in tiny model (random init,
+  # then the supervised warm start below).
+  c.model = ml_collections.ConfigDict(dict(
+      path="", dtype="float32", tiny_family="llama", init_seed=0, init_std=0.02,
+      require_path=False))
+  # Mesh axes ('data', 'model'); -1 = all remaining devices.
+  c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1), axes=("data", "model")))
+
+  c.data = ml_collections.ConfigDict(dict(
+      name="synthetic", data_dir="", manual_dir="", eval_split="test", eval_examples=200,
+      use_chat_template=False,
+      # Settings of the built-in task (sagc_jax.data.synthetic.SyntheticConfig).
+      synthetic=ml_collections.ConfigDict(dict(
+          max_operand=9, min_ops=1, max_ops=3, allow_mul=False, recheck_prob=0.35,
+          max_rechecks=6, num_train=20000, num_test=500, seed=0))))
+  c.reward = ml_collections.ConfigDict(dict(name="exact_match", format_weight=0.0, workers=0))
+
+  c.controller = ml_collections.ConfigDict(dict(
+      kind="sagc", candidates=(4, 8, 16), tau=2.0, delta=0.25, eta=1.0, lambda_max=50.0,
+      forgetting=0.99, prior_alpha=1.0, prior_beta=1.0, initial_g=None, seed=0,
+      static_g=8))
+
+  c.rollout = ml_collections.ConfigDict(dict(
+      mode="hold_prompts", prompts_per_step=8, rollouts_per_step=64, max_new_tokens=64,
+      temperature=1.0, top_p=1.0, top_k=0, prompt_buckets=(32,), response_buckets=(64,),
+      eval_batch=64))
+
+  c.learner = ml_collections.ConfigDict(dict(
+      algorithm="grpo", lr=1e-4, warmup_steps=0, schedule="constant", weight_decay=0.0,
+      max_grad_norm=1.0, mini_batches=1, epochs=1, grad_accum=1, kl_coef=0.04,
+      clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean", overlong_buffer=0,
+      dynamic_sampling=False, dynamic_max_rounds=3))
+
+  # Supervised warm start on the task's reference solutions (built-in task only);
+  # cached in the workdir, so a resumed run does not repeat it.
+  c.sft = ml_collections.ConfigDict(dict(
+      enabled=True, steps=300, batch_size=64, lr=3e-3, warmup_steps=20, seq_bucket=96))
+
+  c.train = ml_collections.ConfigDict(dict(
+      steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
+      compilation_cache=True, compilation_cache_dir=""))
+  return c
+
+
+def _tuple_of_positive_ints(config: Any, key: str) -> tuple[int, ...]:
+  value = checks.lookup(config, key)
+  try:
+    items = tuple(value)
+  except TypeError:
+    raise ValueError(f"{key}={value!r} must be a tuple of positive ints") from None
+  if not items or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in items):
+    raise ValueError(f"{key}={value!r} must be a non-empty tuple of positive ints")
+  return items
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks every section; the first problem raises ``ValueError`` naming its key."""
+  checks.one_of(config, "model.dtype", DTYPES)
+  if config.model.require_path and not config.model.path:
+    raise ValueError("model.path is empty: this preset needs a local HF checkpoint folder "
+                     "(--config.model.path=/path/to/checkpoint)")
+  checks.one_of(config, "model.tiny_family", ("llama", "qwen2", "qwen3"))
+  checks.number_in(config, "model.init_std", 0.0, low_open=True)
+  shape = tuple(checks.lookup(config, "mesh.shape"))
+  axes = tuple(checks.lookup(config, "mesh.axes"))
+  if len(shape) != len(axes) or any(not isinstance(s, int) or (s < 1 and s != -1)
+                                    for s in shape) or shape.count(-1) > 1:
+    raise ValueError(f"mesh.shape={shape!r} must give one positive size (or a single -1) "
+                     f"per axis of mesh.axes={axes!r}")
+  if "data" not in axes:
+    raise ValueError(f"mesh.axes={axes!r} must include 'data' (rollout rows are sharded on it)")
+
+  checks.one_of(config, "data.name", DATASETS)
+  checks.positive_int(config, "data.eval_examples")
+  if config.data.name != "synthetic" and not config.data.manual_dir:
+    raise ValueError(f"data.manual_dir is empty: data.name={config.data.name!r} reads your "
+                     "local GSM8K/MATH files from it")
+  if config.data.name == "synthetic":
+    from sagc_jax.data.synthetic import SyntheticConfig
+    try:
+      SyntheticConfig(**config.data.synthetic.to_dict())
+    except (TypeError, ValueError) as err:
+      raise ValueError(f"data.synthetic: {err}") from None
+  checks.one_of(config, "reward.name", REWARDS)
+  checks.number_in(config, "reward.format_weight", 0.0)
+
+  controller_from_config(config)          # raises "controller: ..." on bad settings
+
+  mode = checks.one_of(config, "rollout.mode", ROLLOUT_MODES)
+  candidates = tuple(config.controller.candidates) if config.controller.kind == "sagc" \
+      else (config.controller.static_g,)
+  checks.group_budget(config, "rollout", mode, candidates)
+  max_new = checks.positive_int(config, "rollout.max_new_tokens")
+  checks.number_in(config, "rollout.temperature", 0.0)
+  checks.number_in(config, "rollout.top_p", 0.0, 1.0, low_open=True)
+  _tuple_of_positive_ints(config, "rollout.prompt_buckets")
+  responses = _tuple_of_positive_ints(config, "rollout.response_buckets")
+  if max(responses) < max_new:
+    raise ValueError(f"rollout.response_buckets={responses} must reach "
+                     f"rollout.max_new_tokens={max_new}")
+  checks.positive_int(config, "rollout.eval_batch")
+
+  for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
+    checks.positive_int(config, f"train.{key}")
+  learner_config(config)                  # raises "learner.<key>=..." on bad settings
+
+  checks.positive_int(config, "sft.steps")
+  checks.positive_int(config, "sft.batch_size")
+  checks.number_in(config, "sft.lr", 0.0, low_open=True)
+  checks.positive_int(config, "sft.seq_bucket")
+
+
+def learner_config(config: ml_collections.ConfigDict) -> LearnerConfig:
+  """The ``LearnerConfig`` of a training config (preset from ``learner.algorithm``)."""
+  values = config.learner.to_dict()
+  values["max_response_len"] = config.rollout.max_new_tokens
+  values["temperature"] = config.rollout.temperature or 1.0
+  # The schedule counts optimizer updates: mini_batches x epochs per RL step.
+  values.setdefault("total_steps", config.train.steps * config.learner.mini_batches
+                    * config.learner.epochs)
+  return LearnerConfig.from_dict(values)
+
+
+def preset(algorithm: str, controller: str) -> ml_collections.ConfigDict:
+  """``base_config()`` switched to GRPO or DAPO and to SAGC or a static G.
+
+  GRPO keeps the base learner (k3 KL to a frozen reference, symmetric clip,
+  seq-mean-token-mean). DAPO: clip-higher 0.28, token-mean, no KL, dynamic
+  sampling and a soft overlong buffer of a quarter of the response budget.
+  """
+  if algorithm not in ("grpo", "dapo") or controller not in ("sagc", "static"):
+    raise ValueError(f"preset({algorithm!r}, {controller!r}): algorithm must be 'grpo' or "
+                     "'dapo', controller 'sagc' or 'static'")
+  c = base_config()
+  c.controller.kind = controller
+  if algorithm == "dapo":
+    c.learner.update(dict(algorithm="dapo", kl_coef=0.0, clip_low=0.2, clip_high=0.28,
+                          agg="token-mean", dynamic_sampling=True,
+                          overlong_buffer=max(c.rollout.max_new_tokens // 4, 1)))
+  return c
+
+
+def tpu_pod_preset() -> ml_collections.ConfigDict:
+  """GRPO + SAGC at the SAGC paper's scale on a Cloud TPU pod (3B policy, GSM8K).
+
+  G in {4, 8, 16}, 512 rollouts per step, responses up to 2048 tokens,
+  bfloat16 parameters sharded 4-way on 'model' (heads / MLP) and data-parallel
+  over the remaining chips, math-verify rewards in 8 worker processes. The
+  model folder and the GSM8K files must be given (``model.path``,
+  ``data.manual_dir``).
+  """
+  c = preset("grpo", "sagc")
+  c.model.update(dict(path="", dtype="bfloat16", require_path=True))
+  c.mesh.update(dict(shape=(-1, 4), axes=("data", "model")))
+  c.data.update(dict(name="gsm8k_local", manual_dir="", eval_examples=1319,
+                     use_chat_template=True))
+  c.reward.update(dict(name="math_verify", workers=8))
+  c.rollout.update(dict(mode="hold_rollouts", rollouts_per_step=512, max_new_tokens=2048,
+                        temperature=1.0, prompt_buckets=(256, 512),
+                        response_buckets=(512, 1024, 2048), eval_batch=256))
+  c.controller.update(dict(candidates=(4, 8, 16), tau=2.0, delta=0.2))
+  c.learner.update(dict(lr=1e-6, warmup_steps=10, weight_decay=0.01, kl_coef=0.001,
+                        mini_batches=4, grad_accum=2))
+  c.sft.enabled = False
+  c.train.update(dict(steps=500, checkpoint_every=20, eval_every=50))
+  return c

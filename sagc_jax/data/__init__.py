@@ -1,0 +1,27 @@
+"""Datasets for RL training: the built-in synthetic task, local GSM8K / MATH, loaders.
+
+Every dataset is a TFDS builder stored as array_record, read by random access without
+TensorFlow (``load_split``), and iterated in a seeded, resumable order (``PromptLoader``).
+"""
+
+from sagc_jax.data.loader import DATASET_NAMES, DataSource, PromptLoader, load_split, make_builder
+from sagc_jax.data.local_math import BOXED_INSTRUCTION, Gsm8kLocal, MathLocal, make_prompt
+from sagc_jax.data.synthetic import (SyntheticArithmetic, SyntheticBuilderConfig,
+                                     SyntheticConfig, generate_split, make_example)
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "DATASET_NAMES",
+    "DataSource",
+    "Gsm8kLocal",
+    "MathLocal",
+    "PromptLoader",
+    "SyntheticArithmetic",
+    "SyntheticBuilderConfig",
+    "SyntheticConfig",
+    "generate_split",
+    "load_split",
+    "make_builder",
+    "make_example",
+    "make_prompt",
+]

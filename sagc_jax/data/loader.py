@@ -1,0 +1,254 @@
+"""Random-access splits of the TFDS builders and a resumable, shardable prompt iterator.
+
+Why this shape: RL training draws P prompts per step (P changes with the group size
+chosen by SAGC), checkpoints every N steps and must resume on exactly the examples an
+uninterrupted run would have seen. A random-access source (array_record via
+``as_data_source``, no TensorFlow needed) plus an explicit, seeded per-epoch permutation
+makes the iterator position two integers (epoch, position) that fit in a JSON checkpoint.
+
+* ``load_split(name, split, data_dir, manual_dir=None, **builder_kwargs)`` prepares the
+  builder in ``data_dir`` if needed (array_record) and returns a ``DataSource``: ``len``
+  and ``source[i]`` -> ``{"prompt": str, "answer": str, "solution": str, "id": int}``.
+* ``PromptLoader(source, seed, shard_index=0, num_shards=1)`` serves examples in a fresh
+  permutation every epoch, drawn from ``(seed, epoch)``. With several shards (one per
+  process in multi-host training) every epoch's permutation is cut into ``num_shards``
+  equal contiguous slices; the ``len(source) % num_shards`` leftover examples of that
+  epoch's permutation are skipped, so every shard has the same epoch length and the
+  processes stay in lockstep (a different handful is skipped each epoch).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import logging
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from sagc_jax.data.local_math import Gsm8kLocal, MathLocal
+from sagc_jax.data.synthetic import (SyntheticArithmetic, SyntheticConfig,
+                                     builder_config_for)
+
+__all__ = ["DATASET_NAMES", "DataSource", "PromptLoader", "load_split", "make_builder"]
+
+DATASET_NAMES = ("synthetic", "gsm8k_local", "math_local")
+_LOCAL_BUILDERS = {"gsm8k_local": Gsm8kLocal, "math_local": MathLocal}
+_FILE_FORMAT = "array_record"  # random access without TensorFlow (tfrecord needs tf.data)
+
+
+# ----------------------------------------------------------------------- data source
+def _to_python(value: Any) -> Any:
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    value = value.item()
+  if isinstance(value, np.generic):
+    value = value.item()
+  if isinstance(value, bytes):
+    return value.decode("utf-8")
+  return value
+
+
+class DataSource(collections.abc.Sequence):
+  """A prepared split: ``len`` and ``source[i]`` -> plain dict (str texts, int id)."""
+
+  def __init__(self, source: Sequence[Any], name: str, split: str):
+    self._source = source
+    self.name = name
+    self.split = split
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(len(self)))]
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+      raise TypeError(f"index must be an int or a slice, got {type(index).__name__}")
+    n = len(self)
+    i = int(index) + n if index < 0 else int(index)
+    if not 0 <= i < n:
+      raise IndexError(f"index {int(index)} out of range for {self.name}/{self.split} "
+                       f"with {n} examples")
+    return {k: _to_python(v) for k, v in self._source[i].items()}
+
+  def __repr__(self) -> str:
+    return f"DataSource({self.name}/{self.split}, {len(self)} examples)"
+
+
+# --------------------------------------------------------------------------- builders
+def _synthetic_config(kwargs: dict[str, Any]) -> SyntheticConfig:
+  """SyntheticConfig from ``config=`` (a SyntheticConfig or a mapping) and/or fields."""
+  fields = [f.name for f in dataclasses.fields(SyntheticConfig)]
+  base = kwargs.pop("config", None)
+  unknown = sorted(set(kwargs) - set(fields))
+  if base is not None and not isinstance(base, SyntheticConfig):
+    if not isinstance(base, Mapping):
+      raise ValueError(f"synthetic config must be a SyntheticConfig or a mapping, "
+                       f"got {type(base).__name__}")
+    unknown += sorted(set(base) - set(fields))
+    base = SyntheticConfig(**{k: v for k, v in base.items() if k in fields})
+  if unknown:
+    raise ValueError(f"unknown synthetic option(s) {unknown}; allowed: ['config'] + {fields}")
+  return dataclasses.replace(base or SyntheticConfig(), **kwargs)
+
+
+def make_builder(name: str, data_dir: str, **builder_kwargs) -> tfds.core.DatasetBuilder:
+  """The TFDS builder of dataset ``name`` rooted at ``data_dir`` (array_record)."""
+  if name not in DATASET_NAMES:
+    raise ValueError(f"unknown dataset {name!r}; allowed: {list(DATASET_NAMES)}")
+  data_dir = os.fspath(data_dir)
+  if name == "synthetic":
+    cfg = _synthetic_config(dict(builder_kwargs))
+    return SyntheticArithmetic(data_dir=data_dir, config=builder_config_for(cfg),
+                               file_format=_FILE_FORMAT)
+  if builder_kwargs:
+    raise ValueError(f"{name} takes no builder options, got {sorted(builder_kwargs)}")
+  return _LOCAL_BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
+
+
+def _prepare_local(name: str, builder: tfds.core.DatasetBuilder,
+                   manual_dir: str | None) -> None:
+  """Prepares a local-file dataset, re-preparing when the source files changed."""
+  cls = _LOCAL_BUILDERS[name]
+  if manual_dir is None:
+    if not builder.is_prepared():
+      raise FileNotFoundError(
+          f"{name} is not prepared in {builder.data_dir!r}; pass manual_dir=<folder with "
+          f"{cls.expected_files()}>")
+    return  # read what was prepared earlier
+  manual_dir = os.fspath(manual_dir)
+  fingerprint = cls.fingerprint(manual_dir)  # also checks the folder and its files
+  config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+  if builder.is_prepared():
+    if builder.info.metadata.get("source_fingerprint") == fingerprint:
+      return
+    logging.warning("%s: the files in %s changed since %s was prepared; re-preparing it",
+                    name, manual_dir, builder.data_dir)
+    config = tfds.download.DownloadConfig(  # regenerate the dataset
+        manual_dir=manual_dir, download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
+  builder.download_and_prepare(download_config=config)  # format: set by make_builder
+
+
+def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = None,
+               **builder_kwargs) -> DataSource:
+  """A random-access split of dataset ``name``, prepared in ``data_dir`` if needed.
+
+  Args:
+    name: one of ``DATASET_NAMES``.
+    split: ``"train"`` or ``"test"`` (TFDS slicing such as ``"test[:100]"`` works).
+    data_dir: TFDS data root; prepared data is reused across runs.
+    manual_dir: folder with the source files of ``gsm8k_local`` / ``math_local``
+      (optional once prepared; when given, a change in its files triggers re-preparing).
+      Must be None for ``synthetic``.
+    **builder_kwargs: for ``synthetic``, ``config=SyntheticConfig(...)`` (or a mapping)
+      and/or individual SyntheticConfig fields (``num_train=2000, seed=1``).
+  """
+  if name not in DATASET_NAMES:
+    raise ValueError(f"unknown dataset {name!r}; allowed: {list(DATASET_NAMES)}")
+  builder = make_builder(name, data_dir, **builder_kwargs)
+  if name == "synthetic":
+    if manual_dir is not None:
+      raise ValueError(f"synthetic is generated offline and takes no manual_dir "
+                       f"(got {manual_dir!r})")
+    if not builder.is_prepared():
+      builder.download_and_prepare()  # array_record: set by make_builder
+  else:
+    _prepare_local(name, builder, manual_dir)
+  base = re.match(r"\w+", split)
+  available = sorted(builder.info.splits.keys())
+  if base is None or base.group(0) not in available:
+    raise ValueError(f"{name} has no split {split!r} in {builder.data_dir!r}; "
+                     f"available: {available}")
+  return DataSource(builder.as_data_source(split=split), name, split)
+
+
+# ----------------------------------------------------------------------- prompt loader
+def _check_int(name: str, value: Any, minimum: int) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+  return int(value)
+
+
+class PromptLoader:
+  """Deterministic, resumable, shardable iterator over a random-access source.
+
+  Epoch ``e`` serves this shard's slice of ``default_rng((seed, e)).permutation(n)``.
+  ``state_dict()`` is ``{"epoch", "position", "seed"}``: position counts the examples of
+  the current epoch already served by this shard.
+  """
+
+  def __init__(self, source: Sequence[Any], seed: int, shard_index: int = 0,
+               num_shards: int = 1):
+    self.source = source
+    self.seed = _check_int("seed", seed, 0)
+    self.num_shards = _check_int("num_shards", num_shards, 1)
+    self.shard_index = _check_int("shard_index", shard_index, 0)
+    if self.shard_index >= self.num_shards:
+      raise ValueError(f"shard_index={shard_index} must be < num_shards={num_shards}")
+    self.num_examples = len(source)
+    if self.num_examples < self.num_shards:
+      raise ValueError(f"source has {self.num_examples} examples, fewer than "
+                       f"num_shards={self.num_shards}: every shard needs at least one")
+    self.epoch_length = self.num_examples // self.num_shards
+    self._epoch = 0
+    self._position = 0
+    self._order: np.ndarray | None = None
+
+  @property
+  def epoch(self) -> int:
+    return self._epoch
+
+  @property
+  def position(self) -> int:
+    return self._position
+
+  def epoch_order(self, epoch: int) -> np.ndarray:
+    """Source indices this shard serves in ``epoch``, in order."""
+    perm = np.random.default_rng((self.seed, _check_int("epoch", epoch, 0))).permutation(
+        self.num_examples)
+    start = self.shard_index * self.epoch_length
+    return perm[start:start + self.epoch_length]
+
+  def _current_order(self) -> np.ndarray:
+    if self._order is None:
+      self._order = self.epoch_order(self._epoch)
+    return self._order
+
+  def next_indices(self, n: int) -> list[int]:
+    """The source indices of the next ``n`` examples (advances the iterator)."""
+    n = _check_int("n", n, 0)
+    out: list[int] = []
+    while len(out) < n:
+      if self._position == self.epoch_length:
+        self._epoch += 1
+        self._position = 0
+        self._order = None
+      take = min(n - len(out), self.epoch_length - self._position)
+      out.extend(int(i) for i in self._current_order()[self._position:self._position + take])
+      self._position += take
+    return out
+
+  def next_batch(self, n: int) -> list[dict]:
+    """The next ``n`` examples, crossing epoch boundaries seamlessly."""
+    return [self.source[i] for i in self.next_indices(n)]
+
+  def state_dict(self) -> dict[str, int]:
+    return {"epoch": self._epoch, "position": self._position, "seed": self.seed}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    """Continues from ``state`` (its seed wins: the checkpoint defines the order)."""
+    missing = sorted({"epoch", "position", "seed"} - set(state))
+    if missing:
+      raise ValueError(f"PromptLoader state lacks {missing}; got keys {sorted(state)}")
+    epoch = _check_int("state['epoch']", state["epoch"], 0)
+    position = _check_int("state['position']", state["position"], 0)
+    if position > self.epoch_length:
+      raise ValueError(f"state['position']={position} exceeds the epoch length "
+                       f"{self.epoch_length} of this shard (did the dataset change?)")
+    self.seed = _check_int("state['seed']", state["seed"], 0)
+    self._epoch, self._position, self._order = epoch, position, None

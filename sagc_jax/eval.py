@@ -1,0 +1,56 @@
+"""``python -m sagc_jax.eval --workdir DIR``: held-out accuracy of a run's policy.
+
+Rebuilds the run from ``DIR/config.json``, restores its newest usable
+checkpoint (or, with ``--hf_path``, evaluates an exported HF checkpoint folder
+instead), and reports greedy held-out accuracy and mean response length on
+``data.eval_split``; also written to ``DIR/eval.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def load_run_config(workdir: Path):
+  import ml_collections
+
+  path = workdir / "config.json"
+  if not path.exists():
+    raise SystemExit(f"error: {path} not found: --workdir must be a training run directory")
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m sagc_jax.eval", description=__doc__)
+  parser.add_argument("--workdir", type=Path, required=True, help="training run directory")
+  parser.add_argument("--hf_path", type=Path, default=None,
+                      help="evaluate this HF checkpoint folder instead of the run's checkpoint")
+  parser.add_argument("--examples", type=int, default=None, help="held-out examples to use")
+  args = parser.parse_args(argv)
+  config = load_run_config(args.workdir)
+  if args.hf_path is not None:
+    if not args.hf_path.is_dir():
+      parser.error(f"--hf_path {args.hf_path} is not a directory")
+    config.model.path = str(args.hf_path)
+  from sagc_jax.trainer import Trainer
+
+  trainer = Trainer(config, args.workdir) if args.hf_path is None else \
+      Trainer(config, args.workdir / "eval_hf")
+  try:
+    result = trainer.evaluate(limit=args.examples)
+  finally:
+    trainer.close()
+  result["step"] = trainer.step
+  result["source"] = str(args.hf_path or f"{args.workdir}/checkpoints (step {trainer.step})")
+  print(f"held-out accuracy {result['eval_accuracy']:.3f} on {result['eval_examples']:.0f} "
+        f"examples, mean response length {result['eval_response_len']:.1f} tokens "
+        f"({result['source']})")
+  (args.workdir / "eval.json").write_text(json.dumps(result, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,132 @@
+"""Per-step metrics: ``metrics.jsonl``, TensorBoard event files, console progress.
+
+Every step appends one JSON object per line to ``<workdir>/metrics.jsonl``
+(flushed, so a killed run keeps every finished step) and writes the same
+scalars to TensorBoard event files under ``<workdir>/tensorboard`` (via
+tensorboardX: no TensorFlow needed). The console gets a progress bar with ETA
+and the key figures. Only the primary process writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
+               ("strag", "straggler_rate", "{:.2f}"), ("reward", "reward_mean", "{:.3f}"),
+               ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
+               ("s/step", "time_total_s", "{:.2f}"))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      if line.strip():
+        rows.append(json.loads(line))
+  return rows
+
+
+class MetricsWriter:
+  """Writes metric rows for steps ``first_step..total_steps``."""
+
+  def __init__(self, workdir: str | os.PathLike, total_steps: int, *, enabled: bool = True,
+               tensorboard: bool = True, stream=None):
+    self.enabled = enabled
+    self.total_steps = total_steps
+    self.stream = stream or sys.stdout
+    self._start = time.perf_counter()
+    self._first_step: int | None = None
+    self._jsonl = None
+    self._tb = None
+    if not enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._jsonl = open(self.path, "a", encoding="utf-8")
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def truncate_after(self, step: int) -> None:
+    """Drops rows of steps > ``step`` (a resumed run rewrites them exactly)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    self._jsonl.close()
+    rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
+    with open(self.path, "w", encoding="utf-8") as f:
+      for row in rows:
+        f.write(json.dumps(row) + "\n")
+    self._jsonl = open(self.path, "a", encoding="utf-8")
+
+  def write(self, row: dict[str, Any]) -> None:
+    if not self.enabled:
+      return
+    self._jsonl.write(json.dumps(row) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      step = int(row["step"])
+      for key, value in row.items():
+        if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+          self._tb.add_scalar(key, value, step)
+
+  def progress(self, row: dict[str, Any]) -> None:
+    """One console line: bar, step, ETA and the key figures."""
+    if not self.enabled:
+      return
+    step = int(row["step"])
+    if self._first_step is None:
+      self._first_step = step - 1
+      self._start = time.perf_counter() - row.get("time_total_s", 0.0)
+    done = step - self._first_step
+    elapsed = time.perf_counter() - self._start
+    remaining = (self.total_steps - step) * elapsed / max(done, 1)
+    width = 20
+    filled = int(width * step / max(self.total_steps, 1))
+    bar = "#" * filled + "." * (width - filled)
+    figures = "  ".join(f"{label} {fmt.format(row[key])}" for label, key, fmt in KEY_FIGURES
+                        if key in row and row[key] is not None)
+    self.stream.write(f"[{bar}] step {step}/{self.total_steps}  eta {_clock(remaining)}  "
+                      f"{figures}\n")
+    self.stream.flush()
+
+  def log(self, message: str) -> None:
+    if self.enabled:
+      self.stream.write(message + "\n")
+      self.stream.flush()
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _clock(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  return f"{seconds // 60:d}m{seconds % 60:02d}s"
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+  """Run-level figures from the per-step rows (used by the summary and reports)."""
+  if not rows:
+    return {}
+  mean = lambda key: sum(r[key] for r in rows) / len(rows)
+  return {
+      "steps": float(len(rows)),
+      "straggler_rate": mean("straggler_rate"),
+      "mean_g": mean("g"),
+      "mean_log2_g": mean("log2_g"),
+      "time_total_s": sum(r["time_total_s"] for r in rows),
+      "time_rollout_s": sum(r["time_rollout_s"] for r in rows),
+      "time_reward_s": sum(r["time_reward_s"] for r in rows),
+      "time_learner_s": sum(r["time_learner_s"] for r in rows),
+      "reward_mean": mean("reward_mean"),
+      "accuracy": mean("accuracy"),
+      "response_len_mean": mean("response_len_mean"),
+      "new_compilations": float(sum(r["new_compilations"] for r in rows)),
+  }

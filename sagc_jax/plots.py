@@ -1,0 +1,44 @@
+"""PNG plots of a training run: G and lambda, straggler events, reward vs time."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str, Any]],
+             path: str | os.PathLike, title: str = "") -> None:
+  """Four panels over RL steps: G (+lambda), straggler rate, reward/accuracy, seconds/step."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  steps = np.array([r["step"] for r in history])
+  col = lambda key: np.array([r.get(key, np.nan) for r in history], float)
+  fig, axes = plt.subplots(4, 1, figsize=(8, 10), sharex=True)
+  axes[0].step(steps, col("g"), where="post", label="G")
+  axes[0].set_ylabel("group size G")
+  twin = axes[0].twinx()
+  twin.plot(steps, col("lambda"), color="tab:red", lw=0.8, label="lambda")
+  twin.set_ylabel("lambda", color="tab:red")
+  axes[1].bar(steps, col("straggler_rate"), width=0.8, color="tab:orange")
+  axes[1].set_ylabel("straggler rate")
+  axes[2].plot(steps, col("reward_mean"), label="train reward")
+  axes[2].plot(steps, col("accuracy"), label="train accuracy")
+  if eval_history:
+    axes[2].plot([e["step"] for e in eval_history], [e["eval_accuracy"] for e in eval_history],
+                 "o-", label="held-out accuracy")
+  axes[2].legend(fontsize=8)
+  axes[3].plot(steps, col("time_rollout_s"), label="rollout")
+  axes[3].plot(steps, col("time_learner_s"), label="learner")
+  axes[3].plot(steps, col("time_total_s"), label="total")
+  axes[3].set_ylabel("seconds / step")
+  axes[3].set_xlabel("RL step")
+  axes[3].legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,75 @@
+"""``python -m sagc_jax.train --config configs/X.py --workdir DIR``: one training run.
+
+Resumes from the newest usable checkpoint in ``DIR/checkpoints`` when there is
+one. Ends with a summary (held-out accuracy before/after RL, straggler rate,
+mean G, wall-clock split) on stdout and in ``DIR/summary.json``, and a plot in
+``DIR/run.png``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sagc_jax.cli import reject_positional, run_absl_tool
+
+def _define_flags():
+  from absl import flags
+  from ml_collections import config_flags
+
+  config_flags.DEFINE_config_file("config", None, "ml_collections config file (get_config()).",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, plots).")
+  flags.DEFINE_integer("max_steps", None, "Stop after this many more steps (testing).")
+  flags.mark_flags_as_required(["config", "workdir"])
+  return flags.FLAGS
+
+
+def format_summary(summary: dict) -> str:
+  lines = ["summary"]
+  if "eval_accuracy_start" in summary:
+    lines.append(f"  held-out accuracy: {summary['eval_accuracy_start']:.3f} before RL -> "
+                 f"{summary['eval_accuracy_end']:.3f} after {summary['steps']} steps")
+  if "straggler_rate" in summary:
+    lines.append(f"  straggler rate {summary['straggler_rate']:.3f}   mean G "
+                 f"{summary['mean_g']:.2f}   mean log2 G {summary['mean_log2_g']:.2f}")
+    lines.append(f"  wall-clock {summary['time_total_s']:.1f} s = rollout "
+                 f"{summary['time_rollout_s']:.1f} + reward {summary['time_reward_s']:.1f} + "
+                 f"learner {summary['time_learner_s']:.1f} (+ host)")
+    lines.append(f"  new compilations after warm-up: {summary['new_compilations']:.0f}   "
+                 f"skipped updates: {summary['skipped_updates']}")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str], flags) -> None:
+  reject_positional(argv)
+  from absl import logging
+  import tensorflow_datasets as tfds
+
+  from sagc_jax.plots import plot_run
+  from sagc_jax.trainer import Trainer
+
+  # Keep the console to our own progress lines (library INFO logs go to absl's log file).
+  logging.set_verbosity(logging.WARNING)
+  tfds.disable_progress_bar()
+
+  trainer = Trainer(flags.config, flags.workdir)
+  try:
+    summary = trainer.run(max_steps=flags.max_steps)
+  finally:
+    trainer.close()
+  if trainer.is_primary:
+    print(format_summary(summary))
+    if trainer.history:
+      path = trainer.workdir / "run.png"
+      plot_run(trainer.history, trainer.eval_history, path,
+               title=f"{trainer.config.learner.algorithm} + {trainer.config.controller.kind}")
+      print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
+
+
+def run() -> None:
+  """Console entry point ``sagc-train``."""
+  run_absl_tool(main, _define_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,407 @@
+"""The synchronous RL training loop with straggler-aware group control.
+
+Every step::
+
+    G = controller.propose()
+    prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
+    samples = sampler.generate(policy, prompts, G)          # in-jit length stats -> sink
+    rewards = reward_fn(decoded responses, answers)         # host, worker pool
+    batch = RolloutBatch(samples, rewards)                  # DAPO: rounds of informative groups
+    learner.update(batch)                                   # advantages, loss, optax
+    controller.observe(*sampler.sink.pop())                 # max / median per group
+    metrics row -> metrics.jsonl + TensorBoard; checkpoint every N steps and on SIGTERM
+
+Everything random is a function of ``(config.seed, step)`` and of restored
+state (controller RNG, loader position, learner step), so a run killed after
+N steps and resumed from its checkpoint reproduces the uninterrupted run's
+parameters and metrics exactly (wall-clock timings aside).
+
+The built-in tiny model starts from random weights; with the synthetic task a
+short supervised warm start (``sft``) runs first and is cached in the workdir
+as an HF checkpoint folder (``<workdir>/sft_model``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from sagc_jax import compile_count
+from sagc_jax.checkpoint import Checkpointer
+from sagc_jax.config import learner_config, validate
+from sagc_jax.controller import controller_from_config
+from sagc_jax.data import PromptLoader, load_split
+from sagc_jax.mesh import make_mesh
+from sagc_jax.metrics import MetricsWriter, read_jsonl, summarize
+from sagc_jax.models import (build_tiny_checkpoint, encode_prompts, from_pretrained,
+                             load_tokenizer, save_pretrained)
+from sagc_jax.rewards import make_reward_fn
+from sagc_jax.rl.dynamic_sampling import collect_informative_groups
+from sagc_jax.rl.learner import Learner
+from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
+from sagc_jax.sft import supervised_finetune, tokenize_examples
+
+_TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
+                "learner_seconds", "eval_seconds")
+
+
+def _seed_for(*parts: int) -> int:
+  """A 32-bit seed derived from integers (stable across runs and resumes)."""
+  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+class Trainer:
+  """Builds every component from a validated config and runs the step loop."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+               log: Callable[[str], None] | None = None):
+    validate(config)
+    self.config = config
+    self.workdir = Path(workdir).absolute()
+    self.is_primary = jax.process_index() == 0
+    self.workdir.mkdir(parents=True, exist_ok=True)
+    self.metrics = MetricsWriter(self.workdir, config.train.steps, enabled=self.is_primary)
+    self.log = log or self.metrics.log
+    compile_count.install()
+    if config.train.compilation_cache:
+      cache_dir = config.train.compilation_cache_dir or str(self.workdir / "jax_cache")
+      jax.config.update("jax_compilation_cache_dir", cache_dir)
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    self._write_config()
+    self.mesh = make_mesh(config.mesh.shape, config.mesh.axes)
+    self.data_axis = self.mesh.shape["data"]
+
+    data_dir = config.data.data_dir or str(self.workdir / "tfds")
+    manual_dir = config.data.manual_dir or None
+    builder_kwargs = ({"config": config.data.synthetic.to_dict()}
+                      if config.data.name == "synthetic" else {})
+    self.train_source = load_split(config.data.name, "train", data_dir, manual_dir,
+                                   **builder_kwargs)
+    self.eval_source = load_split(config.data.name, config.data.eval_split, data_dir,
+                                  manual_dir, **builder_kwargs)
+    self.loader = PromptLoader(self.train_source, seed=config.seed,
+                               shard_index=jax.process_index(), num_shards=jax.process_count())
+
+    folder = self._policy_folder()
+    dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+    self.model, self.model_cfg = from_pretrained(folder, dtype=dtype, mesh=self.mesh)
+    self.tokenizer = load_tokenizer(folder)
+    self.reward_fn = make_reward_fn(config.reward.name, config.reward.format_weight,
+                                    config.reward.workers)
+    self.controller = controller_from_config(config)
+
+    r = config.rollout
+    candidates = (tuple(config.controller.candidates) if config.controller.kind == "sagc"
+                  else (config.controller.static_g,))
+    self.candidates = candidates
+    self.row_buckets = row_buckets_for(candidates, self.prompts_for, multiple_of=self.data_axis)
+    stop_ids = set(self.model_cfg.eos_token_ids)
+    if self.tokenizer.eos_token_id is not None:
+      stop_ids.add(int(self.tokenizer.eos_token_id))
+    self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
+                      else 0)
+    self.sampler = Sampler(self.model, SamplingParams(
+        r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id),
+        self.row_buckets, r.prompt_buckets, mesh=self.mesh)
+    eval_rows = -(-r.eval_batch // self.data_axis) * self.data_axis
+    self.eval_sampler = Sampler(self.model, SamplingParams(
+        r.max_new_tokens, temperature=0.0, stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id),
+        (eval_rows,), r.prompt_buckets, mesh=self.mesh)
+    self.learner = Learner(self.model, learner_config(config), self.row_buckets,
+                           r.prompt_buckets, r.response_buckets, mesh=self.mesh)
+    self.checkpointer = Checkpointer(self.workdir / "checkpoints", config.train.keep_checkpoints,
+                                     log=self.log)
+    self.step = 0
+    self.history: list[dict[str, Any]] = []
+    self.eval_history: list[dict[str, Any]] = []
+    self._stop_requested = False
+    self._restore()
+
+  # ------------------------------------------------------------------ setup
+  def _write_config(self) -> None:
+    if self.is_primary:
+      (self.workdir / "config.json").write_text(self.config.to_json_best_effort(indent=1))
+
+  def prompts_for(self, g: int) -> int:
+    r = self.config.rollout
+    return r.rollouts_per_step // g if r.mode == "hold_rollouts" else r.prompts_per_step
+
+  def _policy_folder(self) -> Path:
+    """The HF folder the policy starts from (building the tiny model + SFT if needed)."""
+    c = self.config
+    if c.model.path:
+      return Path(c.model.path)
+    init_dir = self.workdir / "init_model"
+    if not (init_dir / "model.safetensors").exists():
+      build_tiny_checkpoint(init_dir, seed=c.model.init_seed, family=c.model.tiny_family)
+    if not (c.sft.enabled and c.data.name == "synthetic"):
+      return init_dir
+    sft_dir = self.workdir / "sft_model"
+    marker = sft_dir / "sft_done.json"
+    if marker.exists():
+      self.log(f"supervised warm start: reusing {sft_dir}")
+      return sft_dir
+    self._supervised_warm_start(init_dir, sft_dir)
+    return sft_dir
+
+  def _supervised_warm_start(self, init_dir: Path, sft_dir: Path) -> None:
+    c = self.config
+    self.log(f"supervised warm start: {c.sft.steps} steps of batch {c.sft.batch_size} on the "
+             f"{len(self.train_source)} training solutions")
+    model, cfg = from_pretrained(init_dir)
+    tokenizer = load_tokenizer(init_dir)
+    examples = [self.train_source[i] for i in range(len(self.train_source))]
+    eos = cfg.eos_token_ids[0]
+    ids, attn, loss_mask, dropped = tokenize_examples(
+        tokenizer, examples, c.sft.seq_bucket, eos_id=eos,
+        pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+    if dropped:
+      self.log(f"supervised warm start: {dropped} examples longer than sft.seq_bucket="
+               f"{c.sft.seq_bucket} tokens were left out")
+    start = time.perf_counter()
+    losses = supervised_finetune(model, ids, attn, loss_mask, steps=c.sft.steps,
+                                 batch_size=c.sft.batch_size, lr=c.sft.lr,
+                                 warmup_steps=c.sft.warmup_steps, seed=c.seed, log=self.log)
+    if self.is_primary:
+      tmp = sft_dir.with_name(sft_dir.name + ".tmp")
+      shutil.rmtree(tmp, ignore_errors=True)
+      shutil.copytree(init_dir, tmp)
+      save_pretrained(model, cfg, tmp)
+      (tmp / "sft_done.json").write_text(json.dumps({
+          "steps": c.sft.steps, "final_loss": losses[-1], "first_loss": losses[0],
+          "seconds": time.perf_counter() - start}))
+      shutil.rmtree(sft_dir, ignore_errors=True)
+      tmp.rename(sft_dir)
+
+  # -------------------------------------------------------------- checkpoint
+  def _abstract(self, tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        tree)
+
+  def _restore(self) -> None:
+    restored = self.checkpointer.restore_latest(self._abstract(self.learner.params),
+                                                self._abstract(self.learner.opt_state))
+    if restored is None:
+      self.metrics.truncate_after(0)
+      return
+    step, params, opt_state, meta = restored
+    self.learner.params = params
+    self.learner.opt_state = opt_state
+    self.learner.step = int(meta["learner_step"])
+    self.learner.skipped_updates = int(meta["skipped_updates"])
+    nnx.update(self.model, params)
+    self.controller.load_state_dict(meta["controller"])
+    self.loader.load_state_dict(meta["loader"])
+    self.history = list(meta["history"])
+    self.eval_history = list(meta["eval_history"])
+    self.step = step
+    self.metrics.truncate_after(step)
+    self.log(f"resumed from checkpoint step {step} in {self.checkpointer.directory}")
+
+  def save_checkpoint(self) -> None:
+    meta = {
+        "step": self.step,
+        "learner_step": self.learner.step,
+        "skipped_updates": self.learner.skipped_updates,
+        "controller": self.controller.state_dict(),
+        "loader": self.loader.state_dict(),
+        "history": self.history,
+        "eval_history": self.eval_history,
+    }
+    self.checkpointer.save(self.step, self.learner.params, self.learner.opt_state, meta)
+
+  # ---------------------------------------------------------------- rollouts
+  def _encode(self, examples: list[dict]) -> list[list[int]]:
+    return encode_prompts(self.tokenizer, [ex["prompt"] for ex in examples],
+                          use_chat_template=self.config.data.use_chat_template or None)
+
+  def _decode(self, samples) -> list[str]:
+    return [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
+                                  skip_special_tokens=True) for r in range(samples.num_rows)]
+
+  def _sample_round(self, g: int, round_index: int, timings: dict[str, float],
+                    stats: dict[str, list]) -> RolloutBatch:
+    """One sampling round of P(G) fresh prompts, scored."""
+    t0 = time.perf_counter()
+    examples = self.loader.next_batch(self.prompts_for(g))
+    samples = self.sampler.generate(self.model, self._encode(examples), g,
+                                    seed=_seed_for(self.config.seed, self.step, round_index))
+    texts = self._decode(samples)
+    t1 = time.perf_counter()
+    answers = [ex["answer"] for ex in examples for _ in range(g)]
+    result = self.reward_fn(texts, answers)
+    t2 = time.perf_counter()
+    timings["rollout"] += t1 - t0
+    timings["reward"] += t2 - t1
+    real = samples.lengths[:samples.num_rows]
+    stats["lengths"].append(real)
+    stats["scores"].append(result.scores)
+    stats["correct"].append(result.correct)
+    stats["formatted"].append(result.formatted)
+    stats["rows"].append(samples.response_tokens.shape[0])
+    stats["decode_steps"].append(samples.decode_steps)
+    return RolloutBatch.from_samples(samples, result.scores)
+
+  def train_step(self) -> dict[str, Any]:
+    """Runs one RL step and returns its metrics row."""
+    start = time.perf_counter()
+    compiles_before = compile_count.compile_count()
+    g = self.controller.propose()
+    timings = {"rollout": 0.0, "reward": 0.0}
+    stats: dict[str, list] = {k: [] for k in ("lengths", "scores", "correct", "formatted",
+                                              "rows", "decode_steps")}
+    rows = self.sampler.row_bucket_for(self.prompts_for(g) * g)
+    lc = self.learner.config
+    rounds, message = 1, None
+    if lc.dynamic_sampling:
+      result = collect_informative_groups(
+          lambda i: self._sample_round(g, i, timings, stats),
+          lambda b: self.learner.prepare(b)[1], target_groups=self.prompts_for(g), rows=rows,
+          max_rounds=lc.dynamic_max_rounds)
+      batch, rounds, message = result.batch, result.rounds, result.message
+      if message:
+        self.log(f"step {self.step + 1}: {message}")
+    else:
+      batch = self._sample_round(g, 0, timings, stats)
+    learner_metrics: dict[str, float] = {}
+    t_learn = time.perf_counter()
+    if batch is not None:
+      learner_metrics = self.learner.update(batch, seed=self.config.seed)
+    time_learner = time.perf_counter() - t_learn
+    group_max, group_median = self.sampler.sink.pop()
+    ctrl = self.controller.observe(group_max, group_median)
+    self.step += 1
+
+    lengths = np.concatenate(stats["lengths"])
+    generated = float(lengths.sum())
+    decode_slots = float(sum(r * d for r, d in zip(stats["rows"], stats["decode_steps"])))
+    row = {"step": self.step, **ctrl}
+    row.update(
+        time_rollout_s=timings["rollout"], time_reward_s=timings["reward"],
+        time_learner_s=time_learner, time_total_s=time.perf_counter() - start,
+        generated_tokens=generated,
+        padding_efficiency=generated / decode_slots if decode_slots else 0.0,
+        reward_mean=float(np.concatenate(stats["scores"]).mean()),
+        accuracy=float(np.concatenate(stats["correct"]).mean()),
+        format_rate=float(np.concatenate(stats["formatted"]).mean()),
+        response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
+        response_len_max=float(lengths.max()), sampling_rounds=float(rounds),
+        prompts=float(self.prompts_for(g)), rows=float(rows),
+        new_compilations=float(compile_count.compile_count() - compiles_before),
+        update_skipped=float(batch is None))
+    row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+    return row
+
+  # ------------------------------------------------------------------- eval
+  def evaluate(self, limit: int | None = None) -> dict[str, float]:
+    """Greedy held-out accuracy and mean response length."""
+    start = time.perf_counter()
+    n = min(limit or self.config.data.eval_examples, len(self.eval_source))
+    batch_rows = self.eval_sampler.row_buckets[0]
+    correct, lengths = [], []
+    for lo in range(0, n, batch_rows):
+      examples = [self.eval_source[i] for i in range(lo, min(lo + batch_rows, n))]
+      samples = self.eval_sampler.generate(self.model, self._encode(examples), 1, seed=0)
+      result = self.reward_fn(self._decode(samples), [ex["answer"] for ex in examples])
+      correct.append(result.correct)
+      lengths.append(samples.lengths[:samples.num_rows])
+    self.eval_sampler.sink.pop()
+    correct, lengths = np.concatenate(correct), np.concatenate(lengths)
+    return {"eval_accuracy": float(correct.mean()), "eval_response_len": float(lengths.mean()),
+            "eval_examples": float(n), "eval_seconds": time.perf_counter() - start}
+
+  # ------------------------------------------------------------------- loop
+  def warmup(self) -> float:
+    """Compiles every sampler / learner shape ahead of time; returns seconds."""
+    start = time.perf_counter()
+    n = (self.sampler.warmup(self.model) + self.eval_sampler.warmup(self.model)
+         + self.learner.warmup())
+    seconds = time.perf_counter() - start
+    self.log(f"warm-up: {n} executables for row buckets {self.row_buckets}, prompt buckets "
+             f"{tuple(self.config.rollout.prompt_buckets)}, response buckets "
+             f"{tuple(self.config.rollout.response_buckets)} in {seconds:.1f} s")
+    return seconds
+
+  def _on_sigterm(self, signum, frame) -> None:
+    del signum, frame
+    self._stop_requested = True
+    self.log("SIGTERM received: checkpointing after the current step")
+
+  def run(self, max_steps: int | None = None) -> dict[str, Any]:
+    """Trains until ``train.steps`` (or ``max_steps`` more steps); returns a summary."""
+    c = self.config
+    previous = signal.signal(signal.SIGTERM, self._on_sigterm) \
+        if _in_main_thread() else None
+    try:
+      self.warmup()
+      if self.step == 0 and not self.eval_history:
+        self.eval_history.append({"step": 0, **self.evaluate()})
+        self.log(f"eval before RL: accuracy {self.eval_history[-1]['eval_accuracy']:.3f}")
+      end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
+      while self.step < end and not self._stop_requested:
+        row = self.train_step()
+        if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
+          evaluation = self.evaluate()
+          self.eval_history.append({"step": self.step, **evaluation})
+          row.update(evaluation)
+        self.history.append(row)
+        self.metrics.write(row)
+        if self.step % c.train.log_every == 0:
+          self.metrics.progress(row)
+        if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
+          self.save_checkpoint()
+      if self._stop_requested and self.step % c.train.checkpoint_every:
+        self.save_checkpoint()
+      self.checkpointer.wait()
+    finally:
+      if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+    summary = self.summary()
+    if self.is_primary:
+      (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+  def summary(self) -> dict[str, Any]:
+    out: dict[str, Any] = {"steps": self.step, "preempted": self._stop_requested,
+                           **summarize(self.history)}
+    if self.eval_history:
+      out["eval_accuracy_start"] = self.eval_history[0]["eval_accuracy"]
+      out["eval_accuracy_end"] = self.eval_history[-1]["eval_accuracy"]
+      out["eval_response_len_end"] = self.eval_history[-1]["eval_response_len"]
+    out["skipped_updates"] = self.learner.skipped_updates
+    return out
+
+  def close(self) -> None:
+    self.checkpointer.close()
+    self.metrics.close()
+    close = getattr(self.reward_fn, "close", None)
+    if close:
+      close()
+
+
+def _in_main_thread() -> bool:
+  import threading
+  return threading.current_thread() is threading.main_thread()
+
+
+def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:
+  """A metrics row without wall-clock fields (what exact resume must reproduce)."""
+  return {k: v for k, v in row.items() if k not in _TIMING_KEYS
+          and not k.startswith("time_") and k != "learner/learner_seconds"}
+
+
+def load_history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+  return read_jsonl(Path(workdir) / "metrics.jsonl")

@@ -1,0 +1,194 @@
+"""End-to-end trainer: GRPO/DAPO x SAGC/static runs, metrics, exact resume,
+SIGTERM checkpoint, corrupt-checkpoint fallback, config errors, eval CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from sagc_jax.config import preset, validate
+from sagc_jax.trainer import Trainer, deterministic_view, load_history
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED_KEYS = {"step", "g", "lambda", "p_mean/G2", "p_mean/G4", "straggler_rate",
+                 "time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
+                 "generated_tokens", "padding_efficiency", "reward_mean", "accuracy",
+                 "response_len_mean", "response_len_median", "response_len_max",
+                 "new_compilations", "learner/loss"}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  """One TFDS data dir and one persistent compilation cache for every run here."""
+  root = tmp_path_factory.mktemp("trainer_shared")
+  return {"data_dir": str(root / "tfds"), "cache": str(root / "jax_cache")}
+
+
+def small_config(shared, algorithm="grpo", controller="sagc", steps=3):
+  c = preset(algorithm, controller)
+  c.controller.update(dict(candidates=(2, 4), static_g=4, tau=1.5))
+  c.mesh.shape = (2, 1)                        # rows sharded over 2 of the fake devices
+  c.data.update(dict(data_dir=shared["data_dir"], eval_examples=16))
+  c.data.synthetic.update(dict(num_train=400, num_test=40, max_ops=1))
+  c.rollout.update(dict(mode="hold_rollouts", rollouts_per_step=8, max_new_tokens=16,
+                        prompt_buckets=(16,), response_buckets=(16,), eval_batch=16))
+  if algorithm == "dapo":
+    c.learner.update(dict(overlong_buffer=4, dynamic_max_rounds=2))
+  c.learner.update(dict(lr=1e-3, mini_batches=2))
+  c.sft.update(dict(steps=8, batch_size=16, seq_bucket=48, warmup_steps=2))
+  c.train.update(dict(steps=steps, checkpoint_every=2, eval_every=steps, keep_checkpoints=5,
+                      compilation_cache_dir=shared["cache"]))
+  return c
+
+
+def run(config, workdir, max_steps=None):
+  trainer = Trainer(config, workdir, log=lambda message: None)
+  try:
+    summary = trainer.run(max_steps=max_steps)
+    params = jax.tree.map(np.asarray, nnx.state(trainer.model, nnx.Param))
+  finally:
+    trainer.close()
+  return summary, params, trainer
+
+
+@pytest.mark.parametrize("algorithm, controller", [("grpo", "sagc"), ("grpo", "static"),
+                                                   ("dapo", "sagc"), ("dapo", "static")])
+def test_short_end_to_end_runs(shared, tmp_path, algorithm, controller):
+  summary, _, trainer = run(small_config(shared, algorithm, controller), tmp_path)
+  rows = load_history(tmp_path)
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  for row in rows:
+    assert REQUIRED_KEYS <= set(row) or trainer.learner.config.dynamic_sampling
+    assert row["new_compilations"] == 0
+    assert row["g"] in (2, 4)
+    if controller == "static":
+      assert row["g"] == 4 and row["lambda"] == 0.0
+  assert summary["steps"] == 3 and "eval_accuracy_end" in summary
+  assert (tmp_path / "summary.json").exists() and (tmp_path / "config.json").exists()
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                if p.name.isdigit()) == [2, 3]
+  assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  if algorithm == "dapo":
+    assert trainer.learner.reference is None
+    assert all(r["sampling_rounds"] >= 1 for r in rows)
+
+
+def test_resume_is_exact(shared, tmp_path):
+  config = small_config(shared, steps=4)
+  straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+  _, straight_params, _ = run(config, straight_dir)
+  # Same warm start for both (the SFT cache is per workdir).
+  resumed_dir.mkdir()
+  for name in ("init_model", "sft_model"):
+    shutil.copytree(straight_dir / name, resumed_dir / name)
+  run(config, resumed_dir, max_steps=2)                 # "killed" after step 2
+  assert len(load_history(resumed_dir)) == 2
+  _, resumed_params, trainer = run(config, resumed_dir)  # resumes at step 2
+  assert trainer.step == 4
+  for a, b in zip(jax.tree.leaves(straight_params), jax.tree.leaves(resumed_params)):
+    np.testing.assert_array_equal(a, b)
+  straight_rows = [deterministic_view(r) for r in load_history(straight_dir)]
+  resumed_rows = [deterministic_view(r) for r in load_history(resumed_dir)]
+  assert resumed_rows == straight_rows
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
+  config = small_config(shared, steps=4)
+  run(config, tmp_path)
+  latest = tmp_path / "checkpoints" / "4"
+  for path in (latest / "params").rglob("*"):
+    if path.is_file() and path.stat().st_size > 0:
+      path.write_bytes(b"\0" * 7)                          # damaged on disk
+  messages = []
+  trainer = Trainer(config, tmp_path, log=messages.append)
+  try:
+    assert trainer.step == 2
+  finally:
+    trainer.close()
+  assert any("checkpoint step 4" in m and "corrupt or incomplete" in m for m in messages)
+  assert any("resumed from checkpoint step 2" in m for m in messages)
+  assert [r["step"] for r in load_history(tmp_path)] == [1, 2]
+
+
+def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
+  config_file = tmp_path / "cfg.py"
+  config_file.write_text(
+      "import sys\n"
+      f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+      "from test_trainer import small_config\n"
+      f"SHARED = {shared!r}\n"
+      "def get_config():\n"
+      "  c = small_config(SHARED, steps=200)\n"
+      "  c.train.checkpoint_every = 100\n"
+      "  return c\n")
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen([sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
+                           f"--workdir={workdir}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    if metrics.exists() and len(load_history(workdir)) >= 2:
+      break
+    time.sleep(0.5)
+  assert proc.poll() is None, proc.stdout.read()
+  proc.send_signal(signal.SIGTERM)
+  output, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, output
+  assert "SIGTERM received" in output
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["preempted"] and summary["steps"] < 200
+  steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert steps == [summary["steps"]]
+  assert len(load_history(workdir)) == summary["steps"]
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("rollout.mode", "async", "rollout.mode='async'"),
+    ("learner.lr", -1.0, "learner.lr=-1.0"),
+    ("rollout.response_buckets", (8,), "rollout.response_buckets=(8,) must reach"),
+    ("mesh.shape", (0, 1), "mesh.shape=(0, 1)"),
+    ("controller.delta", 1.5, "controller: delta"),
+    ("rollout.rollouts_per_step", 6, "rollout.rollouts_per_step=6 is not divisible"),
+    ("data.name", "gsm8k_local", "data.manual_dir is empty"),
+    ("data.synthetic.max_ops", 0, "data.synthetic:"),
+    ("train.steps", 0, "train.steps=0"),
+])
+def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, match):
+  config = small_config(shared)
+  section, *rest = key.split(".")
+  node = config[section]
+  for part in rest[:-1]:
+    node = node[part]
+  node[rest[-1]] = value
+  with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+    validate(config)
+
+
+def test_tpu_presets_need_a_checkpoint_path():
+  namespace = {}
+  exec((REPO / "configs" / "qwen2_5_3b.py").read_text(), namespace)
+  with pytest.raises(ValueError, match="model.path is empty"):
+    validate(namespace["get_config"]())
+
+
+def test_eval_cli_reports_accuracy_of_the_latest_checkpoint(shared, tmp_path):
+  run(small_config(shared, steps=2), tmp_path)
+  env = {**os.environ}
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={tmp_path}",
+                         "--examples=16"], capture_output=True, text=True, env=env, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  assert "held-out accuracy" in proc.stdout and "step 2" in proc.stdout
+  result = json.loads((tmp_path / "eval.json").read_text())
+  assert result["eval_examples"] == 16 and 0 <= result["eval_accuracy"] <= 1
