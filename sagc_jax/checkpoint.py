@@ -27,7 +27,8 @@ class Checkpointer:
 
   def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3,
                log: Callable[[str], None] = print):
-    self.directory = os.path.abspath(os.fspath(directory))
+    directory = os.fspath(directory)
+    self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.log = log
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=True)

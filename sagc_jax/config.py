@@ -67,7 +67,9 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict(dict(
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
-      compilation_cache=True, compilation_cache_dir=""))
+      compilation_cache=True, compilation_cache_dir="",
+      # '' = <workdir>/checkpoints; a gs:// path on TPU pods (shared by every host).
+      checkpoint_dir=""))
   return c
 
 
@@ -157,16 +159,32 @@ def preset(algorithm: str, controller: str) -> ml_collections.ConfigDict:
   seq-mean-token-mean). DAPO: clip-higher 0.28, token-mean, no KL, dynamic
   sampling and a soft overlong buffer of a quarter of the response budget.
   """
-  if algorithm not in ("grpo", "dapo") or controller not in ("sagc", "static"):
-    raise ValueError(f"preset({algorithm!r}, {controller!r}): algorithm must be 'grpo' or "
-                     "'dapo', controller 'sagc' or 'static'")
+  if controller not in ("sagc", "static"):
+    raise ValueError(f"preset controller={controller!r}: must be 'sagc' or 'static'")
   c = base_config()
   c.controller.kind = controller
-  if algorithm == "dapo":
-    c.learner.update(dict(algorithm="dapo", kl_coef=0.0, clip_low=0.2, clip_high=0.28,
-                          agg="token-mean", dynamic_sampling=True,
-                          overlong_buffer=max(c.rollout.max_new_tokens // 4, 1)))
+  apply_algorithm(c, algorithm)
   return c
+
+
+def apply_algorithm(config: ml_collections.ConfigDict, algorithm: str) -> None:
+  """Switches ``config.learner`` to the GRPO or DAPO settings (in place).
+
+  GRPO: k3 KL to a frozen reference (beta 0.04 unless already lower), symmetric
+  clip 0.2, seq-mean-token-mean, no dynamic sampling or overlong shaping. DAPO:
+  clip-higher 0.2/0.28, token-mean, no KL, dynamic sampling, and a soft
+  overlong buffer of a quarter of ``rollout.max_new_tokens``.
+  """
+  if algorithm == "grpo":
+    config.learner.update(dict(algorithm="grpo", kl_coef=config.learner.kl_coef or 0.04,
+                               clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean",
+                               dynamic_sampling=False, overlong_buffer=0))
+  elif algorithm == "dapo":
+    config.learner.update(dict(algorithm="dapo", kl_coef=0.0, clip_low=0.2, clip_high=0.28,
+                               agg="token-mean", dynamic_sampling=True,
+                               overlong_buffer=max(config.rollout.max_new_tokens // 4, 1)))
+  else:
+    raise ValueError(f"algorithm={algorithm!r} must be 'grpo' or 'dapo'")
 
 
 def tpu_pod_preset() -> ml_collections.ConfigDict:
@@ -192,4 +210,26 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
                         mini_batches=4, grad_accum=2))
   c.sft.enabled = False
   c.train.update(dict(steps=500, checkpoint_every=20, eval_every=50))
+  return c
+
+
+def tiny_cpu_config() -> ml_collections.ConfigDict:
+  """The CPU default: GRPO + SAGC on the built-in tiny model (about 5 min, 2 cores).
+
+  A ~0.8M-parameter character-level Llama, warm-started on the synthetic task's
+  one- and two-step problems, then 60 GRPO steps with 8 prompts per step (rows =
+  8 G) while SAGC picks G in {4, 8, 16}. Responses are ~20 tokens, so a group
+  straggles when its longest response is 1.8x its median; a short run needs
+  fast forgetting (posterior evidence half-life ~14 steps).
+  """
+  c = preset("grpo", "sagc")
+  c.data.synthetic.update(dict(max_ops=2))
+  c.data.eval_examples = 384
+  c.rollout.update(dict(mode="hold_prompts", prompts_per_step=8, max_new_tokens=64,
+                        prompt_buckets=(16,), response_buckets=(64,), eval_batch=128,
+                        temperature=1.0))
+  c.controller.update(dict(candidates=(4, 8, 16), tau=1.8, delta=0.25, forgetting=0.95))
+  c.learner.update(dict(lr=1e-4, warmup_steps=10, kl_coef=0.01, mini_batches=2))
+  c.sft.update(dict(steps=250, batch_size=64, lr=5e-3, warmup_steps=20, seq_bucket=64))
+  c.train.update(dict(steps=60, checkpoint_every=20, eval_every=30))
   return c

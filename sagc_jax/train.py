@@ -20,6 +20,8 @@ def _define_flags():
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, plots).")
   flags.DEFINE_integer("max_steps", None, "Stop after this many more steps (testing).")
+  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (Cloud TPU pods; "
+                    "the local launcher's SAGC_* environment variables also enable it).")
   flags.mark_flags_as_required(["config", "workdir"])
   return flags.FLAGS
 
@@ -27,8 +29,11 @@ def _define_flags():
 def format_summary(summary: dict) -> str:
   lines = ["summary"]
   if "eval_accuracy_start" in summary:
-    lines.append(f"  held-out accuracy: {summary['eval_accuracy_start']:.3f} before RL -> "
-                 f"{summary['eval_accuracy_end']:.3f} after {summary['steps']} steps")
+    lines.append(f"  held-out accuracy, sampled (T = rollout temperature): "
+                 f"{summary['eval_sampled_accuracy_start']:.3f} before RL -> "
+                 f"{summary['eval_sampled_accuracy_end']:.3f} after {int(summary['steps'])} steps")
+    lines.append(f"  held-out accuracy, greedy: {summary['eval_accuracy_start']:.3f} -> "
+                 f"{summary['eval_accuracy_end']:.3f}")
   if "straggler_rate" in summary:
     lines.append(f"  straggler rate {summary['straggler_rate']:.3f}   mean G "
                  f"{summary['mean_g']:.2f}   mean log2 G {summary['mean_log2_g']:.2f}")
@@ -44,6 +49,9 @@ def main(argv: Sequence[str], flags) -> None:
   reject_positional(argv)
   from absl import logging
   import tensorflow_datasets as tfds
+
+  from sagc_jax import distributed
+  distributed.initialize(tpu_pod=flags.distributed)   # before any JAX computation
 
   from sagc_jax.plots import plot_run
   from sagc_jax.trainer import Trainer

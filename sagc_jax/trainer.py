@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -37,21 +36,20 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from sagc_jax import compile_count
+from sagc_jax import compile_count, distributed
 from sagc_jax.checkpoint import Checkpointer
 from sagc_jax.config import learner_config, validate
 from sagc_jax.controller import controller_from_config
 from sagc_jax.data import PromptLoader, load_split
 from sagc_jax.mesh import make_mesh
 from sagc_jax.metrics import MetricsWriter, read_jsonl, summarize
-from sagc_jax.models import (build_tiny_checkpoint, encode_prompts, from_pretrained,
-                             load_tokenizer, save_pretrained)
+from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.rewards import make_reward_fn
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
 from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
-from sagc_jax.sft import supervised_finetune, tokenize_examples
+from sagc_jax.warm_start import prepare_policy
 
 _TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
                 "learner_seconds", "eval_seconds")
@@ -87,13 +85,21 @@ class Trainer:
     manual_dir = config.data.manual_dir or None
     builder_kwargs = ({"config": config.data.synthetic.to_dict()}
                       if config.data.name == "synthetic" else {})
-    self.train_source = load_split(config.data.name, "train", data_dir, manual_dir,
-                                   **builder_kwargs)
-    self.eval_source = load_split(config.data.name, config.data.eval_split, data_dir,
-                                  manual_dir, **builder_kwargs)
+    load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
+                                    **builder_kwargs)
+    # The primary process prepares data and the warm start; the others then read them.
+    if self.is_primary:
+      load("train")
+      load(config.data.eval_split)
+    distributed.barrier("sagc_data_prepared")
+    self.train_source = load("train")
+    self.eval_source = load(config.data.eval_split)
     self.loader = PromptLoader(self.train_source, seed=config.seed,
                                shard_index=jax.process_index(), num_shards=jax.process_count())
 
+    if self.is_primary:
+      self._policy_folder()
+    distributed.barrier("sagc_policy_prepared")
     folder = self._policy_folder()
     dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
     self.model, self.model_cfg = from_pretrained(folder, dtype=dtype, mesh=self.mesh)
@@ -106,6 +112,11 @@ class Trainer:
     candidates = (tuple(config.controller.candidates) if config.controller.kind == "sagc"
                   else (config.controller.static_g,))
     self.candidates = candidates
+    processes = jax.process_count()
+    uneven = [g for g in candidates if self.prompts_for(g) % processes]
+    if uneven:
+      raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
+                       "processes (each process reads an equal share of the prompts)")
     self.row_buckets = row_buckets_for(candidates, self.prompts_for, multiple_of=self.data_axis)
     stop_ids = set(self.model_cfg.eos_token_ids)
     if self.tokenizer.eos_token_id is not None:
@@ -122,8 +133,8 @@ class Trainer:
         (eval_rows,), r.prompt_buckets, mesh=self.mesh)
     self.learner = Learner(self.model, learner_config(config), self.row_buckets,
                            r.prompt_buckets, r.response_buckets, mesh=self.mesh)
-    self.checkpointer = Checkpointer(self.workdir / "checkpoints", config.train.keep_checkpoints,
-                                     log=self.log)
+    self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
+                                     config.train.keep_checkpoints, log=self.log)
     self.step = 0
     self.history: list[dict[str, Any]] = []
     self.eval_history: list[dict[str, Any]] = []
@@ -141,50 +152,8 @@ class Trainer:
 
   def _policy_folder(self) -> Path:
     """The HF folder the policy starts from (building the tiny model + SFT if needed)."""
-    c = self.config
-    if c.model.path:
-      return Path(c.model.path)
-    init_dir = self.workdir / "init_model"
-    if not (init_dir / "model.safetensors").exists():
-      build_tiny_checkpoint(init_dir, seed=c.model.init_seed, family=c.model.tiny_family)
-    if not (c.sft.enabled and c.data.name == "synthetic"):
-      return init_dir
-    sft_dir = self.workdir / "sft_model"
-    marker = sft_dir / "sft_done.json"
-    if marker.exists():
-      self.log(f"supervised warm start: reusing {sft_dir}")
-      return sft_dir
-    self._supervised_warm_start(init_dir, sft_dir)
-    return sft_dir
-
-  def _supervised_warm_start(self, init_dir: Path, sft_dir: Path) -> None:
-    c = self.config
-    self.log(f"supervised warm start: {c.sft.steps} steps of batch {c.sft.batch_size} on the "
-             f"{len(self.train_source)} training solutions")
-    model, cfg = from_pretrained(init_dir)
-    tokenizer = load_tokenizer(init_dir)
-    examples = [self.train_source[i] for i in range(len(self.train_source))]
-    eos = cfg.eos_token_ids[0]
-    ids, attn, loss_mask, dropped = tokenize_examples(
-        tokenizer, examples, c.sft.seq_bucket, eos_id=eos,
-        pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
-    if dropped:
-      self.log(f"supervised warm start: {dropped} examples longer than sft.seq_bucket="
-               f"{c.sft.seq_bucket} tokens were left out")
-    start = time.perf_counter()
-    losses = supervised_finetune(model, ids, attn, loss_mask, steps=c.sft.steps,
-                                 batch_size=c.sft.batch_size, lr=c.sft.lr,
-                                 warmup_steps=c.sft.warmup_steps, seed=c.seed, log=self.log)
-    if self.is_primary:
-      tmp = sft_dir.with_name(sft_dir.name + ".tmp")
-      shutil.rmtree(tmp, ignore_errors=True)
-      shutil.copytree(init_dir, tmp)
-      save_pretrained(model, cfg, tmp)
-      (tmp / "sft_done.json").write_text(json.dumps({
-          "steps": c.sft.steps, "final_loss": losses[-1], "first_loss": losses[0],
-          "seconds": time.perf_counter() - start}))
-      shutil.rmtree(sft_dir, ignore_errors=True)
-      tmp.rename(sft_dir)
+    return prepare_policy(self.config, self.workdir, self.train_source, self.log,
+                          self.is_primary)
 
   # -------------------------------------------------------------- checkpoint
   def _abstract(self, tree):
@@ -234,15 +203,25 @@ class Trainer:
 
   def _sample_round(self, g: int, round_index: int, timings: dict[str, float],
                     stats: dict[str, list]) -> RolloutBatch:
-    """One sampling round of P(G) fresh prompts, scored."""
+    """One sampling round of P(G) fresh prompts, scored.
+
+    Each process reads, encodes, decodes and scores its own share of the
+    prompts (``P / process_count``, contiguous in process order); prompt ids
+    and rewards are gathered so that every process holds the whole batch.
+    """
     t0 = time.perf_counter()
-    examples = self.loader.next_batch(self.prompts_for(g))
-    samples = self.sampler.generate(self.model, self._encode(examples), g,
+    local = self.loader.next_batch(self.prompts_for(g) // jax.process_count())
+    prompts = distributed.allgather_token_lists(self._encode(local), self.pad_id)
+    samples = self.sampler.generate(self.model, prompts, g,
                                     seed=_seed_for(self.config.seed, self.step, round_index))
-    texts = self._decode(samples)
+    first_row = jax.process_index() * len(local) * g
+    own_rows = range(first_row, first_row + len(local) * g)
+    texts = [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
+                                   skip_special_tokens=True) for r in own_rows]
     t1 = time.perf_counter()
-    answers = [ex["answer"] for ex in examples for _ in range(g)]
-    result = self.reward_fn(texts, answers)
+    answers = [ex["answer"] for ex in local for _ in range(g)]
+    own = self.reward_fn(texts, answers)
+    result = type(own)(*(distributed.allgather_rows(x) for x in own))
     t2 = time.perf_counter()
     timings["rollout"] += t1 - t0
     timings["reward"] += t2 - t1
@@ -253,6 +232,7 @@ class Trainer:
     stats["formatted"].append(result.formatted)
     stats["rows"].append(samples.response_tokens.shape[0])
     stats["decode_steps"].append(samples.decode_steps)
+    stats["groups"].append(samples.num_prompts)
     return RolloutBatch.from_samples(samples, result.scores)
 
   def train_step(self) -> dict[str, Any]:
@@ -260,9 +240,10 @@ class Trainer:
     start = time.perf_counter()
     compiles_before = compile_count.compile_count()
     g = self.controller.propose()
+    distributed.assert_same_on_all(g, f"the group size of step {self.step + 1}")
     timings = {"rollout": 0.0, "reward": 0.0}
     stats: dict[str, list] = {k: [] for k in ("lengths", "scores", "correct", "formatted",
-                                              "rows", "decode_steps")}
+                                              "rows", "decode_steps", "groups")}
     rows = self.sampler.row_bucket_for(self.prompts_for(g) * g)
     lc = self.learner.config
     rounds, message = 1, None
@@ -281,7 +262,8 @@ class Trainer:
     if batch is not None:
       learner_metrics = self.learner.update(batch, seed=self.config.seed)
     time_learner = time.perf_counter() - t_learn
-    group_max, group_median = self.sampler.sink.pop()
+    group_max, group_median = distributed.share_sink_stats(
+        *self.sampler.sink.pop(), num_groups=int(sum(stats["groups"])))
     ctrl = self.controller.observe(group_max, group_median)
     self.step += 1
 
@@ -306,21 +288,36 @@ class Trainer:
     return row
 
   # ------------------------------------------------------------------- eval
-  def evaluate(self, limit: int | None = None) -> dict[str, float]:
-    """Greedy held-out accuracy and mean response length."""
-    start = time.perf_counter()
-    n = min(limit or self.config.data.eval_examples, len(self.eval_source))
-    batch_rows = self.eval_sampler.row_buckets[0]
+  def _eval_pass(self, sampler: Sampler, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, lengths) of one response per held-out example, in batches of the
+    sampler's largest row bucket (no new shapes, so no compilation)."""
+    batch_rows = sampler.row_buckets[-1]
     correct, lengths = [], []
     for lo in range(0, n, batch_rows):
       examples = [self.eval_source[i] for i in range(lo, min(lo + batch_rows, n))]
-      samples = self.eval_sampler.generate(self.model, self._encode(examples), 1, seed=0)
+      samples = sampler.generate(self.model, self._encode(examples), 1,
+                                 seed=_seed_for(seed, lo))
       result = self.reward_fn(self._decode(samples), [ex["answer"] for ex in examples])
       correct.append(result.correct)
       lengths.append(samples.lengths[:samples.num_rows])
-    self.eval_sampler.sink.pop()
-    correct, lengths = np.concatenate(correct), np.concatenate(lengths)
-    return {"eval_accuracy": float(correct.mean()), "eval_response_len": float(lengths.mean()),
+    sampler.sink.pop()               # eval lengths are not controller observations
+    return np.concatenate(correct), np.concatenate(lengths)
+
+  def evaluate(self, limit: int | None = None) -> dict[str, float]:
+    """Held-out accuracy: greedy, and sampled at the training temperature.
+
+    The sampled pass uses the rollout sampler (one response per example, fixed
+    seeds, so successive evaluations share their random numbers and differ
+    only by the policy); it measures the policy as RL trains it, while greedy
+    measures its mode.
+    """
+    start = time.perf_counter()
+    n = min(limit or self.config.data.eval_examples, len(self.eval_source))
+    greedy, lengths = self._eval_pass(self.eval_sampler, n, seed=0)
+    sampled, sampled_lengths = self._eval_pass(self.sampler, n, seed=self.config.seed)
+    return {"eval_accuracy": float(greedy.mean()), "eval_response_len": float(lengths.mean()),
+            "eval_sampled_accuracy": float(sampled.mean()),
+            "eval_sampled_response_len": float(sampled_lengths.mean()),
             "eval_examples": float(n), "eval_seconds": time.perf_counter() - start}
 
   # ------------------------------------------------------------------- loop
@@ -349,7 +346,9 @@ class Trainer:
       self.warmup()
       if self.step == 0 and not self.eval_history:
         self.eval_history.append({"step": 0, **self.evaluate()})
-        self.log(f"eval before RL: accuracy {self.eval_history[-1]['eval_accuracy']:.3f}")
+        first = self.eval_history[-1]
+        self.log(f"eval before RL: held-out accuracy {first['eval_accuracy']:.3f} greedy, "
+                 f"{first['eval_sampled_accuracy']:.3f} sampled")
       end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
       while self.step < end and not self._stop_requested:
         row = self.train_step()
@@ -372,14 +371,26 @@ class Trainer:
     summary = self.summary()
     if self.is_primary:
       (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if distributed.is_multiprocess():
+      self._write_process_fingerprint()
     return summary
 
+  def _write_process_fingerprint(self) -> None:
+    """Per-process record of the G sequence and a parameter checksum (multi-process
+    runs): every process must have made the same decisions and hold the same policy."""
+    leaves = jax.tree.leaves(distributed.to_host(self.learner.params))
+    (self.workdir / f"process_{jax.process_index()}.json").write_text(json.dumps({
+        "process": jax.process_index(), "processes": jax.process_count(),
+        "g": [r["g"] for r in self.history],
+        "param_checksums": [float(np.asarray(x, np.float64).sum()) for x in leaves]}))
+
   def summary(self) -> dict[str, Any]:
-    out: dict[str, Any] = {"steps": self.step, "preempted": self._stop_requested,
-                           **summarize(self.history)}
+    out: dict[str, Any] = {**summarize(self.history), "steps": self.step,
+                           "preempted": self._stop_requested}
     if self.eval_history:
-      out["eval_accuracy_start"] = self.eval_history[0]["eval_accuracy"]
-      out["eval_accuracy_end"] = self.eval_history[-1]["eval_accuracy"]
+      for key in ("eval_accuracy", "eval_sampled_accuracy"):
+        out[f"{key}_start"] = self.eval_history[0][key]
+        out[f"{key}_end"] = self.eval_history[-1][key]
       out["eval_response_len_end"] = self.eval_history[-1]["eval_response_len"]
     out["skipped_updates"] = self.learner.skipped_updates
     return out

@@ -121,17 +121,19 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
   assert [r["step"] for r in load_history(tmp_path)] == [1, 2]
 
 
+def write_config_file(path: Path, shared, steps: int, *overrides: str) -> Path:
+  """A config file for the CLI: ``small_config`` plus override statements on ``c``."""
+  lines = ["import sys", f"sys.path.insert(0, {str(Path(__file__).parent)!r})",
+           "from test_trainer import small_config", f"SHARED = {shared!r}",
+           "def get_config():", f"  c = small_config(SHARED, steps={steps})",
+           *(f"  {line}" for line in overrides), "  return c"]
+  path.write_text("\n".join(lines) + "\n")
+  return path
+
+
 def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
-  config_file = tmp_path / "cfg.py"
-  config_file.write_text(
-      "import sys\n"
-      f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-      "from test_trainer import small_config\n"
-      f"SHARED = {shared!r}\n"
-      "def get_config():\n"
-      "  c = small_config(SHARED, steps=200)\n"
-      "  c.train.checkpoint_every = 100\n"
-      "  return c\n")
+  config_file = write_config_file(tmp_path / "cfg.py", shared, 200,
+                                  "c.train.checkpoint_every = 100")
   workdir = tmp_path / "run"
   proc = subprocess.Popen([sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
                            f"--workdir={workdir}"], stdout=subprocess.PIPE,

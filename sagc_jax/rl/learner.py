@@ -44,6 +44,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from sagc_jax.distributed import put_global, to_host
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl import losses
 from sagc_jax.rl.rollout import RolloutBatch
@@ -240,7 +241,7 @@ class Learner:
       replicated = NamedSharding(mesh, P())
       self.opt_state = jax.tree.map(
           lambda x: x if len(x.sharding.device_set) == mesh.size
-          else jax.device_put(x, replicated), self.opt_state)
+          else put_global(to_host(x), replicated), self.opt_state)
     self.reference = (jax.tree.map(jnp.copy, params) if config.kl_coef > 0 else None)
     self.step = 0
     self.skipped_updates = 0
@@ -437,7 +438,7 @@ class Learner:
   def _device(self, arrays: tuple) -> tuple:
     if self.mesh is None:
       return arrays
-    return tuple(jax.device_put(a, self._row_sharding(a.ndim)) for a in arrays)
+    return tuple(put_global(a, self._row_sharding(a.ndim)) for a in arrays)
 
   def update(self, batch: RolloutBatch, seed: int = 0) -> dict[str, float]:
     """Trains on one rollout batch; returns metrics averaged over its updates."""
@@ -458,7 +459,7 @@ class Learner:
     if ref is not None:
       for lo in range(0, batch.num_rows, mb_rows):
         sl = slice(lo, lo + mb_rows)
-        ref_logp[sl] = np.asarray(ref(self.reference, *self._device(
+        ref_logp[sl] = to_host(ref(self.reference, *self._device(
             (tokens[sl], attn_mask[sl], resp_mask[sl]))))
 
     rng = np.random.default_rng([seed, self.step])
@@ -472,7 +473,7 @@ class Learner:
         self.params, self.opt_state, metrics = train(self.params, self.opt_state, *inputs)
         history.append(metrics)
         self.step += 1
-    history = jax.device_get(history)
+    history = to_host(history)
     skipped = int(sum(m["skipped"] for m in history))
     self.skipped_updates += skipped
     nnx.update(self.model, self.params)

@@ -48,6 +48,7 @@ from flax import nnx
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from sagc_jax.distributed import put_global, to_host
 from sagc_jax.models.transformer import Transformer, init_cache
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 
@@ -348,11 +349,11 @@ class Sampler:
     executable = self._executable(state, rows, prompt_len)
     inputs = (tokens, mask, row_valid, group_ids, row_ids, np.uint32(seed))
     if self.mesh is not None:
-      inputs = tuple(jax.device_put(x, s.sharding)
+      inputs = tuple(put_global(x, s.sharding)
                      for x, s in zip(inputs, self._abstract_inputs(rows, prompt_len)))
     start = time.perf_counter()
     out = executable(state, *inputs)
-    out = jax.device_get(out)
+    out = to_host(out)
     seconds = time.perf_counter() - start
     lengths = np.asarray(out["lengths"])
     present = np.asarray(out["stats"].count) > 0

@@ -1,0 +1,20 @@
+"""Full-scale comparison on Cloud TPU: {GRPO, DAPO} x {static G = 4, 8, 16, SAGC}.
+
+The TPU-pod preset (``sagc_jax.config.tpu_pod_preset``: 3B policy, GSM8K, 512
+rollouts per step). Run one arm per slice and merge:
+
+  python -m sagc_jax.compare --config configs/compare_tpu.py --workdir W --arms grpo_sagc \\
+      --config.model.path=/mnt/ckpt/Qwen2.5-3B --config.data.manual_dir=/mnt/data/gsm8k
+  ... (one call per arm, e.g. through launch/tpu_pod.sh with a different --name)
+  python -m sagc_jax.compare --workdir W --merge_only
+"""
+
+import ml_collections
+
+from sagc_jax.config import tpu_pod_preset
+
+
+def get_config():
+  c = tpu_pod_preset()
+  c.compare = ml_collections.ConfigDict(dict(algorithms=("grpo", "dapo")))
+  return c

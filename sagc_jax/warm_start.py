@@ -1,0 +1,73 @@
+"""Where the policy starts: a user checkpoint, or the tiny model + supervised warm start.
+
+With ``model.path`` set, the policy is that HF folder. Otherwise the built-in
+tiny model is written to ``<workdir>/init_model`` (random init, offline) and,
+on the synthetic task with ``sft.enabled``, fine-tuned on the reference
+solutions into ``<workdir>/sft_model`` (an HF folder too). Both are cached: a
+resumed run, an eval, or every arm of a comparison reuses them. The SFT folder
+is written under a temporary name and renamed when complete, so a kill during
+the warm start never leaves a half-written policy behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokenizer, \
+    save_pretrained
+from sagc_jax.sft import supervised_finetune, tokenize_examples
+
+SFT_MARKER = "sft_done.json"
+
+
+def prepare_policy(config: Any, workdir: Path, train_source: Any,
+                   log: Callable[[str], None] = print, is_primary: bool = True) -> Path:
+  """The HF folder of the initial policy, building and caching it when needed."""
+  if config.model.path:
+    return Path(config.model.path)
+  init_dir = workdir / "init_model"
+  if not (init_dir / "model.safetensors").exists():
+    build_tiny_checkpoint(init_dir, seed=config.model.init_seed, family=config.model.tiny_family)
+  if not (config.sft.enabled and config.data.name == "synthetic"):
+    return init_dir
+  sft_dir = workdir / "sft_model"
+  if (sft_dir / SFT_MARKER).exists():
+    log(f"supervised warm start: reusing {sft_dir}")
+    return sft_dir
+  supervised_warm_start(config, init_dir, sft_dir, train_source, log, is_primary)
+  return sft_dir
+
+
+def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_source: Any,
+                          log: Callable[[str], None], is_primary: bool) -> None:
+  sft = config.sft
+  log(f"supervised warm start: {sft.steps} steps of batch {sft.batch_size} on the "
+      f"{len(train_source)} training solutions")
+  model, cfg = from_pretrained(init_dir)
+  tokenizer = load_tokenizer(init_dir)
+  examples = [train_source[i] for i in range(len(train_source))]
+  ids, attn, loss_mask, dropped = tokenize_examples(
+      tokenizer, examples, sft.seq_bucket, eos_id=cfg.eos_token_ids[0],
+      pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+  if dropped:
+    log(f"supervised warm start: {dropped} examples longer than sft.seq_bucket="
+        f"{sft.seq_bucket} tokens were left out")
+  start = time.perf_counter()
+  losses = supervised_finetune(model, ids, attn, loss_mask, steps=sft.steps,
+                               batch_size=sft.batch_size, lr=sft.lr,
+                               warmup_steps=sft.warmup_steps, seed=config.seed, log=log)
+  if not is_primary:
+    return
+  tmp = sft_dir.with_name(sft_dir.name + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  shutil.copytree(init_dir, tmp)
+  save_pretrained(model, cfg, tmp)
+  (tmp / SFT_MARKER).write_text(json.dumps({
+      "steps": sft.steps, "first_loss": losses[0], "final_loss": losses[-1],
+      "seconds": time.perf_counter() - start}))
+  shutil.rmtree(sft_dir, ignore_errors=True)
+  tmp.rename(sft_dir)

@@ -1,0 +1,121 @@
+"""Comparison driver (arm matrix, run, skip, merge, report) and the analysis notebook."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+import pytest
+
+from sagc_jax import compare
+from sagc_jax.config import preset, validate
+from test_trainer import shared, small_config  # noqa: F401 (shared is a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def with_compare(config, algorithms):
+  config.compare = ml_collections.ConfigDict(dict(algorithms=algorithms))
+  return config
+
+
+def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
+  config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
+  arms = compare.arm_configs(config)
+  assert sorted(arms) == sorted(f"{a}_{k}" for a in ("grpo", "dapo")
+                                for k in ("static4", "static8", "static16", "sagc"))
+  for name, arm in arms.items():
+    validate(arm)
+    assert "compare" not in arm
+    assert arm.learner.algorithm == name.split("_")[0]
+    assert arm.seed == config.seed                       # identical seeds / data order
+    if "static" in name:
+      assert arm.controller.kind == "static"
+      assert arm.controller.static_g == int(name.split("static")[1])
+    else:
+      assert arm.controller.kind == "sagc"
+  assert arms["dapo_sagc"].learner.dynamic_sampling and arms["dapo_sagc"].learner.kl_coef == 0
+  assert arms["grpo_static4"].learner.kl_coef > 0
+  with pytest.raises(ValueError, match="unknown arm"):
+    compare.select_arms(arms, "grpo_sagc,ppo_sagc")
+
+
+def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
+  config = with_compare(small_config(shared, steps=2), ("grpo",))
+  arms = compare.arm_configs(config)
+  assert sorted(arms) == ["grpo_sagc", "grpo_static2", "grpo_static4"]
+  messages = []
+  compare.run_arms(config, tmp_path, arms, log=messages.append)
+  policy = (tmp_path / "shared" / "sft_model").absolute()
+  for name in arms:
+    run_config = json.loads((tmp_path / "arms" / name / "config.json").read_text())
+    assert run_config["model"]["path"] == str(policy)     # one shared warm start
+  compare.run_arms(config, tmp_path, arms, log=messages.append)
+  assert sum("finished earlier, skipped" in m for m in messages) == 3
+  rows = compare.report(tmp_path, log=messages.append)
+  by_arm = {r["arm"]: r for r in rows}
+  assert by_arm["grpo_static4"]["speedup_vs_largest_static"] == pytest.approx(1.0)
+  assert by_arm["grpo_static2"]["mean_g"] == 2 and by_arm["grpo_static4"]["mean_g"] == 4
+  with open(tmp_path / "results.csv", encoding="utf-8") as f:
+    table = list(csv.DictReader(f))
+  assert [r["arm"] for r in table] == sorted(arms) and set(table[0]) == set(
+      compare.RESULT_COLUMNS)
+  assert "| grpo_sagc |" in (tmp_path / "results.md").read_text()
+  for name in ("g_lambda.png", "stragglers.png", "reward_vs_time.png", "posterior.png"):
+    assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.compare", f"--workdir={tmp_path}",
+                         "--merge_only"], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "grpo_static2" in proc.stdout
+
+
+def fake_arm(root: Path, name: str, algorithm: str, kind: str, g: int | None, steps: int,
+             seed: int) -> None:
+  """A generated arm directory with the files a finished run leaves (no training)."""
+  rng = np.random.default_rng(seed)
+  config = preset(algorithm, kind)
+  if g is not None:
+    config.controller.static_g = g
+  arm = root / "arms" / name
+  arm.mkdir(parents=True)
+  (arm / "config.json").write_text(config.to_json_best_effort())
+  rows = []
+  for step in range(1, steps + 1):
+    used = g or int(rng.choice([4, 8, 16]))
+    row = {"step": step, "g": used, "log2_g": float(np.log2(used)),
+           "lambda": float(rng.uniform(0, 3)) if kind == "sagc" else 0.0,
+           "straggler_rate": float(rng.uniform(0, 0.5)), "time_total_s": 1.0 + used / 8,
+           "time_rollout_s": used / 10, "time_reward_s": 0.01, "time_learner_s": 0.5,
+           "reward_mean": float(step / steps), "accuracy": float(step / steps),
+           "response_len_mean": 20.0, "new_compilations": 0.0}
+    row.update({f"p_mean/G{c}": float(rng.uniform(0, 1)) for c in (4, 8, 16)})
+    if step == steps:
+      row["eval_accuracy"] = 0.5
+    rows.append(row)
+  (arm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (arm / "summary.json").write_text(json.dumps({"steps": steps, "eval_accuracy_start": 0.4}))
+
+
+def test_analysis_notebook_executes_headless(tmp_path):
+  nbformat = pytest.importorskip("nbformat")
+  nbclient = pytest.importorskip("nbclient")
+  for i, (algorithm, kind, g) in enumerate([("grpo", "static", 4), ("grpo", "static", 16),
+                                            ("grpo", "sagc", None), ("dapo", "sagc", None)]):
+    fake_arm(tmp_path, f"{algorithm}_{kind}{g or ''}", algorithm, kind, g, steps=12, seed=i)
+  notebook = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
+  os.environ["SAGC_COMPARE_DIR"] = str(tmp_path)
+  try:
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+  finally:
+    del os.environ["SAGC_COMPARE_DIR"]
+  text = json.dumps([cell.get("outputs", []) for cell in notebook.cells])
+  assert "4 arm(s)" in text and "grpo_sagc" in text and "image/png" in text
+  assert not any(out.get("output_type") == "error" for cell in notebook.cells
+                 for out in cell.get("outputs", []))

@@ -1,0 +1,40 @@
+"""Two local JAX processes through the local launcher: same G every step, same policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_trainer import load_history, shared, write_config_file  # noqa: F401 (fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_two_processes_agree_on_every_group_size_and_end_with_identical_params(shared,
+                                                                                tmp_path):
+  steps = 4
+  config_file = write_config_file(
+      tmp_path / "cfg.py", shared, steps,
+      "c.mesh.shape = (-1, 1)            # 2 processes x 2 CPU devices",
+      "c.train.compilation_cache = False  # processes must not share a cache dir")
+  workdir = tmp_path / "run"
+  logs = tmp_path / "logs"
+  proc = subprocess.run(
+      ["bash", str(REPO / "launch" / "local_multiprocess.sh"), "-n", "2", "-d", "2", "-l",
+       str(logs), "--", sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
+       f"--workdir={workdir}"],
+      capture_output=True, text=True, timeout=900, cwd=REPO)
+  output = proc.stdout + proc.stderr + "".join(
+      p.read_text() for p in sorted(logs.glob("process_*.log")))
+  assert proc.returncode == 0, output[-4000:]
+  records = [json.loads((workdir / f"process_{i}.json").read_text()) for i in (0, 1)]
+  assert all(r["processes"] == 2 for r in records)
+  assert records[0]["g"] == records[1]["g"] and len(records[0]["g"]) == steps
+  assert records[0]["param_checksums"] == records[1]["param_checksums"]
+  assert [r["step"] for r in load_history(workdir)] == list(range(1, steps + 1))
+  assert [r["g"] for r in load_history(workdir)] == records[0]["g"]
+  checkpoints = sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  assert checkpoints == ["2", "4"]
