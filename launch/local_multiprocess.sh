@@ -46,8 +46,9 @@ tail -n +1 -f "$log_dir/process_0.log" --pid="${pids[0]}" || true
 
 status=0
 for ((i = 0; i < num_processes; i++)); do
-  if ! wait "${pids[$i]}"; then
-    code=$?
+  code=0
+  wait "${pids[$i]}" || code=$?
+  if [[ $code -ne 0 ]]; then
     echo "process $i exited with status $code (log: $log_dir/process_$i.log)" >&2
     [[ $status -ne 0 ]] || status=$code
   fi

@@ -146,7 +146,8 @@ do_copy() {
   fi
 }
 
-do_stop() { ssh_all "pkill -TERM -f sagc_jax.train || true"; }
+# '[s]agc' keeps pkill from matching the remote shell that runs it.
+do_stop() { ssh_all "pkill -TERM -f '[s]agc_jax.train' || true"; }
 
 do_delete() {
   if [[ $queued -eq 1 ]]; then

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Callable
 
 import jax
@@ -53,7 +54,8 @@ class Checkpointer:
     The abstract targets (``jax.ShapeDtypeStruct`` with shardings) decide where
     the restored arrays live. Damaged steps are reported and skipped.
     """
-    for step in reversed(self.all_steps()):
+    steps = self.all_steps()
+    for step in reversed(steps):
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params),
@@ -64,13 +66,33 @@ class Checkpointer:
           raise ValueError(f"meta says step {meta.get('step')!r}")
         jax.block_until_ready((restored.params, restored.opt_state))
       except Exception as err:  # noqa: BLE001 - any failure means "this step is unusable"
+        moved = self._quarantine(step)
         message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
-                   f"({type(err).__name__}: {str(err)[:200]}); trying the previous one")
+                   f"({type(err).__name__}: {str(err)[:200]}); moved it to {moved} and "
+                   "trying the previous one")
         self.log(message)
         logging.warning(message)
         continue
       return step, restored.params, restored.opt_state, meta
+    if steps:
+      raise RuntimeError(f"none of the checkpoints {steps} in {self.directory} could be "
+                         "restored (see the messages above); refusing to start over and "
+                         "overwrite the run — move the directory away to start fresh")
     return None
+
+  def _quarantine(self, step: int) -> str:
+    """Renames a damaged step out of the manager's view, so that step can be saved again."""
+    from etils import epath
+
+    source = epath.Path(self.directory) / str(step)
+    target = epath.Path(self.directory) / f"corrupt-{step}-{int(time.time())}"
+    if jax.process_index() == 0 and source.exists():
+      source.rename(target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices(f"sagc_quarantine_{step}")
+    self._manager.reload()
+    return str(target)
 
   def close(self) -> None:
     self._manager.wait_until_finished()

@@ -126,6 +126,7 @@ def load_comparison(workdir: str | os.PathLike) -> list[dict[str, Any]]:
     raise FileNotFoundError(f"{workdir} holds neither arms/ nor a single run's metrics.jsonl")
   arms = [load_arm(d) for d in sorted(arms_dir.iterdir())
           if (d / "metrics.jsonl").exists() and (d / "config.json").exists()]
+  arms = [a for a in arms if a["rows"]]          # an arm that has not finished a step yet
   if not arms:
     raise FileNotFoundError(f"no finished arm (metrics.jsonl + config.json) under {arms_dir}")
   return arms

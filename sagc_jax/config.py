@@ -126,9 +126,21 @@ def validate(config: ml_collections.ConfigDict) -> None:
   checks.number_in(config, "rollout.top_p", 0.0, 1.0, low_open=True)
   _tuple_of_positive_ints(config, "rollout.prompt_buckets")
   responses = _tuple_of_positive_ints(config, "rollout.response_buckets")
-  if max(responses) < max_new:
-    raise ValueError(f"rollout.response_buckets={responses} must reach "
-                     f"rollout.max_new_tokens={max_new}")
+  if max(responses) != max_new:
+    raise ValueError(f"rollout.response_buckets={responses}: the largest bucket must equal "
+                     f"rollout.max_new_tokens={max_new} (every response must fit, and no "
+                     "bucket can be wider than the sampler's output)")
+  top_k = checks.lookup(config, "rollout.top_k")
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    raise ValueError(f"rollout.top_k={top_k!r} must be an int >= 0 (0 = off)")
+  split = config.learner.mini_batches * config.learner.grad_accum
+  for g in candidates:
+    rows = (config.rollout.rollouts_per_step if mode == "hold_rollouts"
+            else config.rollout.prompts_per_step * g)
+    if not isinstance(split, int) or rows % split:
+      raise ValueError(f"learner.mini_batches={config.learner.mini_batches} x "
+                       f"learner.grad_accum={config.learner.grad_accum} does not divide the "
+                       f"{rows} rollouts of a G={g} step")
   checks.positive_int(config, "rollout.eval_batch")
 
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):

@@ -84,8 +84,8 @@ def _validated_lengths(group_max: Any, group_median: Any) -> tuple[np.ndarray, n
     raise ValueError(
         f"group_max has {gmax.size} groups but group_median has {gmed.size}: "
         "they must describe the same groups")
-  lowest = min(gmax.min(), gmed.min())       # NaN propagates through min/max
-  highest = gmax.max()
+  lowest = np.minimum(gmax.min(), gmed.min())   # NaN propagates through np.minimum / .max
+  highest = np.maximum(gmax.max(), gmed.max())
   if not (lowest >= 0.0 and highest < np.inf) or (gmed > gmax).any():
     _diagnose(gmax, gmed)
   return gmax, gmed

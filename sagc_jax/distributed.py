@@ -125,3 +125,10 @@ def share_sink_stats(group_max: np.ndarray, group_median: np.ndarray, num_groups
                        "sampler's host callback")
   source = int(np.argmax(flags))
   return every[source, 0], every[source, 1]
+
+
+def any_on_all(flag: bool) -> bool:
+  """True on every process if it is True on any (e.g. "SIGTERM received")."""
+  if not is_multiprocess():
+    return bool(flag)
+  return bool(allgather_rows(np.array([float(flag)])).any())

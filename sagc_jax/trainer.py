@@ -131,6 +131,7 @@ class Trainer:
     self.eval_sampler = Sampler(self.model, SamplingParams(
         r.max_new_tokens, temperature=0.0, stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id),
         (eval_rows,), r.prompt_buckets, mesh=self.mesh)
+    self._check_prompt_lengths()
     self.learner = Learner(self.model, learner_config(config), self.row_buckets,
                            r.prompt_buckets, r.response_buckets, mesh=self.mesh)
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
@@ -145,6 +146,21 @@ class Trainer:
   def _write_config(self) -> None:
     if self.is_primary:
       (self.workdir / "config.json").write_text(self.config.to_json_best_effort(indent=1))
+
+  def _check_prompt_lengths(self, limit: int = 200_000) -> None:
+    """Fails at start-up (not mid-run) if a prompt exceeds the largest prompt bucket."""
+    largest = max(self.config.rollout.prompt_buckets)
+    for name, source in (("train", self.train_source), ("eval", self.eval_source)):
+      n = min(len(source), limit)
+      for lo in range(0, n, 4096):
+        examples = [source[i] for i in range(lo, min(lo + 4096, n))]
+        lengths = [len(ids) for ids in self._encode(examples)]
+        if max(lengths) > largest:
+          i = lo + int(np.argmax(lengths))
+          raise ValueError(
+              f"rollout.prompt_buckets={tuple(self.config.rollout.prompt_buckets)}: "
+              f"{name} example {i} has a {max(lengths)}-token prompt; the largest bucket "
+              f"must hold every prompt (add a bucket >= {max(lengths)})")
 
   def prompts_for(self, g: int) -> int:
     r = self.config.rollout
@@ -362,6 +378,8 @@ class Trainer:
           self.metrics.progress(row)
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save_checkpoint()
+        # A signal reaches each host on its own; all must leave the loop together.
+        self._stop_requested = distributed.any_on_all(self._stop_requested)
       if self._stop_requested and self.step % c.train.checkpoint_every:
         self.save_checkpoint()
       self.checkpointer.wait()

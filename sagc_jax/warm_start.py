@@ -12,6 +12,7 @@ the warm start never leaves a half-written policy behind.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -60,9 +61,11 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   losses = supervised_finetune(model, ids, attn, loss_mask, steps=sft.steps,
                                batch_size=sft.batch_size, lr=sft.lr,
                                warmup_steps=sft.warmup_steps, seed=config.seed, log=log)
-  if not is_primary:
-    return
-  tmp = sft_dir.with_name(sft_dir.name + ".tmp")
+  # Any process that ran the warm start writes it: with a shared workdir only the
+  # primary gets here (the others find its copy), with per-host disks each host keeps
+  # its own (identical, the fine-tuning is deterministic) copy.
+  del is_primary
+  tmp = sft_dir.with_name(f"{sft_dir.name}.tmp{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
   shutil.copytree(init_dir, tmp)
   save_pretrained(model, cfg, tmp)

@@ -108,6 +108,11 @@ def test_analysis_notebook_executes_headless(tmp_path):
   for i, (algorithm, kind, g) in enumerate([("grpo", "static", 4), ("grpo", "static", 16),
                                             ("grpo", "sagc", None), ("dapo", "sagc", None)]):
     fake_arm(tmp_path, f"{algorithm}_{kind}{g or ''}", algorithm, kind, g, steps=12, seed=i)
+  started = tmp_path / "arms" / "dapo_static8"          # an arm still before its first step
+  started.mkdir()
+  (started / "config.json").write_text(preset("dapo", "static").to_json_best_effort())
+  (started / "metrics.jsonl").write_text("")
+  assert len(compare.load_comparison(tmp_path)) == 4
   notebook = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
   os.environ["SAGC_COMPARE_DIR"] = str(tmp_path)
   try:

@@ -251,6 +251,8 @@ def test_degenerate_lengths_never_crash_or_nan():
     ([], [], "empty"),
     ([5.0, -1.0], [1.0, 1.0], "negative"),
     ([5.0, float("nan")], [1.0, 1.0], "NaN"),
+    ([10.0, 20.0], [5.0, float("nan")], "group_median contains NaN"),
+    ([float("nan"), 20.0], [5.0, 1.0], "group_max contains NaN"),
     ([5.0, 1.0], [1.0, float("inf")], "group_median contains NaN or infinite"),
     ([[5.0]], [[1.0]], "1-D"),
     (["a"], ["b"], "array of numbers"),

@@ -63,3 +63,12 @@ def test_gpu_and_local_launchers_dry_run_and_usage():
   proc = subprocess.run(["bash", str(REPO / "launch" / "local_multiprocess.sh"), "-n", "0",
                          "--", "true"], capture_output=True, text=True, timeout=60)
   assert proc.returncode == 2 and "-n 0" in proc.stderr
+
+
+def test_local_launcher_reports_a_failing_process(tmp_path):
+  proc = subprocess.run(["bash", str(REPO / "launch" / "local_multiprocess.sh"), "-n", "2",
+                         "-l", str(tmp_path), "--", "bash", "-c",
+                         'exit $(( SAGC_PROCESS_ID == 1 ? 3 : 0 ))'],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 3, proc.stdout + proc.stderr
+  assert "process 1 exited with status 3" in proc.stderr

@@ -163,6 +163,26 @@ def test_non_finite_update_is_skipped_and_counted(samples):
   assert max_param_diff(params_of(model2), before) == 0.0
 
 
+def test_dynamic_sampling_judges_raw_rewards_not_the_overlong_penalty(samples):
+  cfg = LearnerConfig.dapo(max_response_len=N_NEW, overlong_buffer=6)
+  learner = Learner(new_model(), cfg, (16,), (PROMPT_BUCKET,), (N_NEW,))
+  all_wrong = dataclasses.replace(samples[0], scores=np.zeros(16, np.float32),
+                                  lengths=np.tile([2, 4, 11, 12], 4).astype(np.int32))
+  adv, keep, shaped = learner.prepare(all_wrong)
+  assert np.ptp(shaped[:4]) > 0           # the penalty differs inside the group ...
+  assert not keep.any()                   # ... but every group is all-wrong: dropped
+
+
+def test_minibatches_without_real_tokens_are_not_updated(samples):
+  one_group = concat_rollouts([select_groups(samples[0], [1])], rows=16)   # 4 real rows
+  model = new_model()
+  learner = Learner(model, LearnerConfig.grpo(lr=1e-2, mini_batches=4), (16,),
+                    (PROMPT_BUCKET,), (N_NEW,))
+  metrics = learner.update(one_group)
+  assert metrics["updates"] + metrics["empty_minibatches"] == 4
+  assert metrics["empty_minibatches"] >= 1 and learner.step == metrics["updates"]
+
+
 def test_zero_compilations_after_warmup_across_group_sizes(samples):
   model = new_model()
   cfg = LearnerConfig.grpo(lr=1e-3, mini_batches=2)

@@ -114,11 +114,22 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
   trainer = Trainer(config, tmp_path, log=messages.append)
   try:
     assert trainer.step == 2
+    assert [r["step"] for r in load_history(tmp_path)] == [1, 2]
+    trainer.run()                                  # trains through step 4 again
   finally:
     trainer.close()
   assert any("checkpoint step 4" in m and "corrupt or incomplete" in m for m in messages)
   assert any("resumed from checkpoint step 2" in m for m in messages)
-  assert [r["step"] for r in load_history(tmp_path)] == [1, 2]
+  assert [r["step"] for r in load_history(tmp_path)] == [1, 2, 3, 4]
+  assert list((tmp_path / "checkpoints").glob("corrupt-4-*"))      # kept for inspection
+  # Every checkpoint damaged: refuse to start over (and overwrite the run).
+  for step_dir in (tmp_path / "checkpoints").iterdir():
+    if step_dir.name.isdigit():
+      for path in (step_dir / "params").rglob("*"):
+        if path.is_file():
+          path.write_bytes(b"\0")
+  with pytest.raises(RuntimeError, match="none of the checkpoints"):
+    Trainer(config, tmp_path, log=messages.append)
 
 
 def write_config_file(path: Path, shared, steps: int, *overrides: str) -> Path:
@@ -159,7 +170,10 @@ def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
 @pytest.mark.parametrize("key, value, match", [
     ("rollout.mode", "async", "rollout.mode='async'"),
     ("learner.lr", -1.0, "learner.lr=-1.0"),
-    ("rollout.response_buckets", (8,), "rollout.response_buckets=(8,) must reach"),
+    ("rollout.response_buckets", (8,), "rollout.response_buckets=(8,): the largest bucket"),
+    ("rollout.response_buckets", (8, 32), "must equal rollout.max_new_tokens=16"),
+    ("rollout.top_k", -1, "rollout.top_k=-1"),
+    ("learner.mini_batches", 3, "learner.mini_batches=3 x learner.grad_accum=1 does not"),
     ("mesh.shape", (0, 1), "mesh.shape=(0, 1)"),
     ("controller.delta", 1.5, "controller: delta"),
     ("rollout.rollouts_per_step", 6, "rollout.rollouts_per_step=6 is not divisible"),
@@ -176,6 +190,14 @@ def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, matc
   node[rest[-1]] = value
   with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
     validate(config)
+
+
+def test_too_long_prompts_fail_at_startup_naming_the_bucket(shared, tmp_path):
+  config = small_config(shared)
+  config.rollout.prompt_buckets = (4,)
+  with pytest.raises(ValueError, match=r"rollout.prompt_buckets=\(4,\): train example \d+ "
+                                       r"has a \d+-token prompt"):
+    Trainer(config, tmp_path, log=lambda m: None)
 
 
 def test_tpu_presets_need_a_checkpoint_path():

@@ -2,10 +2,11 @@
 
 One ``Learner.update(batch)`` consumes a step's rollouts:
 
-1. ``prepare`` (jitted, per row bucket): optional DAPO soft overlong
-   punishment added to the rewards, group-relative advantages (GRPO std
-   normalisation or Dr. GRPO centring), and the DAPO dynamic-sampling mask
-   (rows of zero-variance groups get no loss).
+1. ``prepare`` (jitted, per row bucket): the DAPO dynamic-sampling mask
+   (rows of groups whose rewards are all equal get no loss; judged on the raw
+   rewards), optional DAPO soft overlong punishment added to the rewards, and
+   group-relative advantages (GRPO std normalisation or Dr. GRPO centring).
+   Minibatches left with no real token are not updated at all.
 2. GRPO only: log-probs of the frozen reference policy, once per batch.
 3. ``epochs`` passes over the batch in ``mini_batches`` shuffled minibatches;
    each minibatch is one optimizer update, its gradient accumulated over
@@ -260,16 +261,16 @@ class Learner:
 
     def learner_prepare(scores, lengths, group_ids, row_valid):
       scores = scores.astype(jnp.float32)
+      # DAPO drops groups whose *rewards* are all equal (all right or all wrong);
+      # the overlong penalty below must not make an all-wrong group look informative.
+      keep = (losses.dynamic_sampling_keep(scores, group_ids, mask=row_valid)
+              if cfg.dynamic_sampling else row_valid)
       if cfg.overlong_buffer:
         scores = scores + losses.overlong_penalty(lengths, cfg.max_response_len,
                                                   cfg.overlong_buffer, cfg.overlong_factor)
       scores = jnp.where(row_valid, scores, 0.0)
       adv = losses.group_advantages(scores, group_ids, normalize_std=cfg.normalize_std,
                                     eps=cfg.adv_eps, mask=row_valid)
-      if cfg.dynamic_sampling:
-        keep = losses.dynamic_sampling_keep(scores, group_ids, mask=row_valid)
-      else:
-        keep = row_valid
       return adv, keep, scores
 
     return learner_prepare
@@ -464,16 +465,29 @@ class Learner:
 
     rng = np.random.default_rng([seed, self.step])
     history = []
+    empty_minibatches = 0
     for _ in range(cfg.epochs):
       order = rng.permutation(batch.num_rows)
       for lo in range(0, batch.num_rows, mb_rows):
         idx = order[lo:lo + mb_rows]
+        if not resp_mask[idx].any():
+          # Only padding / filtered rows: no gradient, and an AdamW step would still
+          # move the weights (momentum, decay), so there is no update at all.
+          empty_minibatches += 1
+          continue
         inputs = self._device((tokens[idx], attn_mask[idx], resp_mask[idx], old_logp[idx],
                                adv[idx].astype(np.float32), ref_logp[idx]))
         self.params, self.opt_state, metrics = train(self.params, self.opt_state, *inputs)
         history.append(metrics)
         self.step += 1
     history = to_host(history)
+    if not history:
+      nnx.update(self.model, self.params)
+      return {"updates": 0.0, "skipped_updates": 0.0, "empty_minibatches": float(
+          empty_minibatches), "total_skipped_updates": float(self.skipped_updates),
+              "kept_rows": float(keep.sum()), "real_rows": float(batch.row_valid.sum()),
+              "learner_seconds": time.perf_counter() - start,
+              "lr": float(self._learning_rate())}
     skipped = int(sum(m["skipped"] for m in history))
     self.skipped_updates += skipped
     nnx.update(self.model, self.params)
@@ -482,6 +496,7 @@ class Learner:
     real_tokens = float(resp_mask.sum())
     out.update(
         updates=float(len(history)), skipped_updates=float(skipped),
+        empty_minibatches=float(empty_minibatches),
         total_skipped_updates=float(self.skipped_updates),
         kept_rows=float(keep.sum()), real_rows=float(batch.row_valid.sum()),
         adv_abs_mean=float(np.abs(adv[keep]).mean()) if keep.any() else 0.0,
@@ -494,12 +509,14 @@ class Learner:
     return out
 
   def _learning_rate(self) -> float:
-    """Current learning rate (for logging), read from the schedule via the step count."""
+    """Current learning rate (for logging): the schedule at the number of applied
+    updates (skipped non-finite updates leave optax's count unchanged)."""
     cfg = self.config
-    if cfg.warmup_steps and self.step < cfg.warmup_steps:
-      return cfg.lr * self.step / cfg.warmup_steps
+    applied = self.step - self.skipped_updates
+    if cfg.warmup_steps and applied < cfg.warmup_steps:
+      return cfg.lr * applied / cfg.warmup_steps
     if cfg.schedule == "cosine":
-      t = min(max(self.step - cfg.warmup_steps, 0) / max(cfg.total_steps - cfg.warmup_steps, 1),
+      t = min(max(applied - cfg.warmup_steps, 0) / max(cfg.total_steps - cfg.warmup_steps, 1),
               1.0)
       return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
     return cfg.lr

@@ -326,6 +326,8 @@ class Sampler:
     """
     if group_size <= 0:
       raise ValueError(f"group_size={group_size} must be positive")
+    if not 0 <= int(seed) < 2**32:
+      raise ValueError(f"seed={seed} must be in [0, 2**32)")
     if not prompts:
       raise ValueError("prompts is empty")
     for i, p in enumerate(prompts):
