@@ -32,7 +32,8 @@ from sagc_jax.metrics import read_jsonl, summarize
 
 RESULT_COLUMNS = ("arm", "algorithm", "controller", "static_g", "steps", "straggler_rate",
                   "wall_clock_s", "rollout_s", "speedup_vs_largest_static",
-                  "eval_accuracy_start", "eval_accuracy_end", "final_reward",
+                  "eval_accuracy_start", "eval_accuracy_end", "eval_sampled_accuracy_start",
+                  "eval_sampled_accuracy_end", "final_reward",
                   "response_len_mean", "mean_g")
 
 
@@ -92,15 +93,18 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
     arm.data.data_dir = data_dir
     if arm.train.compilation_cache and not arm.train.compilation_cache_dir:
       arm.train.compilation_cache_dir = str(workdir / "jax_cache")   # arms share programs
-    _train_arm(arm, arm_dir)
+    if _train_arm(arm, arm_dir).get("preempted"):
+      log(f"{name}: stopped by SIGTERM after a checkpoint; rerun the same command to "
+          "resume this arm and the ones after it")
+      raise SystemExit(0)
 
 
-def _train_arm(config, arm_dir: Path) -> None:
+def _train_arm(config, arm_dir: Path) -> dict[str, Any]:
   from sagc_jax.trainer import Trainer
 
   trainer = Trainer(config, arm_dir)
   try:
-    trainer.run()
+    return trainer.run()
   finally:
     trainer.close()
 
@@ -149,6 +153,10 @@ def results_table(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         "rollout_s": stats.get("time_rollout_s", float("nan")),
         "eval_accuracy_start": arm["summary"].get("eval_accuracy_start", float("nan")),
         "eval_accuracy_end": evals[-1]["eval_accuracy"] if evals else float("nan"),
+        "eval_sampled_accuracy_start": arm["summary"].get("eval_sampled_accuracy_start",
+                                                          float("nan")),
+        "eval_sampled_accuracy_end": evals[-1].get("eval_sampled_accuracy", float("nan"))
+        if evals else float("nan"),
         "final_reward": float(np.mean([r["reward_mean"] for r in metrics[-10:]]))
         if metrics else float("nan"),
         "response_len_mean": stats.get("response_len_mean", float("nan")),
@@ -173,13 +181,15 @@ def write_results(rows: Sequence[dict[str, Any]], workdir: Path) -> None:
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   header = ("| arm | straggler rate | wall-clock s | rollout s | speedup vs largest static G "
-            "| held-out acc (start -> end) | final reward | mean response len | mean G |")
-  lines = [header, "|" + "---|" * 9]
+            "| held-out acc greedy (start -> end) | held-out acc sampled (start -> end) "
+            "| final reward | mean response len | mean G |")
+  lines = [header, "|" + "---|" * 10]
   for r in rows:
     lines.append(
         f"| {r['arm']} | {r['straggler_rate']:.3f} | {r['wall_clock_s']:.1f} | "
         f"{r['rollout_s']:.1f} | {r['speedup_vs_largest_static']:.2f}x | "
         f"{r['eval_accuracy_start']:.3f} -> {r['eval_accuracy_end']:.3f} | "
+        f"{r['eval_sampled_accuracy_start']:.3f} -> {r['eval_sampled_accuracy_end']:.3f} | "
         f"{r['final_reward']:.3f} | {r['response_len_mean']:.1f} | {r['mean_g']:.2f} |")
   return "\n".join(lines)
 
@@ -298,8 +308,12 @@ def main(argv: Sequence[str], flags) -> None:
         validate(arm)
       except ValueError as err:
         raise ValueError(f"arm {name}: {err}") from None
-    run_arms(flags.config, workdir, arms)
-  report(workdir)
+    run_arms(flags.config, workdir, arms, log=_print_now)
+  report(workdir, log=_print_now)
+
+
+def _print_now(message: str) -> None:
+  print(message, flush=True)           # progress must reach a redirected log promptly
 
 
 def run() -> None:

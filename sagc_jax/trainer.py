@@ -128,9 +128,15 @@ class Trainer:
         stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id),
         self.row_buckets, r.prompt_buckets, mesh=self.mesh)
     eval_rows = -(-r.eval_batch // self.data_axis) * self.data_axis
+    eval_params = dict(stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id)
     self.eval_sampler = Sampler(self.model, SamplingParams(
-        r.max_new_tokens, temperature=0.0, stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id),
-        (eval_rows,), r.prompt_buckets, mesh=self.mesh)
+        r.max_new_tokens, temperature=0.0, **eval_params), (eval_rows,), r.prompt_buckets,
+        mesh=self.mesh)
+    # Sampled evaluation has its own fixed batch layout, so its random numbers do not
+    # depend on the G buckets: every arm of a comparison draws the same ones.
+    self.eval_sampled_sampler = Sampler(self.model, SamplingParams(
+        r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        **eval_params), (eval_rows,), r.prompt_buckets, mesh=self.mesh)
     self._check_prompt_lengths()
     self.learner = Learner(self.model, learner_config(config), self.row_buckets,
                            r.prompt_buckets, r.response_buckets, mesh=self.mesh)
@@ -306,7 +312,7 @@ class Trainer:
   # ------------------------------------------------------------------- eval
   def _eval_pass(self, sampler: Sampler, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(correct, lengths) of one response per held-out example, in batches of the
-    sampler's largest row bucket (no new shapes, so no compilation)."""
+    eval sampler's row bucket (compiled at warm-up)."""
     batch_rows = sampler.row_buckets[-1]
     correct, lengths = [], []
     for lo in range(0, n, batch_rows):
@@ -322,15 +328,17 @@ class Trainer:
   def evaluate(self, limit: int | None = None) -> dict[str, float]:
     """Held-out accuracy: greedy, and sampled at the training temperature.
 
-    The sampled pass uses the rollout sampler (one response per example, fixed
-    seeds, so successive evaluations share their random numbers and differ
-    only by the policy); it measures the policy as RL trains it, while greedy
-    measures its mode.
+    The sampled pass draws one response per example at the rollout
+    temperature with fixed seeds and a fixed batch layout, so successive
+    evaluations (and every arm of a comparison) share their random numbers and
+    differ only by the policy; it measures the policy as RL trains it, while
+    greedy measures its mode.
     """
     start = time.perf_counter()
     n = min(limit or self.config.data.eval_examples, len(self.eval_source))
     greedy, lengths = self._eval_pass(self.eval_sampler, n, seed=0)
-    sampled, sampled_lengths = self._eval_pass(self.sampler, n, seed=self.config.seed)
+    sampled, sampled_lengths = self._eval_pass(self.eval_sampled_sampler, n,
+                                               seed=self.config.seed)
     return {"eval_accuracy": float(greedy.mean()), "eval_response_len": float(lengths.mean()),
             "eval_sampled_accuracy": float(sampled.mean()),
             "eval_sampled_response_len": float(sampled_lengths.mean()),
@@ -341,7 +349,7 @@ class Trainer:
     """Compiles every sampler / learner shape ahead of time; returns seconds."""
     start = time.perf_counter()
     n = (self.sampler.warmup(self.model) + self.eval_sampler.warmup(self.model)
-         + self.learner.warmup())
+         + self.eval_sampled_sampler.warmup(self.model) + self.learner.warmup())
     seconds = time.perf_counter() - start
     self.log(f"warm-up: {n} executables for row buckets {self.row_buckets}, prompt buckets "
              f"{tuple(self.config.rollout.prompt_buckets)}, response buckets "

@@ -124,3 +124,33 @@ def test_analysis_notebook_executes_headless(tmp_path):
   assert "4 arm(s)" in text and "grpo_sagc" in text and "image/png" in text
   assert not any(out.get("output_type") == "error" for cell in notebook.cells
                  for out in cell.get("outputs", []))
+
+
+def test_sigterm_stops_the_whole_comparison_after_a_checkpoint(shared, tmp_path):
+  import signal
+  import time
+
+  from test_trainer import load_history, write_config_file
+
+  config_file = write_config_file(
+      tmp_path / "cfg.py", shared, 200, "import ml_collections",
+      "c.compare = ml_collections.ConfigDict(dict(algorithms=('grpo',)))",
+      "c.train.checkpoint_every = 100")
+  workdir = tmp_path / "cmp"
+  proc = subprocess.Popen([sys.executable, "-m", "sagc_jax.compare", f"--config={config_file}",
+                           f"--workdir={workdir}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  first = workdir / "arms" / "grpo_static2"
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    if (first / "metrics.jsonl").exists() and len(load_history(first)) >= 2:
+      break
+    time.sleep(0.5)
+  assert proc.poll() is None, proc.stdout.read()
+  proc.send_signal(signal.SIGTERM)
+  output, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, output
+  assert "stopped by SIGTERM" in output
+  summary = json.loads((first / "summary.json").read_text())
+  assert summary["preempted"] and summary["steps"] < 200
+  assert not (workdir / "arms" / "grpo_static4").exists()     # no next arm was started
