@@ -127,10 +127,7 @@ def test_analysis_notebook_executes_headless(tmp_path):
 
 
 def test_sigterm_stops_the_whole_comparison_after_a_checkpoint(shared, tmp_path):
-  import signal
-  import time
-
-  from test_trainer import load_history, write_config_file
+  from test_trainer import sigterm_after_steps, write_config_file
 
   config_file = write_config_file(
       tmp_path / "cfg.py", shared, 200, "import ml_collections",
@@ -141,15 +138,7 @@ def test_sigterm_stops_the_whole_comparison_after_a_checkpoint(shared, tmp_path)
                            f"--workdir={workdir}"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   first = workdir / "arms" / "grpo_static2"
-  deadline = time.time() + 600
-  while time.time() < deadline and proc.poll() is None:
-    if (first / "metrics.jsonl").exists() and len(load_history(first)) >= 2:
-      break
-    time.sleep(0.5)
-  assert proc.poll() is None, proc.stdout.read()
-  proc.send_signal(signal.SIGTERM)
-  output, _ = proc.communicate(timeout=300)
-  assert proc.returncode == 0, output
+  output = sigterm_after_steps(proc, first, steps=2)
   assert "stopped by SIGTERM" in output
   summary = json.loads((first / "summary.json").read_text())
   assert summary["preempted"] and summary["steps"] < 200

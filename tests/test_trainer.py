@@ -142,6 +142,20 @@ def write_config_file(path: Path, shared, steps: int, *overrides: str) -> Path:
   return path
 
 
+def sigterm_after_steps(proc: subprocess.Popen, run_dir: Path, steps: int) -> str:
+  """Waits until ``run_dir`` has logged ``steps`` steps, sends SIGTERM, expects exit 0."""
+  deadline = time.time() + 600
+  while time.time() < deadline and proc.poll() is None:
+    if (run_dir / "metrics.jsonl").exists() and len(load_history(run_dir)) >= steps:
+      break
+    time.sleep(0.5)
+  assert proc.poll() is None, proc.stdout.read()
+  proc.send_signal(signal.SIGTERM)
+  output, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, output
+  return output
+
+
 def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
   config_file = write_config_file(tmp_path / "cfg.py", shared, 200,
                                   "c.train.checkpoint_every = 100")
@@ -149,16 +163,7 @@ def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
   proc = subprocess.Popen([sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
                            f"--workdir={workdir}"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
-  metrics = workdir / "metrics.jsonl"
-  deadline = time.time() + 600
-  while time.time() < deadline and proc.poll() is None:
-    if metrics.exists() and len(load_history(workdir)) >= 2:
-      break
-    time.sleep(0.5)
-  assert proc.poll() is None, proc.stdout.read()
-  proc.send_signal(signal.SIGTERM)
-  output, _ = proc.communicate(timeout=300)
-  assert proc.returncode == 0, output
+  output = sigterm_after_steps(proc, workdir, steps=2)
   assert "SIGTERM received" in output
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["preempted"] and summary["steps"] < 200
