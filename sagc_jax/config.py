@@ -147,7 +147,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     checks.positive_int(config, f"train.{key}")
   learner_config(config)                  # raises "learner.<key>=..." on bad settings
 
-  checks.positive_int(config, "sft.steps")
+  sft_steps = checks.positive_int(config, "sft.steps")
+  warmup = checks.lookup(config, "sft.warmup_steps")
+  if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup < sft_steps:
+    raise ValueError(f"sft.warmup_steps={warmup!r} must be an int in [0, sft.steps={sft_steps})")
   checks.positive_int(config, "sft.batch_size")
   checks.number_in(config, "sft.lr", 0.0, low_open=True)
   checks.positive_int(config, "sft.seq_bucket")

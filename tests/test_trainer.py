@@ -185,6 +185,7 @@ def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
     ("data.name", "gsm8k_local", "data.manual_dir is empty"),
     ("data.synthetic.max_ops", 0, "data.synthetic:"),
     ("train.steps", 0, "train.steps=0"),
+    ("sft.warmup_steps", 8, "sft.warmup_steps=8 must be an int in"),
 ])
 def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, match):
   config = small_config(shared)
