@@ -174,8 +174,7 @@ class Trainer:
 
   def _policy_folder(self) -> Path:
     """The HF folder the policy starts from (building the tiny model + SFT if needed)."""
-    return prepare_policy(self.config, self.workdir, self.train_source, self.log,
-                          self.is_primary)
+    return prepare_policy(self.config, self.workdir, self.train_source, self.log)
 
   # -------------------------------------------------------------- checkpoint
   def _abstract(self, tree):
@@ -219,9 +218,11 @@ class Trainer:
     return encode_prompts(self.tokenizer, [ex["prompt"] for ex in examples],
                           use_chat_template=self.config.data.use_chat_template or None)
 
-  def _decode(self, samples) -> list[str]:
+  def _decode(self, samples, rows: range | None = None) -> list[str]:
+    """Response texts of ``rows`` (default: every real row)."""
+    rows = range(samples.num_rows) if rows is None else rows
     return [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
-                                  skip_special_tokens=True) for r in range(samples.num_rows)]
+                                  skip_special_tokens=True) for r in rows]
 
   def _sample_round(self, g: int, round_index: int, timings: dict[str, float],
                     stats: dict[str, list]) -> RolloutBatch:
@@ -238,8 +239,7 @@ class Trainer:
                                     seed=_seed_for(self.config.seed, self.step, round_index))
     first_row = jax.process_index() * len(local) * g
     own_rows = range(first_row, first_row + len(local) * g)
-    texts = [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
-                                   skip_special_tokens=True) for r in own_rows]
+    texts = self._decode(samples, own_rows)
     t1 = time.perf_counter()
     answers = [ex["answer"] for ex in local for _ in range(g)]
     own = self.reward_fn(texts, answers)

@@ -26,7 +26,7 @@ SFT_MARKER = "sft_done.json"
 
 
 def prepare_policy(config: Any, workdir: Path, train_source: Any,
-                   log: Callable[[str], None] = print, is_primary: bool = True) -> Path:
+                   log: Callable[[str], None] = print) -> Path:
   """The HF folder of the initial policy, building and caching it when needed."""
   if config.model.path:
     return Path(config.model.path)
@@ -39,12 +39,12 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
   if (sft_dir / SFT_MARKER).exists():
     log(f"supervised warm start: reusing {sft_dir}")
     return sft_dir
-  supervised_warm_start(config, init_dir, sft_dir, train_source, log, is_primary)
+  supervised_warm_start(config, init_dir, sft_dir, train_source, log)
   return sft_dir
 
 
 def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_source: Any,
-                          log: Callable[[str], None], is_primary: bool) -> None:
+                          log: Callable[[str], None]) -> None:
   sft = config.sft
   log(f"supervised warm start: {sft.steps} steps of batch {sft.batch_size} on the "
       f"{len(train_source)} training solutions")
@@ -64,7 +64,6 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   # Any process that ran the warm start writes it: with a shared workdir only the
   # primary gets here (the others find its copy), with per-host disks each host keeps
   # its own (identical, the fine-tuning is deterministic) copy.
-  del is_primary
   tmp = sft_dir.with_name(f"{sft_dir.name}.tmp{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
   shutil.copytree(init_dir, tmp)

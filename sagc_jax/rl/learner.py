@@ -178,18 +178,22 @@ class LearnerConfig:
                        f"(allowed: {', '.join(sorted(fields))})")
     return presets[algorithm](**values)
 
-  def optimizer(self) -> optax.GradientTransformation:
+  def learning_rate_schedule(self) -> optax.Schedule:
+    """Learning rate as a function of the number of applied optimizer updates."""
     if self.schedule == "cosine":
       decay = optax.cosine_decay_schedule(self.lr, max(self.total_steps - self.warmup_steps, 1),
                                           alpha=self.min_lr_ratio)
     else:
       decay = optax.constant_schedule(self.lr)
-    schedule = (optax.join_schedules([optax.linear_schedule(0.0, self.lr, self.warmup_steps),
-                                      decay], [self.warmup_steps])
-                if self.warmup_steps else decay)
+    if not self.warmup_steps:
+      return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, self.lr, self.warmup_steps), decay],
+                                [self.warmup_steps])
+
+  def optimizer(self) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(self.max_grad_norm),
-                       optax.adamw(schedule, b1=self.b1, b2=self.b2, eps=self.eps,
-                                   weight_decay=self.weight_decay))
+                       optax.adamw(self.learning_rate_schedule(), b1=self.b1, b2=self.b2,
+                                   eps=self.eps, weight_decay=self.weight_decay))
 
 
 def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
@@ -234,6 +238,7 @@ class Learner:
             f"({data}) rows")
     self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
     self.tx = config.optimizer()
+    self._schedule = config.learning_rate_schedule()
     self.params = params
     self.opt_state = jax.jit(self.tx.init)(params)
     if mesh is not None:
@@ -511,12 +516,5 @@ class Learner:
   def _learning_rate(self) -> float:
     """Current learning rate (for logging): the schedule at the number of applied
     updates (skipped non-finite updates leave optax's count unchanged)."""
-    cfg = self.config
     applied = self.step - self.skipped_updates
-    if cfg.warmup_steps and applied < cfg.warmup_steps:
-      return cfg.lr * applied / cfg.warmup_steps
-    if cfg.schedule == "cosine":
-      t = min(max(applied - cfg.warmup_steps, 0) / max(cfg.total_steps - cfg.warmup_steps, 1),
-              1.0)
-      return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-    return cfg.lr
+    return float(self._schedule(applied))
