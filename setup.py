@@ -33,7 +33,11 @@ setup(
         "pyarrow>=14",
     ],
     extras_require={
+        # libtpu, pinned to the tested JAX: Cloud TPU runs, and `python -m sagc_jax.aot`
+        # (TPU ahead-of-time compilation for an abstract topology, on any host).
+        "tpu": ["jax[tpu]==0.10.2"],
         "test": [
+            "jax[tpu]==0.10.2",       # the AOT tests compile for abstract TPU topologies
             "pytest>=8",
             # Exact pin: a local CPU wheel on our machines; any other spec pulls
             # a multi-GB CUDA build. Used to build reference HF models in tests.
@@ -51,6 +55,7 @@ setup(
             "sagc-eval=sagc_jax.eval:main",
             "sagc-compare=sagc_jax.compare:run",
             "sagc-bench=sagc_jax.bench.__main__:main",
+            "sagc-aot=sagc_jax.aot.__main__:run",
         ],
     },
 )

@@ -15,4 +15,6 @@ from sagc_jax.config import tpu_pod_preset
 
 
 def get_config():
-  return tpu_pod_preset()
+  c = tpu_pod_preset()
+  c.model.config_json = "configs/models/llama3_2_3b.json"   # sizes `python -m sagc_jax.aot`
+  return c

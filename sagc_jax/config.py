@@ -29,9 +29,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Policy: an HF checkpoint folder, or '' for the built-in tiny model (random init,
   # then the supervised warm start below).
+  # config_json: an HF config.json (e.g. configs/models/llama3_2_3b.json) that sizes the
+  # model for `python -m sagc_jax.aot` when model.path is not on this host.
   c.model = ml_collections.ConfigDict(dict(
       path="", dtype="float32", tiny_family="llama", init_seed=0, init_std=0.02,
-      require_path=False))
+      require_path=False, config_json=""))
   # Mesh axes ('data', 'model'); -1 = all remaining devices.
   c.mesh = ml_collections.ConfigDict(dict(shape=(-1, 1), axes=("data", "model")))
 
@@ -52,13 +54,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict(dict(
       mode="hold_prompts", prompts_per_step=8, rollouts_per_step=64, max_new_tokens=64,
       temperature=1.0, top_p=1.0, top_k=0, prompt_buckets=(32,), response_buckets=(64,),
-      eval_batch=64))
+      eval_batch=64,
+      # Split larger rollout / eval batches into sequential sampler calls of at most
+      # this many rows (whole groups; 0 = never): bounds the KV cache of one call.
+      max_rows_per_call=0))
 
   c.learner = ml_collections.ConfigDict(dict(
       algorithm="grpo", lr=1e-4, warmup_steps=0, schedule="constant", weight_decay=0.0,
       max_grad_norm=1.0, mini_batches=1, epochs=1, grad_accum=1, kl_coef=0.04,
       clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean", overlong_buffer=0,
-      dynamic_sampling=False, dynamic_max_rounds=3))
+      dynamic_sampling=False, dynamic_max_rounds=3,
+      # How (never what) the learner computes: see LearnerConfig / ForwardOptions.
+      remat="none", scan_layers=False, attention="dense", attention_block=512,
+      logits_chunk=512, fsdp=False))
 
   # Supervised warm start on the task's reference solutions (built-in task only);
   # cached in the workdir, so a resumed run does not repeat it.
@@ -142,6 +150,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
                        f"learner.grad_accum={config.learner.grad_accum} does not divide the "
                        f"{rows} rollouts of a G={g} step")
   checks.positive_int(config, "rollout.eval_batch")
+  limit = checks.lookup(config, "rollout.max_rows_per_call")
+  if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+    raise ValueError(f"rollout.max_rows_per_call={limit!r} must be an int >= 0 (0 = no limit)")
+  if limit and limit < max(candidates):
+    raise ValueError(f"rollout.max_rows_per_call={limit} is smaller than the largest group "
+                     f"size {max(candidates)}: a group must fit in one sampler call")
 
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
@@ -219,10 +233,12 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   c.reward.update(dict(name="math_verify", workers=8))
   c.rollout.update(dict(mode="hold_rollouts", rollouts_per_step=512, max_new_tokens=2048,
                         temperature=1.0, prompt_buckets=(256, 512),
-                        response_buckets=(512, 1024, 2048), eval_batch=256))
+                        response_buckets=(512, 1024, 2048), eval_batch=256,
+                        max_rows_per_call=256))
   c.controller.update(dict(candidates=(4, 8, 16), tau=2.0, delta=0.2))
   c.learner.update(dict(lr=1e-6, warmup_steps=10, weight_decay=0.01, kl_coef=0.001,
-                        mini_batches=4, grad_accum=2))
+                        mini_batches=4, grad_accum=2, remat="full", attention="blocked",
+                        attention_block=512, logits_chunk=256, fsdp=True))
   c.sft.enabled = False
   c.train.update(dict(steps=500, checkpoint_every=20, eval_every=50))
   return c

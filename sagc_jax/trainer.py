@@ -34,11 +34,11 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from sagc_jax import compile_count, distributed
 from sagc_jax.checkpoint import Checkpointer
-from sagc_jax.config import learner_config, validate
+from sagc_jax.components import build_components, candidate_group_sizes, prompts_for
+from sagc_jax.config import validate
 from sagc_jax.controller import controller_from_config
 from sagc_jax.data import PromptLoader, load_split
 from sagc_jax.mesh import make_mesh
@@ -46,9 +46,8 @@ from sagc_jax.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.rewards import make_reward_fn
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
-from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
-from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
+from sagc_jax.sampling import Sampler
 from sagc_jax.warm_start import prepare_policy
 
 _TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
@@ -108,38 +107,25 @@ class Trainer:
                                     config.reward.workers)
     self.controller = controller_from_config(config)
 
-    r = config.rollout
-    candidates = (tuple(config.controller.candidates) if config.controller.kind == "sagc"
-                  else (config.controller.static_g,))
-    self.candidates = candidates
+    self.candidates = candidate_group_sizes(config)
     processes = jax.process_count()
-    uneven = [g for g in candidates if self.prompts_for(g) % processes]
+    uneven = [g for g in self.candidates if self.prompts_for(g) % processes]
     if uneven:
       raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
                        "processes (each process reads an equal share of the prompts)")
-    self.row_buckets = row_buckets_for(candidates, self.prompts_for, multiple_of=self.data_axis)
     stop_ids = set(self.model_cfg.eos_token_ids)
     if self.tokenizer.eos_token_id is not None:
       stop_ids.add(int(self.tokenizer.eos_token_id))
     self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
                       else 0)
-    self.sampler = Sampler(self.model, SamplingParams(
-        r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id),
-        self.row_buckets, r.prompt_buckets, mesh=self.mesh)
-    eval_rows = -(-r.eval_batch // self.data_axis) * self.data_axis
-    eval_params = dict(stop_ids=tuple(sorted(stop_ids)), pad_id=self.pad_id)
-    self.eval_sampler = Sampler(self.model, SamplingParams(
-        r.max_new_tokens, temperature=0.0, **eval_params), (eval_rows,), r.prompt_buckets,
-        mesh=self.mesh)
-    # Sampled evaluation has its own fixed batch layout, so its random numbers do not
-    # depend on the G buckets: every arm of a comparison draws the same ones.
-    self.eval_sampled_sampler = Sampler(self.model, SamplingParams(
-        r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        **eval_params), (eval_rows,), r.prompt_buckets, mesh=self.mesh)
     self._check_prompt_lengths()
-    self.learner = Learner(self.model, learner_config(config), self.row_buckets,
-                           r.prompt_buckets, r.response_buckets, mesh=self.mesh)
+    self.components = build_components(config, self.model, self.mesh, stop_ids=stop_ids,
+                                       pad_id=self.pad_id)
+    self.row_buckets = self.components.row_buckets
+    self.sampler = self.components.sampler
+    self.eval_sampler = self.components.eval_sampler
+    self.eval_sampled_sampler = self.components.eval_sampled_sampler
+    self.learner = self.components.learner
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
                                      config.train.keep_checkpoints, log=self.log)
     self.step = 0
@@ -169,8 +155,7 @@ class Trainer:
               f"must hold every prompt (add a bucket >= {max(lengths)})")
 
   def prompts_for(self, g: int) -> int:
-    r = self.config.rollout
-    return r.rollouts_per_step // g if r.mode == "hold_rollouts" else r.prompts_per_step
+    return prompts_for(self.config, g)
 
   def _policy_folder(self) -> Path:
     """The HF folder the policy starts from (building the tiny model + SFT if needed)."""
@@ -192,7 +177,7 @@ class Trainer:
     self.learner.opt_state = opt_state
     self.learner.step = int(meta["learner_step"])
     self.learner.skipped_updates = int(meta["skipped_updates"])
-    nnx.update(self.model, params)
+    self.learner.sync_model()
     self.controller.load_state_dict(meta["controller"])
     self.loader.load_state_dict(meta["loader"])
     self.history = list(meta["history"])
@@ -348,8 +333,7 @@ class Trainer:
   def warmup(self) -> float:
     """Compiles every sampler / learner shape ahead of time; returns seconds."""
     start = time.perf_counter()
-    n = (self.sampler.warmup(self.model) + self.eval_sampler.warmup(self.model)
-         + self.eval_sampled_sampler.warmup(self.model) + self.learner.warmup())
+    n = self.components.warmup(self.model)
     seconds = time.perf_counter() - start
     self.log(f"warm-up: {n} executables for row buckets {self.row_buckets}, prompt buckets "
              f"{tuple(self.config.rollout.prompt_buckets)}, response buckets "

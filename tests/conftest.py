@@ -10,3 +10,7 @@ import os
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+# libtpu (the `tpu` extra, for the AOT tests) takes a per-machine lockfile when JAX
+# initialises; the AOT CLI test starts a second process that must load it too.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -25,7 +25,8 @@ right padding is harmless too. Logits at pad positions are finite but meaningles
 KV cache (``KVCache``): fixed-shape arrays so that a jitted ``lax.while_loop`` sampler
 can carry it without recompiling:
 
-  * ``k[i]``, ``v[i]``: layer i keys/values, [B, max_len, num_kv_heads, head_dim];
+  * ``k[i]``, ``v[i]``: layer i keys/values, [B, num_kv_heads, max_len, head_dim]
+    (heads before slots: the layout decode attention reads without a transpose);
   * ``valid``: [B, max_len] bool, slot holds a real token;
   * ``index``: int32 scalar, the next slot to write (shared by all rows);
   * ``next_pos``: [B] int32, RoPE position of each row's next real token.
@@ -50,7 +51,8 @@ the write silently).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,10 +61,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.models import sharding as shd
+from sagc_jax.models.attention import (ATTENTION_KINDS, DECODE_KINDS, AttentionMask, attend,
+                                       decode_attend)
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.rope import apply_rope, rope_cos_sin
 
 __all__ = [
+    "ForwardOptions",
     "KVCache",
     "Transformer",
     "cache_sharding",
@@ -71,7 +76,60 @@ __all__ = [
     "place_state",
 ]
 
-_MASKED = float(jnp.finfo(jnp.float32).min)
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardOptions:
+  """How a forward pass is computed (never what it computes): static, hashable.
+
+  Attributes:
+    attention: ``"dense"`` or ``"blocked"`` (query blocks of ``attention_block``, see
+      ``attention.py``) for multi-token calls.
+    attention_block: query block size of ``"blocked"``.
+    decode_attention: one-token (decode) attention, ``"reduce"`` (XLA:CPU) or
+      ``"einsum"`` (bf16 cache reads with float32 accumulation, TPU/GPU).
+    remat: per-layer rematerialisation: ``"none"``, ``"full"`` (keep only each layer's
+      input) or a ``jax.checkpoint_policies`` name that also keeps matmul outputs.
+    scan_layers: run the (cache-free) layer stack as one ``lax.scan`` over stacked
+      layer weights, so compile time does not grow with depth. Cached (sampling) calls
+      always unroll.
+    kv_sharding: optional sharding of each layer's cache, applied to the new keys and
+      values and, with ``query_sharding``, to the decode queries and outputs, so that a
+      layout other than "KV heads on 'model'" (e.g. rows over every chip when the KV
+      heads do not divide the 'model' axis) never gathers the cache.
+    query_sharding: sharding of [B, T, H, D] queries matching ``kv_sharding``.
+  """
+  attention: str = "dense"
+  attention_block: int = 512
+  decode_attention: str = "reduce"
+  remat: str = "none"
+  scan_layers: bool = False
+  kv_sharding: Any = None
+  query_sharding: Any = None
+
+  def __post_init__(self):
+    if self.attention not in ATTENTION_KINDS:
+      raise ValueError(f"attention={self.attention!r} is not one of {ATTENTION_KINDS}")
+    if self.decode_attention not in DECODE_KINDS:
+      raise ValueError(f"decode_attention={self.decode_attention!r} is not one of "
+                       f"{DECODE_KINDS}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat={self.remat!r} is not one of {REMAT_POLICIES}")
+    if not (isinstance(self.attention_block, int) and self.attention_block > 0):
+      raise ValueError(f"attention_block={self.attention_block!r} must be a positive int")
+
+
+def _remat(fn, policy: str):
+  if policy == "none":
+    return fn
+  if policy == "full":
+    return jax.checkpoint(fn)
+  return jax.checkpoint(fn, policy=getattr(jax.checkpoint_policies, policy))
+
+
+def _constrain(x: jax.Array, sharding: Any) -> jax.Array:
+  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
 
 
 class Linear(nnx.Module):
@@ -118,45 +176,6 @@ class Embed(nnx.Module):
     return jnp.take(self.weight[...], ids, axis=0)
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-            num_groups: int) -> jax.Array:
-  """Grouped-query attention. q [B,T,H,D], k/v [B,S,KV,D], mask [B,T,S] -> [B,T,H,D].
-
-  Query head h reads key/value head h // num_groups (transformers' ``repeat_kv``).
-  """
-  b, t, h, d = q.shape
-  if t == 1:
-    return _attend_one_query(q, k, v, mask, num_groups)
-  q = q.reshape(b, t, h // num_groups, num_groups, d)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = scores * (d ** -0.5)
-  scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, h, d)
-
-
-def _attend_one_query(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                      num_groups: int) -> jax.Array:
-  """Decode-step attention (one query per row) as fused multiply-reduce, float32.
-
-  With T = 1 the two contractions are B*KV matrix-vector products; lowered as
-  batched dots they cost one small GEMM call per (row, KV head) — on XLA:CPU
-  ~2 ms per step for 32 rows x 4 layers, 50x the arithmetic. Written as
-  broadcast-multiply + reduce, XLA fuses each into one pass over the cache,
-  which is what a memory-bound decode step should be on any backend.
-  """
-  b, _, h, d = q.shape
-  kv_heads = h // num_groups
-  qf = q.reshape(b, kv_heads, num_groups, d).astype(jnp.float32)
-  kf = k.astype(jnp.float32)[:, :, :, None, :]                    # [B, S, KV, 1, D]
-  scores = jnp.sum(qf[:, None] * kf, axis=-1) * (d ** -0.5)      # [B, S, KV, G]
-  scores = jnp.where(mask[:, 0, :, None, None], scores, _MASKED)
-  probs = jax.nn.softmax(scores, axis=1)
-  out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=1)
-  return out.reshape(b, 1, h, d).astype(v.dtype)
-
-
 class Attention(nnx.Module):
   """Self-attention with GQA, RoPE, optional q/k/v/o biases and Qwen3 q/k norms."""
 
@@ -179,8 +198,9 @@ class Attention(nnx.Module):
     self.head_dim = hd
     self.num_groups = cfg.num_groups
 
-  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None, index: jax.Array | None
+  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: AttentionMask,
+               kv: tuple[jax.Array, jax.Array] | None, index: jax.Array | None,
+               options: ForwardOptions, fresh_cache: bool = False
                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, -1, self.head_dim)
@@ -189,13 +209,30 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if kv is not None:
-      start = (0, index, 0, 0)
-      k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), start)
-      v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), start)
-      kv = (k, v)
-      k, v = k.astype(q.dtype), v.astype(q.dtype)
-    out = _attend(q, k, v, mask, self.num_groups)
+    if kv is None:
+      out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
+                   block=options.attention_block)
+      return self.o_proj(out.reshape(b, t, -1)), None
+    # The cache is [B, KV, S, D]: new keys/values are written heads-major.
+    start = (0, 0, index, 0)
+    k_new = _constrain(k.swapaxes(1, 2).astype(kv[0].dtype), options.kv_sharding)
+    v_new = _constrain(v.swapaxes(1, 2).astype(kv[1].dtype), options.kv_sharding)
+    kv = (jax.lax.dynamic_update_slice(kv[0], k_new, start),
+          jax.lax.dynamic_update_slice(kv[1], v_new, start))
+    if fresh_cache:
+      # Prefill into an empty cache: the T new tokens see only each other, so the
+      # attention is self-attention over them (and may be query-blocked).
+      mask = AttentionMask(mask.key_valid[:, :t], mask.query_slots)
+      out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
+                   block=options.attention_block)
+    elif t == 1:
+      q = _constrain(q, options.query_sharding)
+      out = decode_attend(q, kv[0].astype(q.dtype), kv[1].astype(q.dtype),
+                          mask.key_valid, self.num_groups, options.decode_attention)
+      out = _constrain(out, options.query_sharding)
+    else:                       # several tokens after earlier ones: dense over the cache
+      out = attend(q, kv[0].swapaxes(1, 2).astype(q.dtype), kv[1].swapaxes(1, 2).astype(q.dtype),
+                   mask, self.num_groups)
     return self.o_proj(out.reshape(b, t, -1)), kv
 
 
@@ -221,8 +258,9 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype)
     self.mlp = MLP(cfg, dtype=dtype, std=std, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, kv, index):
-    h, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, index)
+  def __call__(self, x, cos, sin, mask, kv, index, options, fresh_cache=False):
+    h, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, index, options,
+                           fresh_cache)
     x = x + h
     return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -245,19 +283,39 @@ class KVCache(NamedTuple):
     return self.valid.shape[1]
 
 
-def _cache_specs(num_layers: int) -> KVCache:
-  """Mesh-axis names per cache leaf: rows on 'data', KV heads on 'model'."""
-  kv = ("data", None, "model", None)
-  return KVCache(k=(kv,) * num_layers, v=(kv,) * num_layers, valid=("data", None),
-                 index=(), next_pos=("data",))
+def cache_row_axes(cfg: ModelConfig, batch_size: int, mesh: Mesh) -> tuple[str, ...]:
+  """Mesh axes a cache's rows are split over.
+
+  Normally rows go on 'data' and KV heads on 'model'. When the KV heads do not divide
+  the 'model' axis (Qwen2.5-3B: 2 KV heads, 4-way 'model'), splitting heads is
+  impossible and replicating the cache over 'model' would multiply its size per chip
+  by the axis size; then the rows are split over ('data', 'model') instead, if they
+  divide, and each chip holds whole heads of fewer rows.
+  """
+  model_ways = mesh.shape.get("model", 1)
+  data_ways = mesh.shape.get("data", 1)
+  if (model_ways > 1 and cfg.num_kv_heads % model_ways
+      and batch_size % (data_ways * model_ways) == 0):
+    return ("data", "model")
+  return ("data",)
+
+
+def _cache_specs(num_layers: int, row_axes: tuple[str, ...]) -> KVCache:
+  """Mesh-axis names per cache leaf: rows on ``row_axes``, KV heads on 'model' unless
+  'model' already splits the rows."""
+  rows = row_axes if len(row_axes) > 1 else row_axes[0]
+  heads = None if "model" in row_axes else "model"
+  kv = (rows, heads, None, None)
+  return KVCache(k=(kv,) * num_layers, v=(kv,) * num_layers, valid=(rows, None),
+                 index=(), next_pos=(rows,))
 
 
 def cache_sharding(cfg: ModelConfig, batch_size: int, max_len: int, mesh: Mesh) -> KVCache:
   """A ``KVCache`` of NamedShardings (for jit in/out shardings of a sampler)."""
   shapes = jax.eval_shape(lambda: init_cache(cfg, batch_size, max_len))
+  specs = _cache_specs(cfg.num_layers, cache_row_axes(cfg, batch_size, mesh))
   return jax.tree.map(lambda s, names: shd.named_sharding(s.shape, names, mesh),
-                      shapes, _cache_specs(cfg.num_layers),
-                      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+                      shapes, specs, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype = jnp.float32,
@@ -265,7 +323,7 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype: jnp.dtype
   """An empty cache: no valid slot, index 0, every row's next position 0."""
   if batch_size <= 0 or max_len <= 0:
     raise ValueError(f"init_cache: batch_size={batch_size} and max_len={max_len} must be positive")
-  shape = (batch_size, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (batch_size, cfg.num_kv_heads, max_len, cfg.head_dim)
   cache = KVCache(
       k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
       v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
@@ -286,12 +344,18 @@ def real_token_positions(mask: jax.Array) -> jax.Array:
 class Transformer(nnx.Module):
   """Decoder-only causal LM. ``model(ids)`` -> float32 logits [B, T, vocab].
 
-  Args of ``__call__``:
+  Args of ``__call__`` (and of ``hidden_states``, which stops before the output head):
     input_ids: int [B, T].
     attention_mask: [B, T] bool/int, truthy = real token (default: all real).
     positions: int [B, T] RoPE positions (default: real-token count, offset by
       ``cache.next_pos`` when decoding with a cache).
     cache: a ``KVCache``; if given, returns ``(logits, updated_cache)``.
+    fresh_cache: the cache is empty (index 0): a prefill, whose tokens attend only to
+      each other (lets ``options.attention='blocked'`` apply).
+    options: ``ForwardOptions`` (attention kind, remat, scan over layers, cache layout).
+    last_only: logits of the last column only ([B, 1, vocab]): a prefill needs nothing
+      else, and the full [B, T, vocab] float32 logits of a long prompt batch would be the
+      largest array of the program.
   """
 
   def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype = jnp.float32, rngs: nnx.Rngs,
@@ -306,7 +370,20 @@ class Transformer(nnx.Module):
                            axes=(None, "model"), **common))
 
   def __call__(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
-               positions: jax.Array | None = None, cache: KVCache | None = None):
+               positions: jax.Array | None = None, cache: KVCache | None = None,
+               fresh_cache: bool = False, options: ForwardOptions = ForwardOptions(),
+               last_only: bool = False):
+    hidden, new_cache = self.hidden_states(input_ids, attention_mask=attention_mask,
+                                           positions=positions, cache=cache,
+                                           fresh_cache=fresh_cache, options=options)
+    logits = self.logits(hidden[:, -1:] if last_only else hidden)
+    return logits if cache is None else (logits, new_cache)
+
+  def hidden_states(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
+                    positions: jax.Array | None = None, cache: KVCache | None = None,
+                    fresh_cache: bool = False, options: ForwardOptions = ForwardOptions()
+                    ) -> tuple[jax.Array, KVCache | None]:
+    """Final-norm hidden states [B, T, hidden] (and the updated cache, or None)."""
     input_ids = jnp.asarray(input_ids)
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
@@ -328,31 +405,63 @@ class Transformer(nnx.Module):
       offset = cache.next_pos[:, None]
     if positions is None:
       positions = offset + real_token_positions(mask)
-    key_slots = jnp.arange(key_valid.shape[1])
-    attn_mask = key_valid[:, None, :] & (key_slots[None, None, :] <= query_slots[None, :, None])
+    attn_mask = AttentionMask(key_valid, query_slots)
 
     x = self.embed_tokens(input_ids)
     cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)
+    if cache is None:
+      x = self._layer_stack(x, cos, sin, attn_mask, options)
+      return self.norm(x), None
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
-      kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = layer(x, cos, sin, attn_mask, kv, index)
-      if kv is not None:
-        new_k.append(kv[0])
-        new_v.append(kv[1])
-    logits = self.logits(self.norm(x))
-    if cache is None:
-      return logits
-    return logits, KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid,
-                           index=index + t,
-                           next_pos=cache.next_pos + mask.sum(-1, dtype=jnp.int32))
+      x, kv = layer(x, cos, sin, attn_mask, (cache.k[i], cache.v[i]), index, options,
+                    fresh_cache)
+      new_k.append(kv[0])
+      new_v.append(kv[1])
+    return self.norm(x), KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid,
+                                 index=index + t,
+                                 next_pos=cache.next_pos + mask.sum(-1, dtype=jnp.int32))
+
+  def _layer_stack(self, x, cos, sin, attn_mask, options: ForwardOptions) -> jax.Array:
+    """The cache-free layer stack: unrolled or scanned, each layer optionally remat'd.
+
+    Both paths run the same per-layer function on the same weights; scanning stacks
+    the layers' weights into [num_layers, ...] arrays inside the program (one extra
+    copy of the weights, which the sampler's cached path never makes).
+    """
+    graphdef = nnx.graphdef(self.layers[0])
+
+    def one_layer(state, h):
+      layer = nnx.merge(graphdef, state)
+      return layer(h, cos, sin, attn_mask, None, None, options)[0]
+
+    one_layer = _remat(one_layer, options.remat)
+    states = [nnx.state(layer) for layer in self.layers]
+    if not options.scan_layers:
+      for state in states:
+        x = one_layer(state, x)
+      return x
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+    x, _ = jax.lax.scan(lambda h, state: (one_layer(state, h), None), x, stacked)
+    return x
+
+  def head_weight(self) -> tuple[jax.Array, bool]:
+    """(output-head matrix, is_transposed): [vocab, hidden] when tied, else [hidden, vocab]."""
+    if self.lm_head is None:
+      return self.embed_tokens.weight[...], True
+    return self.lm_head.kernel[...], False
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """Output head on final (normed) hidden states, float32 accumulation and result."""
-    if self.lm_head is None:
-      return jnp.einsum("bth,vh->btv", hidden, self.embed_tokens.weight[...],
-                        preferred_element_type=jnp.float32)
-    return jnp.dot(hidden, self.lm_head.kernel[...], preferred_element_type=jnp.float32)
+    weight, transposed = self.head_weight()
+    return head_logits(hidden, weight, transposed)
+
+
+def head_logits(hidden: jax.Array, weight: jax.Array, transposed: bool) -> jax.Array:
+  """``hidden @ W`` in float32 for an [hidden, vocab] (or tied [vocab, hidden]) head."""
+  if transposed:
+    return jnp.einsum("bth,vh->btv", hidden, weight, preferred_element_type=jnp.float32)
+  return jnp.dot(hidden, weight, preferred_element_type=jnp.float32)
 
 
 def _check_cache(cache: KVCache, batch: int, t: int) -> None:
@@ -365,10 +474,23 @@ def _check_cache(cache: KVCache, batch: int, t: int) -> None:
                        f"max_len={cache.max_len}")
 
 
-def abstract_model(cfg: ModelConfig, dtype: jnp.dtype) -> Transformer:
-  """The model with ShapeDtypeStruct leaves: shapes and sharding metadata, no memory."""
+def abstract_model(cfg: ModelConfig, dtype: jnp.dtype, mesh: Mesh | None = None
+                   ) -> Transformer:
+  """The model with ShapeDtypeStruct leaves: shapes and sharding metadata, no memory.
+
+  With ``mesh`` every leaf also carries its fitted ``NamedSharding``, so the model can
+  be passed to ``jit(...).lower`` for ahead-of-time compilation on that mesh (e.g. an
+  abstract TPU topology on a CPU host).
+  """
   with nnx.use_eager_sharding(False):
-    return nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: Transformer(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+  if mesh is None:
+    return model
+  graphdef, state = nnx.split(model)
+  shardings = place_state(state, mesh)
+  for path, var in nnx.to_flat_state(state):
+    var.set_value(jax.ShapeDtypeStruct(var.shape, var.dtype, sharding=shardings[path]))
+  return nnx.merge(graphdef, state)
 
 
 def place_state(state: nnx.State, mesh: Mesh | None) -> dict[tuple, jax.sharding.Sharding | None]:

@@ -46,8 +46,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sagc_jax.distributed import put_global, to_host
-from sagc_jax.models.transformer import Transformer
+from sagc_jax.models import sharding as shd
+from sagc_jax.models.transformer import ForwardOptions, Transformer
 from sagc_jax.rl import losses
+from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
 from sagc_jax.rl.rollout import RolloutBatch
 
 __all__ = ["Learner", "LearnerConfig"]
@@ -76,6 +78,14 @@ class LearnerConfig:
 
   Batching: ``mini_batches`` updates per pass, ``epochs`` passes per rollout
   batch, ``grad_accum`` microbatches per update.
+
+  Memory and compile knobs (they change how, never what, is computed):
+  ``remat`` (per-layer rematerialisation policy), ``scan_layers`` (one ``lax.scan``
+  over the layers), ``attention`` / ``attention_block`` (``"blocked"``: query-blocked
+  attention, O(block x T) memory), ``logits_chunk`` (positions per chunk of the
+  vocabulary projection; never a [rows, T, vocab] array), ``fsdp`` (float32 master
+  weights, Adam moments and the reference model sharded over ``'data'`` as well as
+  ``'model'``). See ``sagc_jax.models.transformer.ForwardOptions``.
   """
   algorithm: str = "grpo"
   lr: float = 1e-6
@@ -106,6 +116,12 @@ class LearnerConfig:
   max_response_len: int = 0
   dynamic_sampling: bool = False
   dynamic_max_rounds: int = 3
+  remat: str = "none"
+  scan_layers: bool = False
+  attention: str = "dense"
+  attention_block: int = 512
+  logits_chunk: int = 512
+  fsdp: bool = False
 
   @classmethod
   def grpo(cls, **overrides) -> "LearnerConfig":
@@ -159,6 +175,16 @@ class LearnerConfig:
       fail("agg_scale", "is only valid (> 0) with agg='seq-mean-token-sum-norm'")
     if self.kl_kind not in losses.KL_KINDS:
       fail("kl_kind", f"is not one of {losses.KL_KINDS}")
+    if isinstance(self.logits_chunk, bool) or not isinstance(self.logits_chunk, int) \
+        or self.logits_chunk < 1:
+      fail("logits_chunk", "must be a positive int")
+    for key in ("scan_layers", "fsdp"):
+      if not isinstance(getattr(self, key), bool):
+        fail(key, "must be True or False")
+    try:
+      self.forward_options()
+    except ValueError as err:
+      raise ValueError(f"learner.{err}") from None
     if self.overlong_buffer and self.overlong_buffer > self.max_response_len:
       fail("overlong_buffer", f"exceeds max_response_len={self.max_response_len} (set "
            "max_response_len to the sampler's max_new_tokens)")
@@ -177,6 +203,11 @@ class LearnerConfig:
       raise ValueError(f"learner.{unknown[0]} is not a learner setting "
                        f"(allowed: {', '.join(sorted(fields))})")
     return presets[algorithm](**values)
+
+  def forward_options(self) -> ForwardOptions:
+    """How the learner's forward passes are computed (remat, scan, attention)."""
+    return ForwardOptions(attention=self.attention, attention_block=self.attention_block,
+                          remat=self.remat, scan_layers=self.scan_layers)
 
   def learning_rate_schedule(self) -> optax.Schedule:
     """Learning rate as a function of the number of applied optimizer updates."""
@@ -206,8 +237,48 @@ def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
   return jnp.sum((jnp.sum(w, axis=-1) > 0).astype(jnp.float32))
 
 
+def _is_abstract(tree) -> bool:
+  return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def _fsdp_names(names: tuple, shape: tuple[int, ...], mesh: Mesh) -> tuple:
+  """Adds 'data' to the largest dimension not already sharded (FSDP / ZeRO-3).
+
+  A dimension qualifies only if it divides by the 'data' axis; vectors (norm
+  scales, biases) stay as they are: they are tiny and gathering them is waste.
+  """
+  data = mesh.shape.get("data", 1)
+  if data == 1 or len(shape) < 2:
+    return names
+  free = [i for i, n in enumerate(names) if n is None and shape[i] % data == 0]
+  if not free:
+    return names
+  i = max(free, key=lambda j: shape[j])
+  return tuple("data" if j == i else n for j, n in enumerate(names))
+
+
 class Learner:
   """Owns the optimizer state and the compiled train steps for one policy.
+
+  Weights. The model may hold bfloat16 weights (what the sampler reads); the
+  learner keeps **float32 master weights** and float32 Adam moments, computes the
+  forward/backward in the model's dtype (the master weights are cast inside the
+  step, so gradients arrive in float32 and accumulate in float32), and writes the
+  updated weights back to the model cast to its dtype and sharding. At lr = 1e-6 a
+  bfloat16 weight (8 mantissa bits) would absorb most updates unchanged; a float32
+  master copy keeps every one. With a float32 model nothing is cast or copied.
+
+  Sharding. The model keeps its tensor-parallel layout (heads / MLP units /
+  vocabulary on 'model', replicated over 'data'), which the sampler wants. With
+  ``fsdp`` the master weights, both Adam moments and the frozen reference are also
+  split over 'data' (each chip holds 1 / (data x model) of them); the Adam moments
+  always have exactly their parameter's sharding. Microbatches of the gradient
+  accumulation are interleaved (row i goes to microbatch i mod grad_accum), so each
+  microbatch keeps its rows spread over the 'data' axis.
+
+  The model may be abstract (``abstract_model(..., mesh=)``: ShapeDtypeStruct leaves):
+  then nothing is allocated and the learner can only ``lower`` / ``compile``, which
+  is how ``sagc_jax.aot`` sizes a TPU pod from a CPU host.
 
   Args:
     model: the policy; its parameters are updated in place at the end of each
@@ -225,6 +296,7 @@ class Learner:
     self.model = model
     self.config = config
     self.mesh = mesh
+    self.options = config.forward_options()
     self.row_buckets = tuple(sorted(set(row_buckets)))
     self.prompt_buckets = tuple(sorted(set(prompt_buckets)))
     self.response_buckets = tuple(sorted(set(response_buckets)))
@@ -236,29 +308,101 @@ class Learner:
             f"row bucket {rows} does not split into mini_batches={config.mini_batches} x "
             f"grad_accum={config.grad_accum} microbatches of a multiple of the 'data' axis "
             f"({data}) rows")
-    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.graphdef, model_params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.abstract = _is_abstract(model_params)
+    self.compute_dtype = jax.tree.leaves(model_params)[0].dtype
     self.tx = config.optimizer()
     self._schedule = config.learning_rate_schedule()
-    self.params = params
-    self.opt_state = jax.jit(self.tx.init)(params)
-    if mesh is not None:
-      # Moments inherit the parameter shardings; scalars (step counts) come out on
-      # one device and must be replicated over the mesh like everything else.
-      replicated = NamedSharding(mesh, P())
+
+    self._model_shardings = (None if mesh is None else
+                             jax.tree.map(lambda x: x.sharding, model_params))
+    self._param_shardings = self._master_shardings(model_params)
+    master = self._to_dtype(model_params, jnp.float32, self._param_shardings)
+    self.params = master
+    self._shares_master = master is model_params
+    opt_shapes = jax.eval_shape(self.tx.init, self._abstract(master))
+    self._opt_shardings = (None if mesh is None else
+                           self._like_params(opt_shapes, self._param_shardings,
+                                             NamedSharding(mesh, P())))
+    if self.abstract:
       self.opt_state = jax.tree.map(
-          lambda x: x if len(x.sharding.device_set) == mesh.size
-          else put_global(to_host(x), replicated), self.opt_state)
-    self.reference = (jax.tree.map(jnp.copy, params) if config.kl_coef > 0 else None)
+          lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_shapes,
+          self._opt_shardings) if mesh is not None else opt_shapes
+    else:
+      init = jax.jit(self.tx.init, **({} if mesh is None else
+                                      dict(out_shardings=self._opt_shardings)))
+      self.opt_state = init(master)
+    self.reference = (self._to_dtype(master, self.compute_dtype, self._param_shardings,
+                                     copy=True) if config.kl_coef > 0 else None)
     self.step = 0
     self.skipped_updates = 0
-    state_sh = None if mesh is None else jax.tree.map(
-        lambda x: x.sharding, (self.params, self.opt_state))
+    state_sh = (None if mesh is None else (self._param_shardings, self._opt_shardings))
     self._state_shardings = state_sh
     self._train_step = jax.jit(self._make_train_step(), donate_argnums=(0, 1),
                                **self._jit_shardings(state_sh))
     self._ref_logprobs = jax.jit(self._make_ref_logprobs())
     self._prepare = jax.jit(self._make_prepare())
     self._compiled: dict[tuple, Any] = {}
+
+  # ------------------------------------------------------------- weights
+  def _master_shardings(self, model_params):
+    """Shardings of the master weights: the model's, plus 'data' with ``fsdp``."""
+    if self.mesh is None:
+      return None
+    if not self.config.fsdp:
+      return self._model_shardings
+
+    def fsdp(x):
+      names = tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
+      names = shd.fit_spec(x.shape, _fsdp_names(names, x.shape, self.mesh), self.mesh)
+      return NamedSharding(self.mesh, P(*names))
+    return jax.tree.map(fsdp, model_params)
+
+  @staticmethod
+  def _like_params(tree, param_shardings, default):
+    """Shardings for an optax state: subtrees shaped like the params get theirs."""
+    structure = jax.tree.structure(param_shardings)
+
+    def is_param_tree(x):
+      return jax.tree.structure(x) == structure
+    return jax.tree.map(
+        lambda x: param_shardings if is_param_tree(x) else
+        jax.tree.map(lambda _: default, x), tree, is_leaf=is_param_tree)
+
+  def _to_dtype(self, params, dtype, shardings, *, copy: bool = False):
+    """``params`` cast to ``dtype`` and placed with ``shardings`` (abstract if the
+    model is); ``params`` itself when nothing would change and ``copy`` is False."""
+    leaves = jax.tree.leaves(params)
+    same_sharding = shardings is None or all(
+        getattr(x, "sharding", None) == s
+        for x, s in zip(leaves, jax.tree.leaves(shardings)))
+    if all(x.dtype == dtype for x in leaves) and same_sharding and not copy:
+      return params
+    if self.abstract:
+      if shardings is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params)
+      return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, dtype, sharding=s),
+                          params, shardings)
+    return self._cast_fn(dtype, shardings)(params)
+
+  def _cast_fn(self, dtype, shardings):
+    """Jitted ``astype(dtype)`` of a params tree, output placed with ``shardings``."""
+    return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
+                   **({} if shardings is None else dict(out_shardings=shardings)))
+
+  def _sync_executable(self):
+    """The compiled master -> model cast (None when the model shares the master)."""
+    if self._shares_master:
+      return None
+    if "sync" not in self._compiled:
+      cast = self._cast_fn(self.compute_dtype, self._model_shardings)
+      self._compiled["sync"] = cast.lower(self._abstract(self.params)).compile()
+    return self._compiled["sync"]
+
+  def sync_model(self) -> None:
+    """Writes the current master weights into the model (its dtype and layout)."""
+    cast = self._sync_executable()
+    nnx.update(self.model, self.params if cast is None else cast(self.params))
 
   # ------------------------------------------------------------ jitted code
   def _make_prepare(self):
@@ -281,26 +425,54 @@ class Learner:
     return learner_prepare
 
   def _forward_logprobs(self, params, tokens, attn_mask, n_resp):
-    """(log-probs [b, N], response logits [b, N, V]) of the response tokens."""
+    """(log-probs [b, N], entropy [b, N]) of the response tokens.
+
+    ``params`` may be the float32 master weights: they are cast to the model's
+    dtype here, inside the differentiated function.
+    """
+    params = jax.tree.map(lambda x: x.astype(self.compute_dtype), params)
     model = nnx.merge(self.graphdef, params, self.rest)
-    logits = model(tokens, attention_mask=attn_mask)
+    hidden, _ = model.hidden_states(tokens, attention_mask=attn_mask, options=self.options)
     prompt_len = tokens.shape[1] - n_resp
-    resp_logits = logits[:, prompt_len - 1:-1] / self.config.temperature
-    return losses.token_logprobs(resp_logits, tokens[:, prompt_len:]), resp_logits
+    weight, transposed = model.head_weight()
+    return chunked_logprobs_entropy(hidden[:, prompt_len - 1:-1], weight, transposed,
+                                    tokens[:, prompt_len:],
+                                    temperature=self.config.temperature,
+                                    chunk=self.config.logits_chunk)
 
   def _make_ref_logprobs(self):
+    accum = self.config.grad_accum
+    interleave = self._interleave
+
     def learner_ref_logprobs(ref_params, tokens, attn_mask, resp_mask):
-      logp, _ = self._forward_logprobs(ref_params, tokens, attn_mask, resp_mask.shape[1])
-      return jnp.where(resp_mask, logp, 0.0)
+      # The same microbatches as the train step, one at a time (lax.map), so the
+      # reference pass never holds more activations than a training microbatch.
+      def one(micro):
+        tok, am, rm = micro
+        logp, _ = self._forward_logprobs(ref_params, tok, am, rm.shape[1])
+        return jnp.where(rm, logp, 0.0)
+      out = jax.lax.map(one, tuple(interleave(x) for x in (tokens, attn_mask, resp_mask)))
+      return out.swapaxes(0, 1).reshape((-1,) + out.shape[2:]) if accum > 1 else out[0]
     return learner_ref_logprobs
+
+  def _interleave(self, x: jax.Array) -> jax.Array:
+    """[rows, ...] -> [grad_accum, rows / grad_accum, ...], row i in microbatch
+    i mod grad_accum: each microbatch keeps its share of every 'data' shard."""
+    a = self.config.grad_accum
+    x = x.reshape((x.shape[0] // a, a) + x.shape[1:]).swapaxes(0, 1)
+    if self.mesh is not None and x.ndim >= 2:
+      x = jax.lax.with_sharding_constraint(
+          x, NamedSharding(self.mesh, P(None, "data", *([None] * (x.ndim - 2)))))
+    return x
 
   def _make_train_step(self):
     cfg = self.config
     tx = self.tx
+    interleave = self._interleave
 
     def micro_loss(params, micro, mb_count):
       tokens, attn_mask, resp_mask, old_logp, adv, ref_logp = micro
-      logp, resp_logits = self._forward_logprobs(params, tokens, attn_mask, resp_mask.shape[1])
+      logp, entropy = self._forward_logprobs(params, tokens, attn_mask, resp_mask.shape[1])
       fraction = jnp.where(mb_count > 0, _agg_count(resp_mask, cfg.agg) / mb_count, 0.0)
       pg, metrics = losses.policy_loss(logp, old_logp, adv, resp_mask, clip_low=cfg.clip_low,
                                        clip_high=cfg.clip_high, clip_c=cfg.clip_c,
@@ -311,7 +483,6 @@ class Learner:
                               cfg.agg, cfg.agg_scale)
         loss = loss + cfg.kl_coef * kl * fraction
         metrics["kl"] = jax.lax.stop_gradient(kl)
-      entropy = losses.entropy_from_logits(jax.lax.stop_gradient(resp_logits))
       w = resp_mask.astype(jnp.float32)
       metrics["entropy"] = jnp.sum(entropy * w) / jnp.maximum(jnp.sum(w), 1.0)
       metrics["tokens"] = jnp.sum(w)
@@ -320,9 +491,7 @@ class Learner:
     def learner_train_step(params, opt_state, tokens, attn_mask, resp_mask, old_logp, adv,
                            ref_logp):
       mb_count = _agg_count(resp_mask, cfg.agg)
-      micro = jax.tree.map(
-          lambda x: x.reshape((cfg.grad_accum, x.shape[0] // cfg.grad_accum) + x.shape[1:]),
-          (tokens, attn_mask, resp_mask, old_logp, adv, ref_logp))
+      micro = jax.tree.map(interleave, (tokens, attn_mask, resp_mask, old_logp, adv, ref_logp))
       grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
       def accumulate(carry, batch):
@@ -330,13 +499,15 @@ class Learner:
         carry_grads, carry_loss, carry_metrics = carry
         weight = metrics["tokens"]
         metrics = {k: v * weight for k, v in metrics.items() if k != "tokens"}
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
         return (jax.tree.map(jnp.add, carry_grads, grads), carry_loss + loss,
                 jax.tree.map(jnp.add, carry_metrics, {**metrics, "tokens": weight})), None
 
       zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(
           lambda x: x[0], micro), mb_count)[1])
       zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
-      init = (jax.tree.map(jnp.zeros_like, params), jnp.float32(0), zero_metrics)
+      zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+      init = (zero_grads, jnp.float32(0), zero_metrics)
       (grads, loss, sums), _ = jax.lax.scan(accumulate, init, micro)
       tokens_total = sums.pop("tokens")
       metrics = {k: v / jnp.maximum(tokens_total, 1.0) for k, v in sums.items()}
@@ -382,19 +553,37 @@ class Learner:
                                                        sharding=getattr(x, "sharding", None)),
                         tree)
 
-  def _executables(self, rows: int, prompt_len: int, n_resp: int):
-    """(train step, reference log-probs) compiled for one minibatch shape."""
-    key = (rows, prompt_len, n_resp)
+  def compile_train(self, rows: int, prompt_len: int, n_resp: int):
+    """The train step for minibatches of ``rows`` rows (cached)."""
+    key = ("train", rows, prompt_len, n_resp)
     if key not in self._compiled:
       batch = self._abstract_batch(rows, prompt_len, n_resp)
-      train = self._train_step.lower(self._abstract(self.params), self._abstract(self.opt_state),
-                                     *batch).compile()
-      ref = None
-      if self.reference is not None:
-        ref = self._ref_logprobs.lower(self._abstract(self.reference), batch[0], batch[1],
-                                       batch[2]).compile()
-      self._compiled[key] = (train, ref)
+      self._compiled[key] = self._train_step.lower(
+          self._abstract(self.params), self._abstract(self.opt_state), *batch).compile()
     return self._compiled[key]
+
+  def compile_reference(self, rows: int, prompt_len: int, n_resp: int):
+    """The reference log-prob pass (None without a KL term), cached."""
+    if self.reference is None:
+      return None
+    key = ("ref", rows, prompt_len, n_resp)
+    if key not in self._compiled:
+      batch = self._abstract_batch(rows, prompt_len, n_resp)
+      self._compiled[key] = self._ref_logprobs.lower(self._abstract(self.reference), batch[0],
+                                                     batch[1], batch[2]).compile()
+    return self._compiled[key]
+
+  def compile_prepare(self, rows: int):
+    return self._prepare_executable(rows)
+
+  def compile_sync(self):
+    """The master -> model weight cast (None when the model shares the master)."""
+    return self._sync_executable()
+
+  def _executables(self, rows: int, prompt_len: int, n_resp: int):
+    """(train step, reference log-probs) compiled for one minibatch shape."""
+    return (self.compile_train(rows, prompt_len, n_resp),
+            self.compile_reference(rows, prompt_len, n_resp))
 
   def _prepare_executable(self, rows: int):
     key = ("prepare", rows)
@@ -412,6 +601,7 @@ class Learner:
   def warmup(self) -> int:
     """Compiles every shape a batch from the buckets can take; returns how many."""
     before = len(self._compiled)
+    self._sync_executable()
     for rows in self.row_buckets:
       self._prepare_executable(rows)
       for prompt_len in self.prompt_buckets:
@@ -487,7 +677,7 @@ class Learner:
         self.step += 1
     history = to_host(history)
     if not history:
-      nnx.update(self.model, self.params)
+      self.sync_model()
       return {"updates": 0.0, "skipped_updates": 0.0, "empty_minibatches": float(
           empty_minibatches), "total_skipped_updates": float(self.skipped_updates),
               "kept_rows": float(keep.sum()), "real_rows": float(batch.row_valid.sum()),
@@ -495,7 +685,7 @@ class Learner:
               "lr": float(self._learning_rate())}
     skipped = int(sum(m["skipped"] for m in history))
     self.skipped_updates += skipped
-    nnx.update(self.model, self.params)
+    self.sync_model()
     out = {k: float(np.mean([m[k] for m in history])) for k in history[0]
            if k not in ("skipped", "tokens")}
     real_tokens = float(resp_mask.sum())

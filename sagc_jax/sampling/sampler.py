@@ -49,7 +49,8 @@ from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sagc_jax.distributed import put_global, to_host
-from sagc_jax.models.transformer import Transformer, init_cache
+from sagc_jax.models.transformer import (ForwardOptions, Transformer, cache_row_axes,
+                                         cache_sharding, init_cache)
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
@@ -191,11 +192,25 @@ class Sampler:
     sink: host sink for the per-group length stats (default: a new one,
       ``self.sink``).
     cache_dtype: KV cache dtype (default: the model's parameter dtype).
+    options: ``ForwardOptions`` of the prefill and decode passes. Default: query-blocked
+      prefill attention, and decode attention that reads the cache in its own dtype
+      (``einsum``) except on CPU devices (``reduce``, see ``models/attention.py``).
+      The cache layout (rows on 'data', KV heads on 'model', or rows over both axes
+      when the heads do not divide 'model') is set per row bucket
+      (``cache_row_axes``) and pinned with sharding constraints.
+    max_rows_per_call: split a bucket with more rows into sequential calls of this many
+      rows (whole groups each; None = never). Bounds the KV cache per call when a
+      step's rollouts do not fit the accelerator at once; each row keeps its global
+      row id, so the tokens are those of an unsplit call.
+
+  The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
+  then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
   """
 
   def __init__(self, model: Transformer, params: SamplingParams, row_buckets: Sequence[int],
                prompt_buckets: Sequence[int], *, mesh: Mesh | None = None,
-               sink: LengthStatsSink | None = None, cache_dtype: Any = None):
+               sink: LengthStatsSink | None = None, cache_dtype: Any = None,
+               options: ForwardOptions | None = None, max_rows_per_call: int | None = None):
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
@@ -204,8 +219,17 @@ class Sampler:
     if not self.prompt_buckets or min(self.prompt_buckets) <= 0:
       raise ValueError(f"prompt_buckets={tuple(prompt_buckets)} must be positive ints")
     self.mesh = mesh
+    if max_rows_per_call is not None and (isinstance(max_rows_per_call, bool) or
+                                          not isinstance(max_rows_per_call, int)
+                                          or max_rows_per_call <= 0):
+      raise ValueError(f"max_rows_per_call={max_rows_per_call!r} must be a positive int "
+                       "or None")
+    self.max_rows_per_call = max_rows_per_call
     if mesh is not None:
       data = mesh.shape.get("data", 1)
+      if max_rows_per_call is not None and max_rows_per_call % data:
+        raise ValueError(f"max_rows_per_call={max_rows_per_call} does not divide evenly over "
+                         f"the mesh 'data' axis of size {data}")
       bad = [b for b in self.row_buckets if b % data]
       if bad:
         raise ValueError(f"row buckets {bad} do not divide evenly over the mesh 'data' "
@@ -214,6 +238,12 @@ class Sampler:
     self.cfg = model.cfg
     self._graphdef, state = nnx.split(model)
     self.cache_dtype = cache_dtype or jax.tree.leaves(state)[0].dtype
+    if options is None:
+      platform = (mesh.devices.flat[0].platform if mesh is not None
+                  else jax.default_backend())
+      options = ForwardOptions(attention="blocked",
+                               decode_attention="reduce" if platform == "cpu" else "einsum")
+    self.options = options
     self._compiled: dict[tuple[int, int], Any] = {}
     self._jitted = jax.jit(self._make_core(), **self._shardings(state))
 
@@ -227,8 +257,13 @@ class Sampler:
     def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
       model = nnx.merge(graphdef, state)
       rows, prompt_len = prompt_tokens.shape
+      options = self._options_for(rows)
       cache = init_cache(cfg, rows, prompt_len + n_new, dtype=cache_dtype)
-      logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache)
+      if self.mesh is not None:
+        cache = jax.lax.with_sharding_constraint(
+            cache, cache_sharding(cfg, rows, prompt_len + n_new, self.mesh))
+      logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
+                            fresh_cache=True, options=options, last_only=True)
       base = jax.random.key(seed)
       row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
 
@@ -262,7 +297,7 @@ class Sampler:
 
       def decode_one(c):
         step_logits, new_cache = model(c["last"][:, None], attention_mask=(~c["done"])[:, None],
-                                       cache=c["cache"])
+                                       cache=c["cache"], options=options)
         return emit(dict(c, cache=new_cache), step_logits[:, -1, :])
 
       carry = jax.lax.while_loop(keep_going, decode_one, carry)
@@ -272,6 +307,19 @@ class Sampler:
                   decode_steps=carry["t"], stats=stats)
 
     return sampler_generate
+
+  def _options_for(self, rows: int) -> ForwardOptions:
+    """The forward options with the cache layout of a ``rows``-row bucket pinned."""
+    if self.mesh is None:
+      return self.options
+    row_axes = cache_row_axes(self.cfg, rows, self.mesh)
+    if len(row_axes) == 1:
+      kv = NamedSharding(self.mesh, P("data", "model", None, None))
+      if self.cfg.num_kv_heads % self.mesh.shape.get("model", 1):
+        kv = NamedSharding(self.mesh, P("data", None, None, None))
+      return dataclasses.replace(self.options, kv_sharding=kv)
+    rows_spec = NamedSharding(self.mesh, P(row_axes, None, None, None))
+    return dataclasses.replace(self.options, kv_sharding=rows_spec, query_sharding=rows_spec)
 
   def _shardings(self, state) -> dict[str, Any]:
     if self.mesh is None:
@@ -300,18 +348,56 @@ class Sampler:
   def _executable(self, state, rows: int, prompt_len: int):
     key = (rows, prompt_len)
     if key not in self._compiled:
-      abstract_state = jax.tree.map(
-          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-          state)
-      lowered = self._jitted.lower(abstract_state, *self._abstract_inputs(rows, prompt_len))
+      lowered = self._jitted.lower(self._abstract_state(state),
+                                   *self._abstract_inputs(rows, prompt_len))
       self._compiled[key] = lowered.compile()
     return self._compiled[key]
+
+  def compile(self, model: Transformer, rows: int, prompt_len: int):
+    """The compiled executable of one (row bucket, prompt bucket) (cached)."""
+    return self._executable(nnx.state(model), rows, prompt_len)
+
+  def compile_decode_step(self, model: Transformer, rows: int, prompt_len: int):
+    """One decode step (a token for every row against a full cache), compiled on its own.
+
+    Not used to sample: the generate executable runs the same model call inside its
+    while loop, but XLA's cost analysis counts a loop body once, so per-token FLOPs and
+    bytes of decoding are read from this executable (``sagc_jax.aot``).
+    """
+    state = nnx.state(model)
+    graphdef, cfg, mesh = self._graphdef, self.cfg, self.mesh
+    options = self._options_for(rows)
+    max_len = prompt_len + self.params.max_new_tokens
+
+    def decode_step(state, tokens, alive, cache):
+      step_model = nnx.merge(graphdef, state)
+      logits, cache = step_model(tokens[:, None], attention_mask=alive[:, None], cache=cache,
+                                 options=options)
+      return logits[:, -1].argmax(-1), cache
+
+    cache = jax.eval_shape(lambda: init_cache(cfg, rows, max_len, dtype=self.cache_dtype))
+    kwargs = {}
+    if mesh is not None:
+      cache_sh = cache_sharding(cfg, rows, max_len, mesh)
+      cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                           cache, cache_sh)
+      kwargs = dict(out_shardings=(NamedSharding(mesh, P("data")), cache_sh))
+    inputs = self._abstract_inputs(rows, prompt_len)
+    lowered = jax.jit(decode_step, donate_argnums=(3,), **kwargs).lower(
+        self._abstract_state(state), inputs[3], inputs[2], cache)
+    return lowered.compile()
+
+  @staticmethod
+  def _abstract_state(state):
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        state)
 
   def warmup(self, model: Transformer) -> int:
     """Compiles every (row bucket, prompt bucket) executable; returns how many were new."""
     state = nnx.state(model)
     before = len(self._compiled)
-    for rows in self.row_buckets:
+    for rows in sorted({self.call_rows(r) for r in self.row_buckets}):
       for prompt_len in self.prompt_buckets:
         self._executable(state, rows, prompt_len)
     return len(self._compiled) - before
@@ -346,29 +432,69 @@ class Sampler:
       mask[block, prompt_len - len(p):] = True
     row_valid = np.arange(rows) < real_rows
     group_ids = np.where(row_valid, np.arange(rows) // group_size, 0).astype(np.int32)
-    row_ids = np.arange(rows, dtype=np.int32)
     state = nnx.state(model)
-    executable = self._executable(state, rows, prompt_len)
-    inputs = (tokens, mask, row_valid, group_ids, row_ids, np.uint32(seed))
-    if self.mesh is not None:
-      inputs = tuple(put_global(x, s.sharding)
-                     for x, s in zip(inputs, self._abstract_inputs(rows, prompt_len)))
-    start = time.perf_counter()
-    out = executable(state, *inputs)
-    out = to_host(out)
-    seconds = time.perf_counter() - start
-    lengths = np.asarray(out["lengths"])
-    present = np.asarray(out["stats"].count) > 0
+    call_rows = self.call_rows(rows)
+    if call_rows < group_size:
+      raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
+                       f"group_size={group_size}: a group must fit in one sampler call")
+    # Sub-calls of whole groups; every row keeps its global row id (its random stream),
+    # so a split rollout samples exactly the tokens of an unsplit one.
+    per_call = rows if call_rows == rows else (call_rows // group_size) * group_size
+    pieces, seconds, decode_steps = [], 0.0, 0
+    for lo in range(0, max(real_rows, 1), per_call):
+      hi = min(lo + per_call, rows)
+      out, took = self._call(state, call_rows, prompt_len, tokens[lo:hi], mask[lo:hi],
+                             row_valid[lo:hi], group_ids[lo:hi] - group_ids[lo],
+                             np.arange(lo, hi, dtype=np.int32), seed)
+      pieces.append((hi - lo, out))
+      seconds += took
+      decode_steps = max(decode_steps, int(out["decode_steps"]))
+
+    def joined(field, fill=0):
+      rows_out = np.concatenate([np.asarray(out[field])[:n] for n, out in pieces])
+      full = np.full((rows,) + rows_out.shape[1:], fill, rows_out.dtype)
+      full[:rows_out.shape[0]] = rows_out
+      return full
+    lengths = joined("lengths")
+    response_tokens = joined("tokens", self.params.pad_id)
+    stats = [(np.asarray(out["stats"].count) > 0, out["stats"]) for _, out in pieces]
     return SampleBatch(
         prompt_tokens=tokens, prompt_mask=mask,
-        response_tokens=np.asarray(out["tokens"]),
-        response_logprobs=np.asarray(out["logprobs"]),
+        response_tokens=response_tokens,
+        response_logprobs=joined("logprobs"),
         response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
         lengths=lengths, row_valid=row_valid, group_ids=group_ids,
-        group_max=np.asarray(out["stats"].group_max, np.float64)[present],
-        group_median=np.asarray(out["stats"].group_median, np.float64)[present],
+        group_max=np.concatenate([np.asarray(st.group_max, np.float64)[present]
+                                  for present, st in stats]),
+        group_median=np.concatenate([np.asarray(st.group_median, np.float64)[present]
+                                     for present, st in stats]),
         group_size=group_size, num_prompts=num_prompts,
-        decode_steps=int(out["decode_steps"]), seconds=seconds)
+        decode_steps=decode_steps, seconds=seconds)
+
+  def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
+            row_ids, seed) -> tuple[dict, float]:
+    """One executable call on ``call_rows`` rows (the given rows, padded); host outputs."""
+    n = tokens.shape[0]
+
+    def pad(x, value=0):
+      out = np.full((call_rows,) + x.shape[1:], value, x.dtype)
+      out[:n] = x
+      return out
+    inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
+              pad(row_ids), np.uint32(seed))
+    if self.mesh is not None:
+      inputs = tuple(put_global(x, s.sharding)
+                     for x, s in zip(inputs, self._abstract_inputs(call_rows, prompt_len)))
+    executable = self._executable(state, call_rows, prompt_len)
+    start = time.perf_counter()
+    out = to_host(executable(state, *inputs))
+    return out, time.perf_counter() - start
+
+  def call_rows(self, rows: int) -> int:
+    """Rows of the executable that serves a ``rows``-row bucket (``max_rows_per_call``)."""
+    if self.max_rows_per_call is None or rows <= self.max_rows_per_call:
+      return rows
+    return self.max_rows_per_call
 
   def row_bucket_for(self, rows: int) -> int:
     """The padded row count a call with ``rows`` real rows uses."""

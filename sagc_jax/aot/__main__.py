@@ -1,0 +1,92 @@
+"""``python -m sagc_jax.aot --config CFG --topology v5e:4x4 [--model_config F] [--out F.json]``.
+
+Compiles, on this host (a CPU is enough), every executable a training run with CFG
+would compile on the given Cloud TPU topology, and reports per executable: compile
+seconds, per-device argument / output / temp / peak GiB against the chip's HBM, FLOPs,
+HBM bytes and the roofline time; then a projected RL step time and the hours for the
+config's steps. Exits 1 naming every executable whose peak exceeds 90% of HBM (or
+that failed to compile), 2 on a bad flag or config. Needs ``pip install -e '.[tpu]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from sagc_jax.cli import reject_positional, run_absl_tool
+
+
+def _define_flags():
+  from absl import flags
+  from ml_collections import config_flags
+
+  config_flags.DEFINE_config_file("config", None, "ml_collections config file (get_config()).",
+                                  lock_config=True)
+  flags.DEFINE_string("topology", "v5e:4x4", "Cloud TPU topology, GEN:AxB[xC] "
+                      "(v4, v5e, v5p, v6e), e.g. v5e:4x4 or v6e:2x2.")
+  flags.DEFINE_string("model_config", None, "HF config.json to size (default: "
+                      "model.config_json, else model.path/config.json).")
+  flags.DEFINE_bool("largest_only", False, "Compile only the largest bucket of each "
+                    "executable kind (where the memory peak is).")
+  flags.DEFINE_string("out", None, "Write the report as JSON here.")
+  flags.mark_flags_as_required(["config"])
+  return flags.FLAGS
+
+
+def format_table(report: dict) -> str:
+  lines = [f"{'executable':58s} {'compile s':>9s} {'peak GiB':>9s} {'TFLOP':>8s} "
+           f"{'GB':>8s} {'roofline ms':>11s}"]
+  for e in report["executables"]:
+    peak = "failed" if e["peak_gib"] is None else f"{e['peak_gib']:.2f}"
+    roof = "-" if e["roofline_ms"] is None else f"{e['roofline_ms']:.2f}"
+    flag = "" if e["fits"] else "  > 90% HBM" if e["peak_gib"] is not None else "  FAILED"
+    lines.append(f"{e['name']:58s} {e['compile_s']:9.1f} {peak:>9s} {e['flops'] / 1e12:8.2f} "
+                 f"{e['bytes'] / 1e9:8.2f} {roof:>11s}{flag}")
+  lines.append(f"HBM per device {report['chip']['hbm_gib']:g} GiB ({report['chip']['name']}); "
+               f"all compiles {report['compile_s_total']:.0f} s")
+  if report.get("projected_step_s") is not None:
+    lines.append(
+        f"projected RL step {report['projected_step_s']:.1f} s = rollout "
+        f"{report['projected_rollout_s']:.1f} s (prefill + {report['decode_step_ms']:.2f} ms x "
+        f"decode steps; ideal step {report['decode_ideal_ms']:.2f} ms, bytes x"
+        f"{report['decode_bytes_over_ideal']:.2f} of ideal) + learner "
+        f"{report['projected_learner_s']:.1f} s; {report['steps']} steps = "
+        f"{report['projected_hours']:.1f} h")
+    lines.append(f"learner microbatch: roofline {report['microbatch_roofline_ms']:.0f} ms vs "
+                 f"compute-only {report['microbatch_compute_ms']:.0f} ms "
+                 f"(x{report['microbatch_roofline_over_compute']:.2f})")
+  if report["cost_is_per_loop_body"]:
+    lines.append("note: scan_layers=True: XLA counts the scanned layer stack once, so FLOPs, "
+                 "bytes and rooflines above undercount; run with "
+                 "--config.learner.scan_layers=False for costs")
+  lines.append("fits: yes" if report["fits"] else
+               f"fits: NO: {', '.join(report['not_fitting'])}")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str], flags) -> None:
+  reject_positional(argv)
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
+  from sagc_jax.aot.compile_report import compile_report
+
+  report = compile_report(flags.config, flags.topology, model_config=flags.model_config,
+                          largest_only=flags.largest_only,
+                          log=lambda m: print(m, flush=True))
+  print(format_table(report), flush=True)
+  if flags.out:
+    Path(flags.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(flags.out).write_text(json.dumps(report, indent=1))
+    print(f"report: {flags.out}")
+  if not report["fits"]:
+    sys.exit(1)
+
+
+def run() -> None:
+  run_absl_tool(main, _define_flags)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,288 @@
+"""Compile every executable of a training config for a TPU topology, on any host.
+
+``jax.experimental.topologies`` gives abstract TPU devices (libtpu compiles for them
+without a chip), the policy is built abstract from its HF ``config.json`` (shapes and
+shardings, no weights), and ``build_components`` makes the same samplers and learner a
+run makes. Each executable is lowered and compiled exactly as warm-up would; its
+``memory_analysis()`` (per device) is checked against the chip's HBM and its
+``cost_analysis()`` FLOPs and bytes give a roofline time from the chip's peak bf16
+FLOP/s and HBM bandwidth (``chips.py``).
+
+XLA's cost analysis counts a loop body once. Hence: decoding is sized from a separately
+compiled single decode step (the generate executable's own figure is its prefill plus
+one step); the train step's figure is one microbatch (its gradient-accumulation scan
+body) plus the optimizer update; with ``scan_layers`` the layer stack is counted once
+instead of ``num_layers`` times, so the tool reports costs from unrolled programs only
+and says so otherwise (``cost_is_per_loop_body``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from sagc_jax.aot.chips import ChipSpec, generation_of
+from sagc_jax.components import RLComponents, build_components
+from sagc_jax.config import validate
+from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.transformer import abstract_model, cache_sharding, init_cache
+
+__all__ = ["HBM_LIMIT", "compile_report", "model_config_path", "topology_mesh"]
+
+GIB = 2.0 ** 30
+HBM_LIMIT = 0.9          # an executable "fits" when its peak is at most 90% of HBM
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def topology_mesh(topology: str, mesh_shape, axes) -> tuple[Mesh, ChipSpec]:
+  """An Auto-axis mesh over the abstract devices of ``topology`` and the per-device spec."""
+  from jax.experimental import topologies
+  chip, chips = generation_of(topology)
+  try:
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                        chips_per_host_bounds=(2, 2, 1), num_slices=1)
+  except Exception as err:          # libtpu missing or an unknown topology name
+    raise ValueError(f"--topology={topology!r}: cannot build the abstract TPU topology "
+                     f"({type(err).__name__}: {err}); install the extra: "
+                     "pip install -e '.[tpu]'") from None
+  devices = np.array(topo.devices)
+  per_chip = max(len(devices) // chips, 1)
+  shape = list(mesh_shape)
+  if shape.count(-1) == 1:
+    known = math.prod(s for s in shape if s != -1)
+    shape[shape.index(-1)] = len(devices) // known
+  if math.prod(shape) != len(devices):
+    raise ValueError(f"mesh.shape={tuple(mesh_shape)} does not use the {len(devices)} devices "
+                     f"of {topology}")
+  mesh = Mesh(devices.reshape(shape), tuple(axes),
+              axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+  return mesh, chip.per_device(per_chip)
+
+
+def model_config_path(config: ml_collections.ConfigDict, override: str | None) -> Path:
+  """The HF config.json to size: ``--model_config``, else ``model.config_json``, else
+  ``model.path``/config.json. Relative paths also resolve against the repository."""
+  candidates = [override] if override else []
+  candidates += [config.model.get("config_json", "")]
+  if config.model.path:
+    candidates.append(str(Path(config.model.path) / "config.json"))
+  for c in candidates:
+    if not c:
+      continue
+    for p in (Path(c), REPO_ROOT / c):
+      if p.is_file():
+        return p
+    raise ValueError(f"model config {c!r} not found (from --model_config, model.config_json "
+                     "or model.path)")
+  raise ValueError("no model config: pass --model_config=configs/models/NAME.json or set "
+                   "model.config_json / model.path")
+
+
+def _per_device_bytes(tree) -> float:
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float) -> dict[str, Any]:
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis() or {}
+  if isinstance(cost, list):      # older JAX: one dict per computation
+    cost = cost[0] if cost else {}
+  args = mem.argument_size_in_bytes / GIB
+  out = mem.output_size_in_bytes / GIB
+  temp = mem.temp_size_in_bytes / GIB
+  alias = mem.alias_size_in_bytes / GIB
+  peak = args + out + temp - alias
+  flops = float(cost.get("flops", 0.0))
+  nbytes = float(cost.get("bytes accessed", 0.0))
+  return dict(name=name, peak_gib=round(peak, 3), hbm_gib=chip.hbm_gib,
+              args_gib=round(args, 3), out_gib=round(out, 3), temp_gib=round(temp, 3),
+              alias_gib=round(alias, 3), flops=flops, bytes=nbytes,
+              compute_ms=flops / (chip.bf16_tflops * 1e12) * 1e3,
+              memory_ms=nbytes / (chip.hbm_gbps * 1e9) * 1e3,
+              roofline_ms=chip.roofline_s(flops, nbytes) * 1e3,
+              compile_s=round(compile_s, 2), fits=peak <= HBM_LIMIT * chip.hbm_gib)
+
+
+def _failed(name: str, err: Exception, chip: ChipSpec, compile_s: float) -> dict[str, Any]:
+  """A compile that failed (RESOURCE_EXHAUSTED when a program cannot fit)."""
+  message = str(err).splitlines()[0][:300]
+  return dict(name=name, peak_gib=None, hbm_gib=chip.hbm_gib, flops=0.0, bytes=0.0,
+              roofline_ms=None, compile_s=round(compile_s, 2), fits=False, error=message)
+
+
+class _Compiler:
+  """Compiles named thunks, timing each, printing one progress line per executable."""
+
+  def __init__(self, chip: ChipSpec, log: Callable[[str], None]):
+    self.chip = chip
+    self.log = log
+    self.rows: list[dict[str, Any]] = []
+
+  def __call__(self, name: str, thunk: Callable[[], Any]) -> dict[str, Any] | None:
+    self.log(f"  compiling {name} ...")
+    start = time.perf_counter()
+    try:
+      compiled = thunk()
+    except Exception as err:  # XLA raises its own error types for RESOURCE_EXHAUSTED
+      row = _failed(name, err, self.chip, time.perf_counter() - start)
+      self.log(f"    FAILED after {row['compile_s']:.1f} s: {row['error']}")
+      self.rows.append(row)
+      return row
+    if compiled is None:
+      return None
+    row = _analyse(name, compiled, self.chip, time.perf_counter() - start)
+    self.log(f"    {row['compile_s']:6.1f} s  peak {row['peak_gib']:6.2f} / {row['hbm_gib']:g} GiB"
+             f"  {row['flops'] / 1e12:8.2f} TFLOP  {row['bytes'] / 1e9:8.2f} GB"
+             f"  roofline {row['roofline_ms']:9.2f} ms" + ("" if row["fits"] else "  DOES NOT FIT"))
+    self.rows.append(row)
+    return row
+
+
+def _sampler_kinds(parts: RLComponents, largest_only: bool):
+  kinds = [("sampler", parts.sampler), ("eval_greedy", parts.eval_sampler),
+           ("eval_sampled", parts.eval_sampled_sampler)]
+  for kind, sampler in kinds:
+    rows = sorted({sampler.call_rows(b) for b in sampler.row_buckets})
+    rows = rows[-1:] if largest_only else rows
+    prompts = sampler.prompt_buckets[-1:] if largest_only else sampler.prompt_buckets
+    for r in rows:
+      for p in prompts:
+        yield kind, sampler, r, p
+
+
+def compile_report(config: ml_collections.ConfigDict, topology: str, *,
+                   model_config: str | None = None, largest_only: bool = False,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+  """Compiles the run's executables for ``topology``; returns the report dict."""
+  config = ml_collections.ConfigDict(config.to_dict())   # unlocked copy
+  config.model.require_path = False      # sizing needs the config.json, not the weights
+  if not config.data.manual_dir:         # ... and no data
+    config.data.manual_dir = "(not read by the AOT tool)"
+  validate(config)
+  path = model_config_path(config, model_config)
+  cfg = ModelConfig.from_hf_dict(json.loads(path.read_text()))
+  mesh, chip = topology_mesh(topology, config.mesh.shape, config.mesh.axes)
+  dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+  model = abstract_model(cfg, dtype, mesh=mesh)
+  stop_ids = tuple(cfg.eos_token_ids) or (0,)
+  pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+  parts = build_components(config, model, mesh, stop_ids=stop_ids, pad_id=pad_id)
+  learner = parts.learner
+  lc = learner.config
+  log(f"AOT compile for {topology}: {len(mesh.devices.flat)} devices, mesh "
+      f"{dict(mesh.shape)}, {chip.name} {chip.hbm_gib:g} GiB HBM / device; model "
+      f"{path.name} ({cfg.num_layers} layers, {dtype.__name__}); scan_layers={lc.scan_layers}, "
+      f"remat={lc.remat}, attention={lc.attention}, fsdp={lc.fsdp}")
+  compile_one = _Compiler(chip, log)
+
+  compile_one("learner_sync", learner.compile_sync)
+  row_buckets = learner.row_buckets[-1:] if largest_only else learner.row_buckets
+  prompts = learner.prompt_buckets[-1:] if largest_only else learner.prompt_buckets
+  responses = learner.response_buckets[-1:] if largest_only else learner.response_buckets
+  train_rows: dict[tuple, dict] = {}
+  for rows in row_buckets:
+    compile_one(f"learner_prepare[rows={rows}]", lambda: learner.compile_prepare(rows))
+    mb = learner.minibatch_rows(rows)
+    for p in prompts:
+      for n in responses:
+        tag = f"rows={mb},prompt={p},response={n}"
+        pair: dict[str, Any] = {}
+        pair["train"] = compile_one(f"learner_train[{tag}]",
+                                    lambda: learner.compile_train(mb, p, n))
+        if learner.reference is not None:
+          pair["ref"] = compile_one(f"learner_ref[{tag}]",
+                                    lambda: learner.compile_reference(mb, p, n))
+        train_rows[(mb, p, n)] = pair
+
+  decode: dict[str, dict] = {}
+  generate: dict[str, dict] = {}
+  for kind, sampler, r, p in _sampler_kinds(parts, largest_only):
+    generate[kind] = compile_one(f"{kind}[rows={r},prompt={p}]",
+                                 lambda: sampler.compile(model, r, p))
+    if (r == sampler.call_rows(sampler.row_buckets[-1]) and p == sampler.prompt_buckets[-1]
+        and kind != "eval_sampled"):
+      decode[kind] = compile_one(f"{kind}_decode_step[rows={r},prompt={p}]",
+                                 lambda: sampler.compile_decode_step(model, r, p))
+      # Ideal decode step: read this device's share of the weights and of a full cache.
+      max_len = p + sampler.params.max_new_tokens
+      cache = jax.eval_shape(lambda: init_cache(cfg, r, max_len, dtype=sampler.cache_dtype))
+      cache_sh = cache_sharding(cfg, r, max_len, mesh)
+      cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                           cache, cache_sh)
+      ideal = _per_device_bytes(nnx.state(model)) + _per_device_bytes(cache)
+      if decode[kind] and decode[kind].get("bytes"):
+        decode[kind]["ideal_bytes"] = ideal
+        decode[kind]["ideal_ms"] = ideal / (chip.hbm_gbps * 1e9) * 1e3
+        decode[kind]["bytes_over_ideal"] = decode[kind]["bytes"] / ideal
+
+  executables = compile_one.rows
+  fits = all(e["fits"] for e in executables)
+  report: dict[str, Any] = dict(
+      topology=topology, devices=len(mesh.devices.flat), mesh=dict(mesh.shape),
+      chip=dict(name=chip.name, hbm_gib=chip.hbm_gib, bf16_tflops=chip.bf16_tflops,
+                hbm_gbps=chip.hbm_gbps, source=chip.source),
+      model_config=str(path), num_layers=cfg.num_layers, dtype=config.model.dtype,
+      learner=dict(remat=lc.remat, scan_layers=lc.scan_layers, attention=lc.attention,
+                   attention_block=lc.attention_block, logits_chunk=lc.logits_chunk,
+                   fsdp=lc.fsdp, mini_batches=lc.mini_batches, grad_accum=lc.grad_accum,
+                   epochs=lc.epochs),
+      largest_only=largest_only, hbm_limit_fraction=HBM_LIMIT,
+      executables=executables, fits=fits,
+      not_fitting=[e["name"] for e in executables if not e["fits"]],
+      compile_s_total=round(sum(e["compile_s"] for e in executables), 1),
+      cost_is_per_loop_body=bool(lc.scan_layers))
+  report.update(_projection(config, parts, train_rows, generate, decode))
+  return report
+
+
+def _projection(config, parts: RLComponents, train_rows, generate, decode) -> dict[str, Any]:
+  """Projected RL step: rollout at the worst-case length plus the learner's updates.
+
+  Rollout = per sampler call of the largest bucket (several when
+  ``rollout.max_rows_per_call`` splits it): prefill + first step (the generate
+  executable) + (max_new_tokens - 1) decode steps.
+  Learner = per minibatch: the reference pass (GRPO) + grad_accum microbatches
+  (the train step's figure is one microbatch plus the optimizer update).
+  """
+  lc = parts.learner.config
+  out: dict[str, Any] = {}
+  gen, step = generate.get("sampler"), decode.get("sampler")
+  largest = max(train_rows) if train_rows else None
+  train = train_rows[largest].get("train") if largest else None
+  if not (gen and step and train) or None in (gen.get("roofline_ms"), step.get("roofline_ms"),
+                                             train.get("roofline_ms")):
+    out["projected_step_s"] = None
+    return out
+  r = config.rollout
+  rounds = 1 + (lc.dynamic_max_rounds - 1 if lc.dynamic_sampling else 0)
+  sampler = parts.sampler
+  calls = -(-sampler.row_buckets[-1] // sampler.call_rows(sampler.row_buckets[-1]))
+  rollout_s = calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["roofline_ms"]) / 1e3
+  ref = train_rows[largest].get("ref")
+  per_minibatch_ms = lc.grad_accum * train["roofline_ms"] + (ref["roofline_ms"] if ref else 0.0)
+  learner_s = lc.mini_batches * lc.epochs * per_minibatch_ms / 1e3
+  step_s = rollout_s + learner_s
+  out.update(
+      projected_rollout_s=rollout_s, projected_learner_s=learner_s, projected_step_s=step_s,
+      projected_step_s_dapo_worst=rounds * rollout_s + learner_s, sampler_calls_per_round=calls,
+      projected_hours=step_s * config.train.steps / 3600, steps=config.train.steps,
+      microbatch_compute_ms=train["compute_ms"], microbatch_roofline_ms=train["roofline_ms"],
+      microbatch_roofline_over_compute=(train["roofline_ms"] / train["compute_ms"]
+                                        if train["compute_ms"] else None),
+      decode_step_ms=step["roofline_ms"], decode_ideal_ms=step.get("ideal_ms"),
+      decode_bytes_over_ideal=step.get("bytes_over_ideal"))
+  return out

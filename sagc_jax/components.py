@@ -1,0 +1,76 @@
+"""The compiled parts of a training run, built from a config: samplers and learner.
+
+One function decides every shape the run will compile (row buckets per candidate G,
+eval batch rows, prompt and response buckets) and builds the rollout sampler, the
+greedy and sampled eval samplers and the learner. The trainer calls it with the real
+policy; ``sagc_jax.aot`` calls it with an abstract policy on an abstract TPU mesh, so
+the executables it sizes are exactly the ones a run compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import ml_collections
+from jax.sharding import Mesh
+
+from sagc_jax.config import learner_config
+from sagc_jax.models.transformer import Transformer
+from sagc_jax.rl.learner import Learner
+from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
+
+__all__ = ["RLComponents", "build_components", "candidate_group_sizes", "prompts_for"]
+
+
+@dataclasses.dataclass
+class RLComponents:
+  sampler: Sampler                 # rollouts, one row bucket per candidate G
+  eval_sampler: Sampler            # greedy held-out evaluation
+  eval_sampled_sampler: Sampler    # sampled held-out evaluation (rollout temperature)
+  learner: Learner
+  row_buckets: tuple[int, ...]
+
+  def warmup(self, model: Transformer) -> int:
+    """Compiles every executable of the run; returns how many were new."""
+    return (self.sampler.warmup(model) + self.eval_sampler.warmup(model)
+            + self.eval_sampled_sampler.warmup(model) + self.learner.warmup())
+
+
+def candidate_group_sizes(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """The group sizes the controller may pick."""
+  if config.controller.kind == "sagc":
+    return tuple(config.controller.candidates)
+  return (config.controller.static_g,)
+
+
+def prompts_for(config: ml_collections.ConfigDict, g: int) -> int:
+  """Prompts per sampling round at group size ``g``."""
+  r = config.rollout
+  return r.rollouts_per_step // g if r.mode == "hold_rollouts" else r.prompts_per_step
+
+
+def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, *,
+                     stop_ids: Sequence[int], pad_id: int) -> RLComponents:
+  """Samplers and learner for ``config`` (validated) around ``model`` on ``mesh``."""
+  r = config.rollout
+  data_axis = mesh.shape["data"]
+  row_buckets = row_buckets_for(candidate_group_sizes(config),
+                                lambda g: prompts_for(config, g), multiple_of=data_axis)
+  stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
+  common = dict(mesh=mesh, max_rows_per_call=r.get("max_rows_per_call", 0) or None)
+  sampler = Sampler(model, SamplingParams(
+      r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets, **common)
+  eval_rows = -(-r.eval_batch // data_axis) * data_axis
+  eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
+  eval_sampler = Sampler(model, SamplingParams(r.max_new_tokens, temperature=0.0, **eval_params),
+                         (eval_rows,), r.prompt_buckets, **common)
+  # Sampled evaluation has its own fixed batch layout, so its random numbers do not
+  # depend on the G buckets: every arm of a comparison draws the same ones.
+  eval_sampled_sampler = Sampler(model, SamplingParams(
+      r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      **eval_params), (eval_rows,), r.prompt_buckets, **common)
+  learner = Learner(model, learner_config(config), row_buckets, r.prompt_buckets,
+                    r.response_buckets, mesh=mesh)
+  return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets)

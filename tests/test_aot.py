@@ -1,0 +1,105 @@
+"""The AOT compile-and-fit tool on an abstract TPU topology (libtpu, no TPU needed).
+
+libtpu comes with the ``test`` extra (``jax[tpu]``); these tests fail, not skip, when
+it is missing, because sizing a pod from a CPU host is a feature users rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sagc_jax.aot import compile_report
+from sagc_jax.config import tiny_cpu_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _model_json(tmp_path: Path, name: str, **changes) -> Path:
+  """A Llama-3.2-style config.json with some fields changed (small models compile fast)."""
+  cfg = json.loads((REPO / "configs/models/llama3_2_1b.json").read_text())
+  cfg.update(changes)
+  path = tmp_path / f"{name}.json"
+  path.write_text(json.dumps(cfg))
+  return path
+
+
+def _config(**learner):
+  c = tiny_cpu_config()
+  c.mesh.shape = (2, 2)
+  c.rollout.update(dict(prompts_per_step=4, eval_batch=16, max_new_tokens=128,
+                        response_buckets=(128,), prompt_buckets=(64,)))
+  c.controller.candidates = (4, 8)
+  c.learner.update(learner)
+  return c
+
+
+SMALL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=4096)
+
+
+def test_report_covers_every_executable_and_projects_a_step(tmp_path):
+  path = _model_json(tmp_path, "small", **SMALL)
+  report = compile_report(_config(), "v5e:2x2", model_config=str(path), log=lambda m: None)
+  names = [e["name"] for e in report["executables"]]
+  # two row buckets (4 x 4, 4 x 8) -> prepare + train + reference each; rollout sampler
+  # per bucket; greedy and sampled eval; decode steps of rollout and greedy eval.
+  assert sum(n.startswith("learner_train[") for n in names) == 2
+  assert sum(n.startswith("learner_ref[") for n in names) == 2
+  assert sum(n.startswith("learner_prepare[") for n in names) == 2
+  assert sum(n.startswith("sampler[") for n in names) == 2
+  assert any(n.startswith("eval_greedy[") for n in names)
+  assert any(n.startswith("eval_sampled[") for n in names)
+  assert any(n.startswith("sampler_decode_step[") for n in names)
+  assert report["fits"] and report["devices"] == 4 and report["chip"]["hbm_gib"] == 16
+  for e in report["executables"]:
+    assert 0 < e["peak_gib"] < 1 and e["compile_s"] >= 0 and e["roofline_ms"] >= 0
+  assert report["projected_step_s"] > 0 and report["decode_bytes_over_ideal"] > 0
+
+
+def test_fit_check_fails_and_names_the_executable(tmp_path):
+  """A float32 model of ~2.5B parameters, replicated (no FSDP, no 'model' axis): its
+  Adam state alone is 30 GB per 16 GiB chip."""
+  path = _model_json(tmp_path, "wide", hidden_size=8192, intermediate_size=28672,
+                     num_hidden_layers=2, num_attention_heads=64, num_key_value_heads=8,
+                     head_dim=128, vocab_size=32768)
+  out = tmp_path / "report.json"
+  cmd = [sys.executable, "-m", "sagc_jax.aot", "--config", str(REPO / "configs/tiny_cpu.py"),
+         "--topology", "v5e:2x2", "--model_config", str(path), "--largest_only",
+         "--config.mesh.shape=(-1,1)", "--config.rollout.eval_batch=16",
+         "--config.rollout.prompts_per_step=1", "--config.learner.mini_batches=1",
+         "--out", str(out)]
+  proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+  assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert "fits: NO: learner_train[" in proc.stdout
+  report = json.loads(out.read_text())
+  assert not report["fits"] and any(n.startswith("learner_train[")
+                                    for n in report["not_fitting"])
+
+
+def test_bad_topology_is_named():
+  with pytest.raises(ValueError, match="--topology='v9x:2x2'"):
+    compile_report(_config(), "v9x:2x2", model_config=str(REPO / "configs/models/"
+                                                          "llama3_2_1b.json"))
+
+
+def test_remat_and_blocked_attention_lower_the_learner_peak(tmp_path):
+  path = _model_json(tmp_path, "deep", **{**SMALL, "num_hidden_layers": 4})
+
+  def train_peak(**learner):
+    c = _config(**learner)
+    c.rollout.update(dict(max_new_tokens=1024, response_buckets=(1024,), prompt_buckets=(64,)))
+    c.controller.candidates = (8,)
+    report = compile_report(c, "v5e:2x2", model_config=str(path), largest_only=True,
+                            log=lambda m: None)
+    return next(e["peak_gib"] for e in report["executables"]
+                if e["name"].startswith("learner_train["))
+
+  plain = train_peak()
+  remat = train_peak(remat="full")
+  both = train_peak(remat="full", attention="blocked", attention_block=256)
+  assert remat < plain and both < remat
