@@ -255,8 +255,10 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
   Rollout = per sampler call of the largest bucket (several when
   ``rollout.max_rows_per_call`` splits it): prefill + first step (the generate
   executable) + (max_new_tokens - 1) decode steps.
-  Learner = per minibatch: the reference pass (GRPO) + grad_accum microbatches
-  (the train step's figure is one microbatch plus the optimizer update).
+  Learner = per minibatch: grad_accum x (reference pass (GRPO) + train microbatch);
+  both executables loop over microbatches and XLA counts one (the train step's figure
+  also holds the optimizer update, which is thus counted grad_accum times: an upper
+  bound).
   """
   lc = parts.learner.config
   out: dict[str, Any] = {}
@@ -273,7 +275,8 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
   calls = -(-sampler.row_buckets[-1] // sampler.call_rows(sampler.row_buckets[-1]))
   rollout_s = calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["roofline_ms"]) / 1e3
   ref = train_rows[largest].get("ref")
-  per_minibatch_ms = lc.grad_accum * train["roofline_ms"] + (ref["roofline_ms"] if ref else 0.0)
+  # Both figures are one microbatch (the loop body XLA counts once).
+  per_minibatch_ms = lc.grad_accum * (train["roofline_ms"] + (ref["roofline_ms"] if ref else 0.0))
   learner_s = lc.mini_batches * lc.epochs * per_minibatch_ms / 1e3
   step_s = rollout_s + learner_s
   out.update(
