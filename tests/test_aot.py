@@ -90,12 +90,12 @@ def test_bad_topology_is_named():
 
 
 def test_remat_and_blocked_attention_lower_the_learner_peak(tmp_path):
-  path = _model_json(tmp_path, "deep", **{**SMALL, "num_hidden_layers": 4})
+  path = _model_json(tmp_path, "deep", **SMALL)
 
   def train_peak(**learner):
     c = _config(**learner)
-    c.rollout.update(dict(max_new_tokens=1024, response_buckets=(1024,), prompt_buckets=(64,)))
-    c.controller.candidates = (8,)
+    c.rollout.update(dict(max_new_tokens=512, response_buckets=(512,), prompt_buckets=(64,)))
+    c.controller.update(dict(kind="static", static_g=8))
     report = compile_report(c, "v5e:2x2", model_config=str(path), largest_only=True,
                             log=lambda m: None)
     return next(e["peak_gib"] for e in report["executables"]
