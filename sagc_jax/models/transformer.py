@@ -99,6 +99,10 @@ class ForwardOptions:
       layout other than "KV heads on 'model'" (e.g. rows over every chip when the KV
       heads do not divide the 'model' axis) never gathers the cache.
     query_sharding: sharding of [B, T, H, D] queries matching ``kv_sharding``.
+    head_sharding: the projections' own [B, T, H, D] layout (heads on 'model'). With
+      ``query_sharding``, queries are pinned to it first and attention outputs are
+      returned to it, so XLA reshards the small activations (all-to-all) instead of
+      gathering the q / o projection weights every decode step.
   """
   attention: str = "dense"
   attention_block: int = 512
@@ -107,6 +111,7 @@ class ForwardOptions:
   scan_layers: bool = False
   kv_sharding: Any = None
   query_sharding: Any = None
+  head_sharding: Any = None
 
   def __post_init__(self):
     if self.attention not in ATTENTION_KINDS:
@@ -226,10 +231,10 @@ class Attention(nnx.Module):
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
                    block=options.attention_block)
     elif t == 1:
-      q = _constrain(q, options.query_sharding)
+      q = _constrain(_constrain(q, options.head_sharding), options.query_sharding)
       out = decode_attend(q, kv[0].astype(q.dtype), kv[1].astype(q.dtype),
                           mask.key_valid, self.num_groups, options.decode_attention)
-      out = _constrain(out, options.query_sharding)
+      out = _constrain(_constrain(out, options.query_sharding), options.head_sharding)
     else:                       # several tokens after earlier ones: dense over the cache
       out = attend(q, kv[0].swapaxes(1, 2).astype(q.dtype), kv[1].swapaxes(1, 2).astype(q.dtype),
                    mask, self.num_groups)

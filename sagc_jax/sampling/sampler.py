@@ -319,7 +319,10 @@ class Sampler:
         kv = NamedSharding(self.mesh, P("data", None, None, None))
       return dataclasses.replace(self.options, kv_sharding=kv)
     rows_spec = NamedSharding(self.mesh, P(row_axes, None, None, None))
-    return dataclasses.replace(self.options, kv_sharding=rows_spec, query_sharding=rows_spec)
+    heads = "model" if self.cfg.num_heads % self.mesh.shape["model"] == 0 else None
+    head_spec = NamedSharding(self.mesh, P("data", None, heads, None))
+    return dataclasses.replace(self.options, kv_sharding=rows_spec, query_sharding=rows_spec,
+                               head_sharding=head_spec)
 
   def _shardings(self, state) -> dict[str, Any]:
     if self.mesh is None:
