@@ -31,6 +31,7 @@ def _define_flags():
   flags.DEFINE_bool("largest_only", False, "Compile only the largest bucket of each "
                     "executable kind (where the memory peak is).")
   flags.DEFINE_string("out", None, "Write the report as JSON here.")
+  flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (README figures).")
   flags.mark_flags_as_required(["config"])
   return flags.FLAGS
 
@@ -58,11 +59,24 @@ def format_table(report: dict) -> str:
                  f"compute-only {report['microbatch_compute_ms']:.0f} ms "
                  f"(x{report['microbatch_roofline_over_compute']:.2f})")
   if report["cost_is_per_loop_body"]:
-    lines.append("note: scan_layers=True: XLA counts the scanned layer stack once, so FLOPs, "
-                 "bytes and rooflines above undercount; run with "
-                 "--config.learner.scan_layers=False for costs")
+    lines.append("note: scan_layers=True: XLA counts the scanned layer stack once, so the "
+                 "learner's FLOPs, bytes and rooflines above undercount and no step time is "
+                 "projected; run with --config.learner.scan_layers=False for costs")
   lines.append("fits: yes" if report["fits"] else
                f"fits: NO: {', '.join(report['not_fitting'])}")
+  return "\n".join(lines)
+
+
+def format_markdown(report: dict) -> str:
+  lines = ["| executable | compile s | peak GiB / HBM | TFLOP | GB | roofline ms |",
+           "|---|---|---|---|---|---|"]
+  for e in report["executables"]:
+    if e["peak_gib"] is None:
+      lines.append(f"| {e['name']} | {e['compile_s']:.0f} | failed | | | |")
+      continue
+    lines.append(f"| {e['name']} | {e['compile_s']:.0f} | {e['peak_gib']:.2f} / "
+                 f"{e['hbm_gib']:g} | {e['flops'] / 1e12:.1f} | {e['bytes'] / 1e9:.1f} | "
+                 f"{e['roofline_ms']:.1f} |")
   return "\n".join(lines)
 
 
@@ -76,6 +90,8 @@ def main(argv: Sequence[str], flags) -> None:
                           largest_only=flags.largest_only,
                           log=lambda m: print(m, flush=True))
   print(format_table(report), flush=True)
+  if flags.markdown:
+    print(format_markdown(report), flush=True)
   if flags.out:
     Path(flags.out).parent.mkdir(parents=True, exist_ok=True)
     Path(flags.out).write_text(json.dumps(report, indent=1))

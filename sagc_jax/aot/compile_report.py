@@ -245,7 +245,11 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       not_fitting=[e["name"] for e in executables if not e["fits"]],
       compile_s_total=round(sum(e["compile_s"] for e in executables), 1),
       cost_is_per_loop_body=bool(lc.scan_layers))
-  report.update(_projection(config, parts, train_rows, generate, decode))
+  if lc.scan_layers:
+    # The learner's costs count one layer (a loop body): no honest projection.
+    report["projected_step_s"] = None
+  else:
+    report.update(_projection(config, parts, train_rows, generate, decode))
   return report
 
 
