@@ -58,7 +58,11 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   row_buckets = row_buckets_for(candidate_group_sizes(config),
                                 lambda g: prompts_for(config, g), multiple_of=data_axis)
   stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
-  common = dict(mesh=mesh, max_rows_per_call=r.get("max_rows_per_call", 0) or None)
+  limit = r.get("max_rows_per_call", 0) or None
+  if limit and limit % data_axis:
+    raise ValueError(f"rollout.max_rows_per_call={limit} does not divide evenly over the "
+                     f"mesh 'data' axis of size {data_axis}")
+  common = dict(mesh=mesh, max_rows_per_call=limit)
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets, **common)

@@ -239,6 +239,7 @@ class Trainer:
     stats["formatted"].append(result.formatted)
     stats["rows"].append(samples.response_tokens.shape[0])
     stats["decode_steps"].append(samples.decode_steps)
+    stats["decode_slots"].append(samples.decode_slots)
     stats["groups"].append(samples.num_prompts)
     return RolloutBatch.from_samples(samples, result.scores)
 
@@ -250,7 +251,8 @@ class Trainer:
     distributed.assert_same_on_all(g, f"the group size of step {self.step + 1}")
     timings = {"rollout": 0.0, "reward": 0.0}
     stats: dict[str, list] = {k: [] for k in ("lengths", "scores", "correct", "formatted",
-                                              "rows", "decode_steps", "groups")}
+                                              "rows", "decode_steps", "decode_slots",
+                                              "groups")}
     rows = self.sampler.row_bucket_for(self.prompts_for(g) * g)
     lc = self.learner.config
     rounds, message = 1, None
@@ -276,7 +278,7 @@ class Trainer:
 
     lengths = np.concatenate(stats["lengths"])
     generated = float(lengths.sum())
-    decode_slots = float(sum(r * d for r, d in zip(stats["rows"], stats["decode_steps"])))
+    decode_slots = float(sum(stats["decode_slots"]))
     row = {"step": self.step, **ctrl}
     row.update(
         time_rollout_s=timings["rollout"], time_reward_s=timings["reward"],

@@ -249,3 +249,17 @@ def test_rollout_split_into_sub_calls_samples_the_same_tokens():
   np.testing.assert_array_equal(gmax, a.group_max)
   with pytest.raises(ValueError, match="max_rows_per_call=8 is smaller than group_size=16"):
     split.generate(model, prompts[:1], 16, seed=0)
+
+
+def test_sampler_on_a_mesh_without_a_model_axis():
+  """mesh.axes=('data',) is a valid config: the cache layout drops the missing axis."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  cfg = small_config()
+  rng = np.random.default_rng(2)
+  prompts = [rng.integers(5, 60, rng.integers(3, 9)).tolist() for _ in range(4)]
+  _, ref = _generate(init_model(cfg, seed=3, init_std=0.1), prompts=prompts)
+  _, out = _generate(init_model(cfg, seed=3, init_std=0.1, mesh=mesh), mesh=mesh,
+                     prompts=prompts)
+  np.testing.assert_array_equal(out.response_tokens, ref.response_tokens)

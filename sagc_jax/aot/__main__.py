@@ -58,6 +58,12 @@ def format_table(report: dict) -> str:
     lines.append(f"learner microbatch: roofline {report['microbatch_roofline_ms']:.0f} ms vs "
                  f"compute-only {report['microbatch_compute_ms']:.0f} ms "
                  f"(x{report['microbatch_roofline_over_compute']:.2f})")
+  if report.get("logits_chunks_counted_once", 1) > 1:
+    lines.append(f"note: XLA counts the LM-head chunk loop once (1 of "
+                 f"{report['logits_chunks_counted_once']} chunks): learner FLOPs / bytes "
+                 "undercount by the head's share")
+  lines.append("peak = the executable's own peak + resident run state not among its "
+               "arguments (policy, master weights, Adam moments, reference)")
   if report["cost_is_per_loop_body"]:
     lines.append("note: scan_layers=True: XLA counts the scanned layer stack once, so the "
                  "learner's FLOPs, bytes and rooflines above undercount and no step time is "

@@ -11,9 +11,15 @@ FLOP/s and HBM bandwidth (``chips.py``).
 XLA's cost analysis counts a loop body once. Hence: decoding is sized from a separately
 compiled single decode step (the generate executable's own figure is its prefill plus
 one step); the train step's figure is one microbatch (its gradient-accumulation scan
-body) plus the optimizer update; with ``scan_layers`` the layer stack is counted once
-instead of ``num_layers`` times, so the tool reports costs from unrolled programs only
-and says so otherwise (``cost_is_per_loop_body``).
+body) plus the optimizer update, and of its LM-head chunk loop one chunk
+(``logits_chunks_counted_once``: the learner figures undercount by the head's share);
+with ``scan_layers`` the layer stack is counted once instead of ``num_layers`` times,
+so the tool projects no step time then (``cost_is_per_loop_body``).
+
+Memory: ``peak_gib`` is the executable's own peak (arguments + outputs + temporaries -
+donated) plus the run's state that stays resident while it runs but is not among its
+arguments (``resident_gib``: e.g. the bf16 policy and the reference during a train
+step, the float32 master weights and Adam moments during sampling).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.aot.chips import ChipSpec, generation_of
-from sagc_jax.components import RLComponents, build_components
+from sagc_jax.components import (RLComponents, build_components, candidate_group_sizes,
+                                 prompts_for)
 from sagc_jax.config import validate
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.transformer import abstract_model, cache_sharding, init_cache
@@ -64,8 +71,12 @@ def topology_mesh(topology: str, mesh_shape, axes) -> tuple[Mesh, ChipSpec]:
   if math.prod(shape) != len(devices):
     raise ValueError(f"mesh.shape={tuple(mesh_shape)} does not use the {len(devices)} devices "
                      f"of {topology}")
-  mesh = Mesh(devices.reshape(shape), tuple(axes),
-              axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+  try:      # the topology-aware device order jax.make_mesh gives a real run
+    from jax.experimental import mesh_utils
+    grid = mesh_utils.create_device_mesh(tuple(shape), devices=list(devices))
+  except Exception:  # an order mesh_utils does not know: plain order
+    grid = devices.reshape(shape)
+  mesh = Mesh(grid, tuple(axes), axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
   return mesh, chip.per_device(per_chip)
 
 
@@ -96,7 +107,25 @@ def _per_device_bytes(tree) -> float:
   return total
 
 
-def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float) -> dict[str, Any]:
+def _resident_bytes(model, learner) -> dict[str, float]:
+  """Per-device bytes of the state that stays in HBM for the whole run, minus what each
+  executable kind receives as arguments (already in its own memory analysis)."""
+  model_b = _per_device_bytes(nnx.state(model))
+  master_b = 0.0 if learner._shares_master else _per_device_bytes(learner.params)
+  opt_b = _per_device_bytes(learner.opt_state)
+  ref_b = 0.0 if learner.reference is None else _per_device_bytes(learner.reference)
+  total = model_b + master_b + opt_b + ref_b
+  return {
+      "learner_sync": total - master_b,       # + the new model copy it outputs
+      "learner_prepare": total,
+      "learner_train": total - (master_b or model_b) - opt_b,
+      "learner_ref": total - ref_b,
+      "": total - model_b,                     # samplers and decode steps
+  }
+
+
+def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
+             resident: float = 0.0) -> dict[str, Any]:
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):      # older JAX: one dict per computation
@@ -105,10 +134,12 @@ def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float) -> dict[str,
   out = mem.output_size_in_bytes / GIB
   temp = mem.temp_size_in_bytes / GIB
   alias = mem.alias_size_in_bytes / GIB
-  peak = args + out + temp - alias
+  program_peak = args + out + temp - alias
+  peak = program_peak + resident / GIB
   flops = float(cost.get("flops", 0.0))
   nbytes = float(cost.get("bytes accessed", 0.0))
   return dict(name=name, peak_gib=round(peak, 3), hbm_gib=chip.hbm_gib,
+              program_peak_gib=round(program_peak, 3), resident_gib=round(resident / GIB, 3),
               args_gib=round(args, 3), out_gib=round(out, 3), temp_gib=round(temp, 3),
               alias_gib=round(alias, 3), flops=flops, bytes=nbytes,
               compute_ms=flops / (chip.bf16_tflops * 1e12) * 1e3,
@@ -127,10 +158,18 @@ def _failed(name: str, err: Exception, chip: ChipSpec, compile_s: float) -> dict
 class _Compiler:
   """Compiles named thunks, timing each, printing one progress line per executable."""
 
-  def __init__(self, chip: ChipSpec, log: Callable[[str], None]):
+  def __init__(self, chip: ChipSpec, log: Callable[[str], None],
+               resident: dict[str, float] | None = None):
     self.chip = chip
     self.log = log
+    self.resident = resident or {}
     self.rows: list[dict[str, Any]] = []
+
+  def _resident_for(self, name: str) -> float:
+    for prefix, value in self.resident.items():
+      if prefix and name.startswith(prefix):
+        return value
+    return self.resident.get("", 0.0)
 
   def __call__(self, name: str, thunk: Callable[[], Any]) -> dict[str, Any] | None:
     self.log(f"  compiling {name} ...")
@@ -144,7 +183,8 @@ class _Compiler:
       return row
     if compiled is None:
       return None
-    row = _analyse(name, compiled, self.chip, time.perf_counter() - start)
+    row = _analyse(name, compiled, self.chip, time.perf_counter() - start,
+                   self._resident_for(name))
     self.log(f"    {row['compile_s']:6.1f} s  peak {row['peak_gib']:6.2f} / {row['hbm_gib']:g} GiB"
              f"  {row['flops'] / 1e12:8.2f} TFLOP  {row['bytes'] / 1e9:8.2f} GB"
              f"  roofline {row['roofline_ms']:9.2f} ms" + ("" if row["fits"] else "  DOES NOT FIT"))
@@ -187,7 +227,7 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       f"{dict(mesh.shape)}, {chip.name} {chip.hbm_gib:g} GiB HBM / device; model "
       f"{path.name} ({cfg.num_layers} layers, {dtype.__name__}); scan_layers={lc.scan_layers}, "
       f"remat={lc.remat}, attention={lc.attention}, fsdp={lc.fsdp}")
-  compile_one = _Compiler(chip, log)
+  compile_one = _Compiler(chip, log, _resident_bytes(model, learner))
 
   compile_one("learner_sync", learner.compile_sync)
   row_buckets = learner.row_buckets[-1:] if largest_only else learner.row_buckets
@@ -244,7 +284,9 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       executables=executables, fits=fits,
       not_fitting=[e["name"] for e in executables if not e["fits"]],
       compile_s_total=round(sum(e["compile_s"] for e in executables), 1),
-      cost_is_per_loop_body=bool(lc.scan_layers))
+      cost_is_per_loop_body=bool(lc.scan_layers),
+      # The LM-head chunk loop is a loop too: 1 of this many chunks is in the figures.
+      logits_chunks_counted_once=-(-max(learner.response_buckets) // lc.logits_chunk))
   if lc.scan_layers:
     # The learner's costs count one layer (a loop body): no honest projection.
     report["projected_step_s"] = None
@@ -276,7 +318,12 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
   r = config.rollout
   rounds = 1 + (lc.dynamic_max_rounds - 1 if lc.dynamic_sampling else 0)
   sampler = parts.sampler
-  calls = -(-sampler.row_buckets[-1] // sampler.call_rows(sampler.row_buckets[-1]))
+  calls = 1
+  for g in candidate_group_sizes(config):         # generate's own split, worst G
+    bucket = sampler.row_bucket_for(prompts_for(config, g) * g)
+    call_rows = sampler.call_rows(bucket)
+    per_call = bucket if call_rows == bucket else (call_rows // g) * g
+    calls = max(calls, -(-prompts_for(config, g) * g // per_call))
   rollout_s = calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["roofline_ms"]) / 1e3
   ref = train_rows[largest].get("ref")
   # Both figures are one microbatch (the loop body XLA counts once).

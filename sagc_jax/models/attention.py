@@ -4,8 +4,9 @@ All three compute grouped-query attention: query head ``h`` reads key/value head
 ``h // num_groups`` (transformers' ``repeat_kv``), scores and softmax in float32.
 
 * ``dense``: one [B, KV, G, T, S] float32 score tensor. Simple, and the reference the
-  others are tested against; at T = S = 2560 it is 600 MiB per row and head group, which
-  is why the learner cannot use it at scale.
+  others are tested against; at T = S = 2560 it is 25 MiB per row and query head
+  (600 MiB per row for Llama-3.2-3B's 24 heads), which is why the learner cannot use
+  it at scale.
 * ``blocked``: the queries are cut into blocks of ``block`` rows; block ``i`` attends only
   to keys ``[0, (i + 1) * block)`` (the causal mask makes later keys irrelevant, so the
   FLOPs drop to about (n + 1) / 2n of dense), and each block is wrapped in
@@ -73,16 +74,18 @@ def _blocked(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, num_
   if t <= block:
     return _dense(q, k, v, mask.dense(), num_groups)
 
-  @jax.checkpoint
-  def one_block(q_blk, k_blk, v_blk, valid_blk, slots_blk):
-    blk_mask = AttentionMask(valid_blk, slots_blk).dense()
-    return _dense(q_blk, k_blk, v_blk, blk_mask, num_groups)
-
   outs = []
   for lo in range(0, t, block):
     hi = min(lo + block, t)
-    outs.append(one_block(q[:, lo:hi], k[:, :hi], v[:, :hi], mask.key_valid[:, :hi],
-                          mask.query_slots[lo:hi]))
+
+    # Full k / v in, causal prefix sliced inside: autodiff saves the shared inputs
+    # once, not one prefix copy per block.
+    @jax.checkpoint
+    def one_block(q_blk, k_all, v_all, valid_all, slots_blk, hi=hi):
+      blk_mask = AttentionMask(valid_all[:, :hi], slots_blk).dense()
+      return _dense(q_blk, k_all[:, :hi], v_all[:, :hi], blk_mask, num_groups)
+
+    outs.append(one_block(q[:, lo:hi], k, v, mask.key_valid, mask.query_slots[lo:hi]))
   return jnp.concatenate(outs, axis=1)
 
 

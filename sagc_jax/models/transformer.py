@@ -121,7 +121,8 @@ class ForwardOptions:
                        f"{DECODE_KINDS}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat={self.remat!r} is not one of {REMAT_POLICIES}")
-    if not (isinstance(self.attention_block, int) and self.attention_block > 0):
+    if (isinstance(self.attention_block, bool) or not isinstance(self.attention_block, int)
+        or self.attention_block <= 0):
       raise ValueError(f"attention_block={self.attention_block!r} must be a positive int")
 
 
@@ -216,7 +217,7 @@ class Attention(nnx.Module):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv is None:
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
-                   block=options.attention_block)
+                   block=options.attention_block, decode_kind=options.decode_attention)
       return self.o_proj(out.reshape(b, t, -1)), None
     # The cache is [B, KV, S, D]: new keys/values are written heads-major.
     start = (0, 0, index, 0)
@@ -229,7 +230,7 @@ class Attention(nnx.Module):
       # attention is self-attention over them (and may be query-blocked).
       mask = AttentionMask(mask.key_valid[:, :t], mask.query_slots)
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
-                   block=options.attention_block)
+                   block=options.attention_block, decode_kind=options.decode_attention)
     elif t == 1:
       q = _constrain(_constrain(q, options.head_sharding), options.query_sharding)
       out = decode_attend(q, kv[0].astype(q.dtype), kv[1].astype(q.dtype),

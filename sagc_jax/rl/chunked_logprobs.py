@@ -50,9 +50,15 @@ def chunked_logprobs_entropy(hidden: jax.Array, head_weight: jax.Array, transpos
   hs = hidden.reshape(b, steps, chunk, h).swapaxes(0, 1)
   ts = targets.reshape(b, steps, chunk).swapaxes(0, 1)
 
+  # The weight enters the scan in float32 and is cast back inside each chunk, so the
+  # head's gradient accumulates over chunks in float32 (a bf16 weight captured as is
+  # would have its gradient summed in bf16, rounded once per chunk).
+  weight32 = head_weight.astype(jnp.float32)
+
   @jax.checkpoint
   def one_chunk(h_chunk, t_chunk):
-    logits = head_logits(h_chunk, head_weight, transposed) / temperature
+    weight = weight32.astype(head_weight.dtype)
+    logits = head_logits(h_chunk, weight, transposed) / temperature
     logp = losses.token_logprobs(logits, t_chunk)
     entropy = losses.entropy_from_logits(jax.lax.stop_gradient(logits))
     return logp, entropy

@@ -266,7 +266,9 @@ class Learner:
   step, so gradients arrive in float32 and accumulate in float32), and writes the
   updated weights back to the model cast to its dtype and sharding. At lr = 1e-6 a
   bfloat16 weight (8 mantissa bits) would absorb most updates unchanged; a float32
-  master copy keeps every one. With a float32 model nothing is cast or copied.
+  master copy keeps every one. With a float32 model and no FSDP the model shares the
+  master's buffers (nothing is cast or copied); with FSDP the master is a resharded
+  copy and every sync reshards it.
 
   Sharding. The model keeps its tensor-parallel layout (heads / MLP units /
   vocabulary on 'model', replicated over 'data'), which the sampler wants. With
@@ -445,7 +447,7 @@ class Learner:
     interleave = self._interleave
 
     def learner_ref_logprobs(ref_params, tokens, attn_mask, resp_mask):
-      # The same microbatches as the train step, one at a time (lax.map), so the
+      # Microbatches of the train step's size, one at a time (lax.map), so the
       # reference pass never holds more activations than a training microbatch.
       def one(micro):
         tok, am, rm = micro
@@ -469,6 +471,13 @@ class Learner:
     cfg = self.config
     tx = self.tx
     interleave = self._interleave
+    param_shardings = self._param_shardings
+
+    def pin_like_params(tree):
+      """The float32 gradient sum keeps the master weights' (FSDP) sharding."""
+      if param_shardings is None:
+        return tree
+      return jax.lax.with_sharding_constraint(tree, param_shardings)
 
     def micro_loss(params, micro, mb_count):
       tokens, attn_mask, resp_mask, old_logp, adv, ref_logp = micro
@@ -499,14 +508,15 @@ class Learner:
         carry_grads, carry_loss, carry_metrics = carry
         weight = metrics["tokens"]
         metrics = {k: v * weight for k, v in metrics.items() if k != "tokens"}
-        grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+        grads = pin_like_params(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
         return (jax.tree.map(jnp.add, carry_grads, grads), carry_loss + loss,
                 jax.tree.map(jnp.add, carry_metrics, {**metrics, "tokens": weight})), None
 
       zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(
           lambda x: x[0], micro), mb_count)[1])
       zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
-      zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+      zero_grads = pin_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                                                params))
       init = (zero_grads, jnp.float32(0), zero_metrics)
       (grads, loss, sums), _ = jax.lax.scan(accumulate, init, micro)
       tokens_total = sums.pop("tokens")

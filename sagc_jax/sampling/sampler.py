@@ -109,8 +109,9 @@ class SampleBatch:
   group_median: np.ndarray       # [num_prompts] float64
   group_size: int
   num_prompts: int
-  decode_steps: int              # while-loop iterations actually run
-  seconds: float                 # wall-clock of the device call
+  decode_steps: int              # while-loop iterations actually run (max over sub-calls)
+  seconds: float                 # wall-clock of the device call(s)
+  decode_slots: int = 0          # sum over sub-calls of rows x decode steps (padded work)
 
   @property
   def num_rows(self) -> int:
@@ -312,16 +313,14 @@ class Sampler:
     """The forward options with the cache layout of a ``rows``-row bucket pinned."""
     if self.mesh is None:
       return self.options
-    row_axes = cache_row_axes(self.cfg, rows, self.mesh)
-    if len(row_axes) == 1:
-      kv = NamedSharding(self.mesh, P("data", "model", None, None))
-      if self.cfg.num_kv_heads % self.mesh.shape.get("model", 1):
-        kv = NamedSharding(self.mesh, P("data", None, None, None))
+    # The cache's own (fitted) spec: axes the mesh lacks or cannot split are dropped.
+    spec = cache_sharding(self.cfg, rows, 1, self.mesh).k[0].spec
+    kv = NamedSharding(self.mesh, spec)
+    if "model" not in cache_row_axes(self.cfg, rows, self.mesh):
       return dataclasses.replace(self.options, kv_sharding=kv)
-    rows_spec = NamedSharding(self.mesh, P(row_axes, None, None, None))
     heads = "model" if self.cfg.num_heads % self.mesh.shape["model"] == 0 else None
     head_spec = NamedSharding(self.mesh, P("data", None, heads, None))
-    return dataclasses.replace(self.options, kv_sharding=rows_spec, query_sharding=rows_spec,
+    return dataclasses.replace(self.options, kv_sharding=kv, query_sharding=kv,
                                head_sharding=head_spec)
 
   def _shardings(self, state) -> dict[str, Any]:
@@ -441,9 +440,9 @@ class Sampler:
       raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
                        f"group_size={group_size}: a group must fit in one sampler call")
     # Sub-calls of whole groups; every row keeps its global row id (its random stream),
-    # so a split rollout samples exactly the tokens of an unsplit one.
+    # so a split rollout samples the tokens of an unsplit one (up to float rounding).
     per_call = rows if call_rows == rows else (call_rows // group_size) * group_size
-    pieces, seconds, decode_steps = [], 0.0, 0
+    pieces, seconds, decode_steps, decode_slots = [], 0.0, 0, 0
     for lo in range(0, max(real_rows, 1), per_call):
       hi = min(lo + per_call, rows)
       out, took = self._call(state, call_rows, prompt_len, tokens[lo:hi], mask[lo:hi],
@@ -452,6 +451,7 @@ class Sampler:
       pieces.append((hi - lo, out))
       seconds += took
       decode_steps = max(decode_steps, int(out["decode_steps"]))
+      decode_slots += call_rows * int(out["decode_steps"])
 
     def joined(field, fill=0):
       rows_out = np.concatenate([np.asarray(out[field])[:n] for n, out in pieces])
@@ -472,7 +472,7 @@ class Sampler:
         group_median=np.concatenate([np.asarray(st.group_median, np.float64)[present]
                                      for present, st in stats]),
         group_size=group_size, num_prompts=num_prompts,
-        decode_steps=decode_steps, seconds=seconds)
+        decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds)
 
   def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
             row_ids, seed) -> tuple[dict, float]:
