@@ -8,7 +8,7 @@ checkpoint folder and the GSM8K files (train.jsonl / test.jsonl):
       --config.model.path=/mnt/ckpt/Llama-3.2-3B --config.data.manual_dir=/mnt/data/gsm8k
 
 Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
-86.9 s per worst-case RL step, 12.1 h for 500 steps, a roofline from XLA's cost analysis):
+86.7 s per worst-case RL step, 12.0 h for 500 steps, a roofline from XLA's cost analysis):
 
   python -m sagc_jax.aot --config configs/llama3_2_3b.py --topology v5e:4x4 --largest_only
 

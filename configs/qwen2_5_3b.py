@@ -8,7 +8,7 @@ checkpoint folder and the GSM8K files (train.jsonl / test.jsonl):
       --config.model.path=/mnt/ckpt/Qwen2.5-3B --config.data.manual_dir=/mnt/data/gsm8k
 
 Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
-123.9 s per worst-case RL step, 17.2 h for 500 steps, a roofline from XLA's cost analysis):
+124.1 s per worst-case RL step, 17.2 h for 500 steps, a roofline from XLA's cost analysis):
 
   python -m sagc_jax.aot --config configs/qwen2_5_3b.py --topology v5e:4x4 --largest_only
 
