@@ -612,6 +612,9 @@ class Learner:
     """Compiles every shape a batch from the buckets can take; returns how many."""
     before = len(self._compiled)
     self._sync_executable()
+    # The logged learning rate evaluates the optax schedule eagerly: its scalar ops
+    # compile on first use, so that happens here and not in the first step.
+    self._learning_rate()
     for rows in self.row_buckets:
       self._prepare_executable(rows)
       for prompt_len in self.prompt_buckets:
