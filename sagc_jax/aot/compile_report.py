@@ -42,7 +42,7 @@ from sagc_jax.components import (RLComponents, build_components, candidate_group
                                  prompts_for)
 from sagc_jax.config import validate
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.transformer import abstract_model, cache_sharding, init_cache
+from sagc_jax.models.transformer import abstract_model
 
 __all__ = ["HBM_LIMIT", "compile_report", "model_config_path", "topology_mesh"]
 
@@ -258,12 +258,8 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       decode[kind] = compile_one(f"{kind}_decode_step[rows={r},prompt={p}]",
                                  lambda: sampler.compile_decode_step(model, r, p))
       # Ideal decode step: read this device's share of the weights and of a full cache.
-      max_len = p + sampler.params.max_new_tokens
-      cache = jax.eval_shape(lambda: init_cache(cfg, r, max_len, dtype=sampler.cache_dtype))
-      cache_sh = cache_sharding(cfg, r, max_len, mesh)
-      cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                           cache, cache_sh)
-      ideal = _per_device_bytes(nnx.state(model)) + _per_device_bytes(cache)
+      ideal = (_per_device_bytes(nnx.state(model))
+               + _per_device_bytes(sampler.abstract_cache(r, p)))
       if decode[kind] and decode[kind].get("bytes"):
         decode[kind]["ideal_bytes"] = ideal
         decode[kind]["ideal_ms"] = ideal / (chip.hbm_gbps * 1e9) * 1e3

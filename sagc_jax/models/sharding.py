@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["fit_spec", "named_sharding"]
+__all__ = ["abstract_like", "fit_spec", "named_sharding"]
 
 AxisNames = Sequence[str | tuple[str, ...] | None]
 
@@ -42,3 +43,10 @@ def fit_spec(shape: Sequence[int], names: AxisNames | None, mesh: Mesh) -> tuple
 def named_sharding(shape: Sequence[int], names: AxisNames | None, mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(*fit_spec(shape, names, mesh)))
 
+
+
+def abstract_like(tree):
+  """ShapeDtypeStructs (with each leaf's sharding, if it has one) for ``jit.lower``."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                     sharding=getattr(x, "sharding", None)),
+                      tree)

@@ -559,9 +559,7 @@ class Learner:
 
   @staticmethod
   def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                       sharding=getattr(x, "sharding", None)),
-                        tree)
+    return shd.abstract_like(tree)
 
   def compile_train(self, rows: int, prompt_len: int, n_resp: int):
     """The train step for minibatches of ``rows`` rows (cached)."""

@@ -49,7 +49,8 @@ from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sagc_jax.distributed import put_global, to_host
-from sagc_jax.models.transformer import (ForwardOptions, Transformer, cache_row_axes,
+from sagc_jax.models.sharding import abstract_like
+from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
                                          cache_sharding, init_cache)
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 
@@ -350,7 +351,7 @@ class Sampler:
   def _executable(self, state, rows: int, prompt_len: int):
     key = (rows, prompt_len)
     if key not in self._compiled:
-      lowered = self._jitted.lower(self._abstract_state(state),
+      lowered = self._jitted.lower(abstract_like(state),
                                    *self._abstract_inputs(rows, prompt_len))
       self._compiled[key] = lowered.compile()
     return self._compiled[key]
@@ -367,9 +368,8 @@ class Sampler:
     bytes of decoding are read from this executable (``sagc_jax.aot``).
     """
     state = nnx.state(model)
-    graphdef, cfg, mesh = self._graphdef, self.cfg, self.mesh
+    graphdef, mesh = self._graphdef, self.mesh
     options = self._options_for(rows)
-    max_len = prompt_len + self.params.max_new_tokens
 
     def decode_step(state, tokens, alive, cache):
       step_model = nnx.merge(graphdef, state)
@@ -377,23 +377,24 @@ class Sampler:
                                  options=options)
       return logits[:, -1].argmax(-1), cache
 
-    cache = jax.eval_shape(lambda: init_cache(cfg, rows, max_len, dtype=self.cache_dtype))
+    cache = self.abstract_cache(rows, prompt_len)
     kwargs = {}
     if mesh is not None:
-      cache_sh = cache_sharding(cfg, rows, max_len, mesh)
-      cache = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                           cache, cache_sh)
-      kwargs = dict(out_shardings=(NamedSharding(mesh, P("data")), cache_sh))
+      kwargs = dict(out_shardings=(NamedSharding(mesh, P("data")),
+                                   jax.tree.map(lambda x: x.sharding, cache)))
     inputs = self._abstract_inputs(rows, prompt_len)
     lowered = jax.jit(decode_step, donate_argnums=(3,), **kwargs).lower(
-        self._abstract_state(state), inputs[3], inputs[2], cache)
+        abstract_like(state), inputs[3], inputs[2], cache)
     return lowered.compile()
 
-  @staticmethod
-  def _abstract_state(state):
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        state)
+  def abstract_cache(self, rows: int, prompt_len: int) -> KVCache:
+    """The KV cache of one call, abstract, with its pinned sharding (if a mesh)."""
+    max_len = prompt_len + self.params.max_new_tokens
+    cache = jax.eval_shape(lambda: init_cache(self.cfg, rows, max_len, dtype=self.cache_dtype))
+    if self.mesh is None:
+      return cache
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        cache, cache_sharding(self.cfg, rows, max_len, self.mesh))
 
   def warmup(self, model: Transformer) -> int:
     """Compiles every (row bucket, prompt bucket) executable; returns how many were new."""
