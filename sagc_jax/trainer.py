@@ -44,6 +44,7 @@ from sagc_jax.data import PromptLoader, load_split
 from sagc_jax.mesh import make_mesh
 from sagc_jax.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
+from sagc_jax.models.sharding import abstract_like
 from sagc_jax.rewards import make_reward_fn
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
 from sagc_jax.rl.rollout import RolloutBatch
@@ -162,13 +163,9 @@ class Trainer:
     return prepare_policy(self.config, self.workdir, self.train_source, self.log)
 
   # -------------------------------------------------------------- checkpoint
-  def _abstract(self, tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        tree)
-
   def _restore(self) -> None:
-    restored = self.checkpointer.restore_latest(self._abstract(self.learner.params),
-                                                self._abstract(self.learner.opt_state))
+    restored = self.checkpointer.restore_latest(abstract_like(self.learner.params),
+                                                abstract_like(self.learner.opt_state))
     if restored is None:
       self.metrics.truncate_after(0)
       return
