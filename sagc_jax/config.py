@@ -15,6 +15,7 @@ import ml_collections
 from sagc_jax import config_checks as checks
 from sagc_jax.controller import controller_from_config
 from sagc_jax.rl.learner import LearnerConfig
+from sagc_jax.storage import is_remote
 
 ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
 DATASETS = ("synthetic", "gsm8k_local", "math_local")
@@ -77,7 +78,13 @@ def base_config() -> ml_collections.ConfigDict:
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
       compilation_cache=True, compilation_cache_dir="",
       # '' = <workdir>/checkpoints; a gs:// path on TPU pods (shared by every host).
-      checkpoint_dir=""))
+      checkpoint_dir="",
+      # Local disk for gs:// inputs (model.path, data.manual_dir: copied once per host)
+      # and a gs:// workdir's rebuildable local files ('' = $SAGC_CACHE_DIR or
+      # ~/.cache/sagc_jax).
+      local_cache_dir="",
+      # A gs:// metrics.jsonl is rewritten at most this often (and at every checkpoint).
+      metrics_sync_secs=30.0))
   return c
 
 
@@ -159,6 +166,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
+  checks.number_in(config, "train.metrics_sync_secs", 0.0)
+  for key in ("model.path", "data.manual_dir", "data.data_dir", "train.local_cache_dir"):
+    value = checks.lookup(config, key)
+    if not isinstance(value, str):
+      raise ValueError(f"{key}={value!r} must be a string (a folder path; '' for the default)")
+  for key in ("data.data_dir", "train.local_cache_dir"):
+    if is_remote(checks.lookup(config, key)):
+      raise ValueError(f"{key}={checks.lookup(config, key)!r} must be a local folder "
+                       "(TFDS builds and the staging cache need a real filesystem)")
   learner_config(config)                  # raises "learner.<key>=..." on bad settings
 
   sft_steps = checks.positive_int(config, "sft.steps")

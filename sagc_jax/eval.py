@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from pathlib import Path
+from typing import Any
+
+from sagc_jax.storage import run_path
 
 
-def load_run_config(workdir: Path):
+def load_run_config(workdir: Any):
   import ml_collections
 
   path = workdir / "config.json"
@@ -25,8 +28,9 @@ def load_run_config(workdir: Path):
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m sagc_jax.eval", description=__doc__)
-  parser.add_argument("--workdir", type=Path, required=True, help="training run directory")
-  parser.add_argument("--hf_path", type=Path, default=None,
+  parser.add_argument("--workdir", type=run_path, required=True,
+                      help="training run directory (local or gs://)")
+  parser.add_argument("--hf_path", type=run_path, default=None,
                       help="evaluate this HF checkpoint folder instead of the run's checkpoint")
   parser.add_argument("--examples", type=int, default=None, help="held-out examples to use")
   args = parser.parse_args(argv)
@@ -34,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.hf_path is not None:
     if not args.hf_path.is_dir():
       parser.error(f"--hf_path {args.hf_path} is not a directory")
-    config.model.path = str(args.hf_path)
+    config.model.path = os.fspath(args.hf_path)      # gs:// is staged by the Trainer
   from sagc_jax.trainer import Trainer
 
   trainer = Trainer(config, args.workdir) if args.hf_path is None else \

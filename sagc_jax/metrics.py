@@ -1,7 +1,8 @@
 """Per-step metrics: ``metrics.jsonl``, TensorBoard event files, console progress.
 
 Every step appends one JSON object per line to ``<workdir>/metrics.jsonl``
-(flushed, so a killed run keeps every finished step) and writes the same
+(flushed, so a killed run keeps every finished step; in a ``gs://`` workdir the
+object is rewritten every ``train.metrics_sync_secs`` and at each checkpoint) and writes the same
 scalars to TensorBoard event files under ``<workdir>/tensorboard`` (via
 tensorboardX: no TensorFlow needed). The console gets a progress bar with ETA
 and the key figures. Only the primary process writes.
@@ -14,7 +15,10 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence
+
+from sagc_jax.storage import FolderUpload, is_remote, line_file, run_path
 
 KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
                ("strag", "straggler_rate", "{:.2f}"), ("reward", "reward_mean", "{:.3f}"),
@@ -23,19 +27,23 @@ KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-  rows = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      if line.strip():
-        rows.append(json.loads(line))
-  return rows
+  """Rows of a JSON-lines file (local or ``gs://``)."""
+  return [json.loads(line) for line in run_path(path).read_text(encoding="utf-8").splitlines()
+          if line.strip()]
 
 
 class MetricsWriter:
-  """Writes metric rows for steps ``first_step..total_steps``."""
+  """Writes metric rows for steps ``first_step..total_steps``.
+
+  ``workdir`` may be local or remote (``gs://``). Locally each row is appended
+  and flushed; in a bucket the file is rewritten at most every ``sync_secs``
+  and on ``flush`` (see ``storage.RewrittenObject``); TensorBoard event files
+  are written under ``local_dir`` and uploaded on ``flush`` and ``close``.
+  """
 
   def __init__(self, workdir: str | os.PathLike, total_steps: int, *, enabled: bool = True,
-               tensorboard: bool = True, stream=None):
+               tensorboard: bool = True, stream=None, sync_secs: float = 30.0,
+               local_dir: str | os.PathLike | None = None):
     self.enabled = enabled
     self.total_steps = total_steps
     self.stream = stream or sys.stdout
@@ -45,29 +53,43 @@ class MetricsWriter:
     self._tb = None
     if not enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self._jsonl = open(self.path, "a", encoding="utf-8")
+    self.path = run_path(workdir) / "metrics.jsonl"
+    self._jsonl = line_file(self.path, sync_secs)
     if tensorboard:
+      # Event files are appended, so they are written locally (the run's local mirror
+      # when the workdir is a bucket) and uploaded on flush/close. tensorboardX's own
+      # gs:// writer re-uploads from __del__, after close, which hangs a process whose
+      # network is gone.
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      if is_remote(workdir) and local_dir is None:
+        raise ValueError(f"workdir {workdir}: a bucket workdir needs local_dir for the "
+                         "TensorBoard event files")
+      remote_tb = run_path(workdir) / "tensorboard"
+      local_tb = Path(local_dir) / "tensorboard" if is_remote(workdir) else remote_tb
+      self._tb = SummaryWriter(os.fspath(local_tb))
+      self._tb_upload = FolderUpload(local_tb, remote_tb if is_remote(workdir) else None)
 
   def truncate_after(self, step: int) -> None:
     """Drops rows of steps > ``step`` (a resumed run rewrites them exactly)."""
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled:
       return
-    self._jsonl.close()
-    rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
-    with open(self.path, "w", encoding="utf-8") as f:
-      for row in rows:
-        f.write(json.dumps(row) + "\n")
-    self._jsonl = open(self.path, "a", encoding="utf-8")
+    lines = self._jsonl.lines
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+    if kept != lines:
+      self._jsonl.replace(kept)
+
+  def flush(self) -> None:
+    """Makes every written row durable (called when a checkpoint is saved)."""
+    if self._jsonl is not None:
+      self._jsonl.flush()
+    if self._tb is not None:
+      self._tb.flush()
+      self._tb_upload.sync()
 
   def write(self, row: dict[str, Any]) -> None:
     if not self.enabled:
       return
-    self._jsonl.write(json.dumps(row) + "\n")
-    self._jsonl.flush()
+    self._jsonl.append(json.dumps(row))
     if self._tb is not None:
       step = int(row["step"])
       for key, value in row.items():
@@ -104,6 +126,7 @@ class MetricsWriter:
       self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
+      self._tb_upload.sync()
 
 
 def _clock(seconds: float) -> str:

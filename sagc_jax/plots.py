@@ -7,6 +7,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sagc_jax.storage import run_path
+
 
 def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str, Any]],
              path: str | os.PathLike, title: str = "") -> None:
@@ -44,5 +46,6 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  with run_path(path).open("wb") as f:         # local or gs://
+    fig.savefig(f, format="png", dpi=100)
   plt.close(fig)

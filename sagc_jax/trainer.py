@@ -49,6 +49,7 @@ from sagc_jax.rewards import make_reward_fn
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
 from sagc_jax.rl.rollout import RolloutBatch
 from sagc_jax.sampling import Sampler
+from sagc_jax.storage import cache_root, local_mirror, run_path, stage
 from sagc_jax.warm_start import prepare_policy
 
 _TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
@@ -67,10 +68,17 @@ class Trainer:
                log: Callable[[str], None] | None = None):
     validate(config)
     self.config = config
-    self.workdir = Path(workdir).absolute()
+    # The workdir may be a bucket (gs://): every run file goes through storage.run_path.
+    # Rebuildable files that need a real filesystem (TFDS data, the tiny model's warm
+    # start) go to a local mirror; gs:// inputs are staged into the local cache.
+    self.workdir = run_path(workdir)
+    self.cache_root = cache_root(config.train.local_cache_dir)
+    self.local_dir = local_mirror(workdir, self.cache_root)
     self.is_primary = jax.process_index() == 0
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self.metrics = MetricsWriter(self.workdir, config.train.steps, enabled=self.is_primary)
+    self.metrics = MetricsWriter(self.workdir, config.train.steps, enabled=self.is_primary,
+                                 sync_secs=config.train.metrics_sync_secs,
+                                 local_dir=self.local_dir)
     self.log = log or self.metrics.log
     compile_count.install()
     if config.train.compilation_cache:
@@ -81,8 +89,10 @@ class Trainer:
     self.mesh = make_mesh(config.mesh.shape, config.mesh.axes)
     self.data_axis = self.mesh.shape["data"]
 
-    data_dir = config.data.data_dir or str(self.workdir / "tfds")
-    manual_dir = config.data.manual_dir or None
+    data_dir = config.data.data_dir or str(self.local_dir / "tfds")
+    manual_dir = stage(config.data.manual_dir, self.cache_root, self.log,
+                       what="data.manual_dir") or None
+    self.model_path = stage(config.model.path, self.cache_root, self.log, what="model.path")
     builder_kwargs = ({"config": config.data.synthetic.to_dict()}
                       if config.data.name == "synthetic" else {})
     load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
@@ -160,7 +170,8 @@ class Trainer:
 
   def _policy_folder(self) -> Path:
     """The HF folder the policy starts from (building the tiny model + SFT if needed)."""
-    return prepare_policy(self.config, self.workdir, self.train_source, self.log)
+    return prepare_policy(self.config, self.local_dir, self.train_source, self.log,
+                          model_path=self.model_path)
 
   # -------------------------------------------------------------- checkpoint
   def _restore(self) -> None:
@@ -194,6 +205,7 @@ class Trainer:
         "eval_history": self.eval_history,
     }
     self.checkpointer.save(self.step, self.learner.params, self.learner.opt_state, meta)
+    self.metrics.flush()         # the rows of every checkpointed step are durable too
 
   # ---------------------------------------------------------------- rollouts
   def _encode(self, examples: list[dict]) -> list[list[int]]:
@@ -424,4 +436,4 @@ def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  return read_jsonl(Path(workdir) / "metrics.jsonl")
+  return read_jsonl(run_path(workdir) / "metrics.jsonl")

@@ -26,10 +26,15 @@ SFT_MARKER = "sft_done.json"
 
 
 def prepare_policy(config: Any, workdir: Path, train_source: Any,
-                   log: Callable[[str], None] = print) -> Path:
-  """The HF folder of the initial policy, building and caching it when needed."""
-  if config.model.path:
-    return Path(config.model.path)
+                   log: Callable[[str], None] = print, *, model_path: str | None = None) -> Path:
+  """The HF folder of the initial policy, building and caching it when needed.
+
+  ``workdir`` is a local folder (a remote run's local mirror); ``model_path``
+  overrides ``config.model.path`` (the trainer passes its local staged copy).
+  """
+  model_path = config.model.path if model_path is None else model_path
+  if model_path:
+    return Path(model_path)
   init_dir = workdir / "init_model"
   if not (init_dir / "model.safetensors").exists():
     build_tiny_checkpoint(init_dir, seed=config.model.init_seed, family=config.model.tiny_family)
