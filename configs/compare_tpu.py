@@ -4,7 +4,7 @@ The TPU-pod preset (``sagc_jax.config.tpu_pod_preset``: 3B policy, GSM8K, 512
 rollouts per step). Run one arm per slice and merge:
 
   python -m sagc_jax.compare --config configs/compare_tpu.py --workdir W --arms grpo_sagc \\
-      --config.model.path=/mnt/ckpt/Qwen2.5-3B --config.data.manual_dir=/mnt/data/gsm8k
+      --config.model.path=gs://BUCKET/models/Qwen2.5-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
   ... (one call per arm, e.g. through launch/tpu_pod.sh with a different --name)
   python -m sagc_jax.compare --workdir W --merge_only
 """

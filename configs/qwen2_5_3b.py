@@ -1,11 +1,12 @@
-"""TPU-pod preset: GRPO + SAGC on Qwen2.5-3B with local GSM8K files.
+"""TPU-pod preset: GRPO + SAGC on Qwen2.5-3B with GSM8K files.
 
 See ``sagc_jax.config.tpu_pod_preset`` for the scale (512 rollouts per step, G in
-{4, 8, 16}, 2048-token responses, bf16, 4-way model parallel). Needs a local
-checkpoint folder and the GSM8K files (train.jsonl / test.jsonl):
+{4, 8, 16}, 2048-token responses, bf16, 4-way model parallel). Needs an HF
+checkpoint folder and the GSM8K files (train.jsonl / test.jsonl), local or in a bucket
+(gs:// folders are copied once per host into the local cache, train.local_cache_dir):
 
   python -m sagc_jax.train --config configs/qwen2_5_3b.py --workdir gs://BUCKET/runs/qwen2_5_3b \\
-      --config.model.path=/mnt/ckpt/Qwen2.5-3B --config.data.manual_dir=/mnt/data/gsm8k
+      --config.model.path=gs://BUCKET/models/Qwen2.5-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
 
 Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
 124.1 s per worst-case RL step, 17.2 h for 500 steps, a roofline from XLA's cost analysis):

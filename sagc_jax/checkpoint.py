@@ -27,12 +27,13 @@ class Checkpointer:
   """Save / restore-latest for ``(params, opt_state, meta)`` under one directory."""
 
   def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3,
-               log: Callable[[str], None] = print):
+               log: Callable[[str], None] = print, *, read_only: bool = False):
     directory = os.fspath(directory)
     self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.log = log
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
+                                           read_only=read_only,
+                                           enable_async_checkpointing=not read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
 
   def all_steps(self) -> list[int]:
@@ -79,6 +80,21 @@ class Checkpointer:
                          "restored (see the messages above); refusing to start over and "
                          "overwrite the run — move the directory away to start fresh")
     return None
+
+  def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
+    """``(step, params)`` of ``step`` (default: the newest), reading nothing else.
+
+    For readers of a run (export): a failure raises and nothing is moved.
+    """
+    steps = self.all_steps()
+    if not steps:
+      raise FileNotFoundError(f"no checkpoints in {self.directory}")
+    step = steps[-1] if step is None else step
+    if step not in steps:
+      raise ValueError(f"step {step} is not among the checkpoints {steps} in {self.directory}")
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))
+    return step, restored.params
 
   def _quarantine(self, step: int) -> str:
     """Renames a damaged step out of the manager's view, so that step can be saved again."""

@@ -103,7 +103,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Checks every section; the first problem raises ``ValueError`` naming its key."""
   checks.one_of(config, "model.dtype", DTYPES)
   if config.model.require_path and not config.model.path:
-    raise ValueError("model.path is empty: this preset needs a local HF checkpoint folder "
+    raise ValueError("model.path is empty: this preset needs an HF checkpoint folder, local or gs:// "
                      "(--config.model.path=/path/to/checkpoint)")
   checks.one_of(config, "model.tiny_family", ("llama", "qwen2", "qwen3"))
   checks.number_in(config, "model.init_std", 0.0, low_open=True)

@@ -15,6 +15,7 @@ from etils import epath
 from gcs_emulator import BUCKET, environment, gcs_emulator
 from sagc_jax import storage
 from sagc_jax.config import validate
+from sagc_jax.export import export
 from sagc_jax.plots import plot_run
 from sagc_jax.trainer import deterministic_view, load_history
 from test_trainer import run, shared, small_config  # noqa: F401 (fixture)
@@ -125,4 +126,13 @@ def test_main_job_with_a_gs_workdir_and_gs_model_resumes_exactly(gcs, shared, tm
   assert not (tmp_path / "gs:").exists() and not os.path.exists("gs:")
   staged = tmp_path / "cache" / "staged" / "gs" / BUCKET / "policy"
   assert (staged / storage.STAGED_MARKER).exists()
+
+  # The launcher's export action: the newest checkpoint as an HF folder in the bucket.
+  from transformers import AutoConfig
+  export(remote, f"{remote}/export", log=lambda m: None)
+  exported = storage.stage(f"{remote}/export", tmp_path / "cache")
+  assert AutoConfig.from_pretrained(exported).num_hidden_layers == \
+      json.loads((staged / "config.json").read_text())["num_hidden_layers"]
+  assert {"model.safetensors", "tokenizer.json", "generation_config.json"} <= \
+      {p.name for p in (bucket / "export").iterdir()}
   shutil.rmtree(tmp_path / "cache")

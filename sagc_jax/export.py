@@ -1,0 +1,122 @@
+"""``python -m sagc_jax.export --workdir DIR --out FOLDER [--step N]``: a run's policy as
+a Hugging Face folder that transformers and vLLM load as they are.
+
+Reads the run (``DIR/config.json`` and one checkpoint's parameters, nothing
+else) and writes nothing into it. The folder gets the policy's weights as
+safetensors in HF names and layouts (``save_pretrained``), ``config.json``, and
+every other file of the folder the run started from: tokenizer files with the
+chat template and ``generation_config.json`` (written from the model's EOS /
+BOS / pad ids when the base folder has none, so generation stops where the
+sampler stopped). ``DIR`` and ``FOLDER`` may be gs:// paths; the base folder
+(the run's ``model.path``) is staged like in training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from sagc_jax.cli import reject_positional, run_absl_tool
+
+# Files of the base folder that the export replaces (weights and the model config).
+_REPLACED = ("config.json", "model.safetensors", "model.safetensors.index.json")
+
+
+def _define_flags():
+  from absl import flags
+
+  flags.DEFINE_string("workdir", None, "Training run directory (local or gs://).")
+  flags.DEFINE_string("out", None, "Folder to write (local or gs://); must not exist yet.")
+  flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
+  flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                    "Weight dtype (default: the run's model.dtype).")
+  flags.DEFINE_string("base", None, "HF folder with the run's tokenizer and config "
+                      "(default: the run's model.path, or its tiny-model warm start).")
+  flags.mark_flags_as_required(["workdir", "out"])
+  return flags.FLAGS
+
+
+def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
+  """The HF folder the run started from (tokenizer, config, generation settings)."""
+  from sagc_jax.storage import cache_root, local_mirror, stage
+  from sagc_jax.warm_start import SFT_MARKER
+
+  root = cache_root(config.train.local_cache_dir)
+  if base or config.model.path:
+    return Path(stage(base or config.model.path, root, what="base folder"))
+  mirror = local_mirror(workdir, root)
+  for name, marker in (("sft_model", SFT_MARKER), ("init_model", "model.safetensors")):
+    if (mirror / name / marker).exists():
+      return mirror / name
+  raise FileNotFoundError(f"the run's starting folder (tiny model) is not in {mirror} on this "
+                          "host; pass --base with an HF folder holding its tokenizer")
+
+
+def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None,
+           base: str | None = None, log=print) -> dict[str, Any]:
+  """Writes the export; returns ``{"step", "out", "files"}``."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from sagc_jax.checkpoint import Checkpointer
+  from sagc_jax.eval import load_run_config
+  from sagc_jax.models import from_pretrained, save_pretrained
+  from sagc_jax.storage import FolderUpload, is_remote, run_path
+
+  if run_path(out).exists():
+    raise ValueError(f"--out {out} exists already; pick a new folder (nothing is overwritten)")
+  run = run_path(workdir)
+  config = load_run_config(run)
+  folder = base_folder(config, workdir, base)
+  dtype = dtype or config.model.dtype
+  model, cfg = from_pretrained(folder, dtype=jnp.float32)
+  _, params, _ = nnx.split(model, nnx.Param, ...)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,
+                                                         sharding=x.sharding), params)
+  directory = config.train.checkpoint_dir or os.fspath(run / "checkpoints")
+  checkpointer = Checkpointer(directory, read_only=True, log=log)
+  try:
+    step, restored = checkpointer.restore_params(abstract, step)
+  finally:
+    checkpointer.close()
+  target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+  nnx.update(model, jax.tree.map(lambda x: x.astype(target), restored))
+
+  with tempfile.TemporaryDirectory(prefix="sagc_export_") as tmp:
+    local = Path(tmp) / "export" if is_remote(out) else Path(out)
+    for path in sorted(folder.iterdir()):
+      if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \
+          and not path.name.endswith((".safetensors", ".bin")) and path.name != "sft_done.json":
+        local.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, local / path.name)
+    save_pretrained(model, cfg, local)
+    if not (local / "generation_config.json").exists():
+      eos = list(cfg.eos_token_ids)
+      (local / "generation_config.json").write_text(json.dumps({
+          "bos_token_id": cfg.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos,
+          "pad_token_id": cfg.pad_token_id if cfg.pad_token_id is not None else eos[0]},
+          indent=1))
+    files = sorted(p.name for p in local.iterdir())
+    if is_remote(out):
+      FolderUpload(local, run_path(out)).sync()
+  log(f"exported step {step} of {workdir} ({dtype}) to {out}: {', '.join(files)}")
+  return {"step": step, "out": out, "files": files}
+
+
+def main(argv: Sequence[str], flags) -> None:
+  reject_positional(argv)
+  export(flags.workdir, flags.out, step=flags.step, dtype=flags.dtype, base=flags.base)
+
+
+def run() -> None:
+  """Console entry point ``sagc-export``."""
+  run_absl_tool(main, _define_flags)
+
+
+if __name__ == "__main__":
+  run()

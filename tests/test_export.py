@@ -1,0 +1,57 @@
+"""HF export of a trained run: transformers loads it, its logits equal the checkpoint's
+policy, and exporting reads the run without writing to it."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hf_fixtures as hf
+from sagc_jax.export import export
+from sagc_jax.models import from_pretrained
+from sagc_jax.trainer import Trainer
+from test_trainer import run, shared, small_config  # noqa: F401 (fixture)
+
+torch = pytest.importorskip("torch")
+
+
+def test_export_loads_in_transformers_with_the_checkpoint_logits(shared, tmp_path):
+  config = small_config(shared, steps=2)
+  workdir = tmp_path / "run"
+  run(config, workdir)
+  before = {str(p): p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
+
+  out = tmp_path / "export"
+  result = export(str(workdir), str(out), log=lambda m: None)
+  assert result["step"] == 2
+  assert {"config.json", "model.safetensors", "generation_config.json",
+          "tokenizer.json", "tokenizer_config.json"} <= set(result["files"])
+  after = {str(p): p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
+  assert after == before                                   # the run was only read
+
+  # Reference: the policy as the trainer restores it from the same checkpoint.
+  trainer = Trainer(config, workdir, log=lambda m: None)
+  try:
+    assert trainer.step == 2
+    ids = np.array([[3, 17, 42, 9, 5, 28, 11, 60]], np.int64)
+    ours = np.asarray(trainer.model(jnp.asarray(ids)), np.float32)
+  finally:
+    trainer.close()
+  from transformers import AutoModelForCausalLM, AutoTokenizer
+
+  reloaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+  np.testing.assert_allclose(hf.hf_logits(reloaded, ids), ours, atol=2e-4, rtol=1e-4)
+  start, _ = from_pretrained(workdir / "sft_model")      # RL changed the weights
+  assert np.abs(np.asarray(start(jnp.asarray(ids))) - ours).max() > 1e-4
+  tokenizer = AutoTokenizer.from_pretrained(str(out))
+  assert tokenizer("1 + 2 =")["input_ids"]
+  generation = json.loads((out / "generation_config.json").read_text())
+  assert generation["eos_token_id"] is not None
+
+  with pytest.raises(ValueError, match="exists already"):
+    export(str(workdir), str(out))
+  with pytest.raises(ValueError, match="step 7 is not among the checkpoints"):
+    export(str(workdir), str(tmp_path / "other"), step=7)
