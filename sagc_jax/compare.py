@@ -29,6 +29,7 @@ import numpy as np
 
 from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.metrics import read_jsonl, summarize
+from sagc_jax.storage import is_remote
 
 RESULT_COLUMNS = ("arm", "algorithm", "controller", "static_g", "steps", "straggler_rate",
                   "wall_clock_s", "rollout_s", "speedup_vs_largest_static",
@@ -296,6 +297,10 @@ def main(argv: Sequence[str], flags) -> None:
 
   logging.set_verbosity(logging.WARNING)
   tfds.disable_progress_bar()
+  if is_remote(flags.workdir):
+    raise ValueError(f"--workdir={flags.workdir}: a comparison runs its arms on this host and "
+                     "needs a local folder (on a pod, run each arm with launch/tpu_pod.sh and "
+                     "its own gs:// --workdir)")
   workdir = Path(flags.workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   if not flags.merge_only:

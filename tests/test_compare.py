@@ -73,6 +73,11 @@ def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
                          "--merge_only"], capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert "grpo_static2" in proc.stdout
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.compare", "--workdir=gs://b/cmp",
+                         "--merge_only"], capture_output=True, text=True, timeout=300,
+                        cwd=tmp_path)
+  assert proc.returncode == 2 and "needs a local folder" in proc.stderr
+  assert not (tmp_path / "gs:").exists()
 
 
 def fake_arm(root: Path, name: str, algorithm: str, kind: str, g: int | None, steps: int,

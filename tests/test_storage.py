@@ -136,3 +136,20 @@ def test_main_job_with_a_gs_workdir_and_gs_model_resumes_exactly(gcs, shared, tm
   assert {"model.safetensors", "tokenizer.json", "generation_config.json"} <= \
       {p.name for p in (bucket / "export").iterdir()}
   shutil.rmtree(tmp_path / "cache")
+
+
+def test_jax_compilation_cache_works_in_a_bucket(gcs):
+  """A gs:// workdir keeps its compilation cache in the bucket (<workdir>/jax_cache), so a
+  slice recreated after a preemption reuses the programs instead of recompiling."""
+  import subprocess
+  import sys
+
+  script = ("import jax, jax.numpy as jnp\n"
+            f"jax.config.update('jax_compilation_cache_dir', '{gcs}/cache_probe')\n"
+            "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)\n"
+            "print(float(jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((8, 8))).sum()))\n")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  names = [p.name for p in epath.Path(f"{gcs}/cache_probe").iterdir()]
+  assert any(name.startswith("jit__lambda") for name in names), names
