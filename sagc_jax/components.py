@@ -62,10 +62,15 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   if limit and limit % data_axis:
     raise ValueError(f"rollout.max_rows_per_call={limit} does not divide evenly over the "
                      f"mesh 'data' axis of size {data_axis}")
-  common = dict(mesh=mesh, max_rows_per_call=limit)
+  segment = r.get("decode_segment", -1)
+  common = dict(mesh=mesh, max_rows_per_call=limit,
+                decode_segment=None if segment < 0 else segment,
+                compaction=r.get("compaction", True),
+                min_compact_rows=r.get("min_compact_rows", 8))
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets, **common)
+      stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets,
+      group_sizes=candidate_group_sizes(config), **common)
   eval_rows = -(-r.eval_batch // data_axis) * data_axis
   eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
   eval_sampler = Sampler(model, SamplingParams(r.max_new_tokens, temperature=0.0, **eval_params),

@@ -58,7 +58,11 @@ def base_config() -> ml_collections.ConfigDict:
       eval_batch=64,
       # Split larger rollout / eval batches into sequential sampler calls of at most
       # this many rows (whole groups; 0 = never): bounds the KV cache of one call.
-      max_rows_per_call=0))
+      max_rows_per_call=0,
+      # Segmented decoding (sampling/segmented.py): tokens per segment (-1 = auto,
+      # about 8 span buckets; 0 = the fused sampler); compaction of the running rows
+      # between segments, down to min_compact_rows.
+      decode_segment=-1, compaction=True, min_compact_rows=8))
 
   c.learner = ml_collections.ConfigDict(dict(
       algorithm="grpo", lr=1e-4, warmup_steps=0, schedule="constant", weight_decay=0.0,
@@ -164,6 +168,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"rollout.max_rows_per_call={limit} is smaller than the largest group "
                      f"size {max(candidates)}: a group must fit in one sampler call")
 
+  segment = checks.lookup(config, "rollout.decode_segment")
+  if isinstance(segment, bool) or not isinstance(segment, int) or segment < -1:
+    raise ValueError(f"rollout.decode_segment={segment!r} must be an int >= -1 "
+                     "(-1 = auto, 0 = fused sampler)")
+  if not isinstance(checks.lookup(config, "rollout.compaction"), bool):
+    raise ValueError(f"rollout.compaction={config.rollout.compaction!r} must be True or False")
+  checks.positive_int(config, "rollout.min_compact_rows")
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)

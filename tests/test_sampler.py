@@ -191,25 +191,38 @@ def test_callback_stats_equal_numpy_and_padding_rows_never_leak(llama):
   assert sampler.sink.pop()[0].size == 0                  # popped exactly once
 
 
-def test_zero_compilations_after_warmup_across_random_group_sizes(llama):
+@pytest.mark.parametrize("segment", [0, 2], ids=["fused", "segmented"])
+def test_zero_compilations_after_warmup_across_random_group_sizes(llama, segment):
   candidates = (2, 4, 8)
   buckets = row_buckets_for(candidates, lambda g: 2)
   assert buckets == (4, 8, 16)
-  params = SamplingParams(6, temperature=1.0, stop_ids=(3,))
-  sampler = Sampler(llama.model, params, row_buckets=buckets, prompt_buckets=(8, 16))
-  assert sampler.warmup(llama.model) == 6
+  params = SamplingParams(6, temperature=1.0, stop_ids=tuple(range(3, 256, 3)))
+  sampler = Sampler(llama.model, params, row_buckets=buckets, prompt_buckets=(8, 16),
+                    decode_segment=segment, min_compact_rows=1, group_sizes=candidates)
+  if segment:
+    # Per (rows, prompt bucket): a shared prefill per distinct prompt-row count, a
+    # segment per (ladder rows, span), a compaction per ladder pair, the stats program.
+    seg = sampler.segmented
+    assert seg.row_ladder(16) == (16, 4, 1) and seg.spans(8) == (10, 12, 14)
+    expected = len(set().union(*(seg.executable_keys(r, p, candidates)
+                                 for r in buckets for p in (8, 16))))
+  else:
+    expected = 6
+  assert sampler.warmup(llama.model) == expected
   before_total = compile_count.compile_count()
-  before_sampler = compile_count.compile_count("sampler_generate")
   rng = np.random.default_rng(9)
+  slots, full = 0, 0
   for step in range(20):
     g = int(rng.choice(candidates))
     prompts = random_prompts(2, 2, 16, seed=100 + step)
     batch = sampler.generate(llama.model, prompts, group_size=g, seed=step)
     assert batch.response_tokens.shape[0] == 2 * g
+    slots += batch.decode_slots
+    full += 2 * g * batch.decode_steps
   sampler.sink.pop()
-  assert compile_count.compile_count("sampler_generate") == before_sampler
   assert compile_count.compile_count() == before_total
-  assert sampler.num_executables == 6
+  assert sampler.num_executables == expected
+  assert (slots < full) if segment else (slots == full)   # compaction dropped done rows
 
 
 def test_hold_rollouts_group_sizes_share_one_bucket():

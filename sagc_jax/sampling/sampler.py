@@ -53,6 +53,7 @@ from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
                                          cache_sharding, init_cache)
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
+from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
 
@@ -179,6 +180,62 @@ def _sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams
   return tokens, logp
 
 
+def initial_carry(cache: KVCache, row_valid: jax.Array, row_ids: jax.Array,
+                  params: SamplingParams) -> dict[str, Any]:
+  """The decode state before the first token: padding rows are done from the start.
+
+  ``row_ids`` are the rows' global ids (their random streams); ``slot`` is a row's
+  position in the call's output (the segmented sampler's compaction moves rows, and
+  scatters them back by slot; -1 marks a padding row added by compaction).
+  """
+  rows = row_valid.shape[0]
+  return dict(t=jnp.int32(0), cache=cache, last=jnp.zeros((rows,), jnp.int32),
+              tokens=jnp.full((rows, params.max_new_tokens), params.pad_id, jnp.int32),
+              logprobs=jnp.zeros((rows, params.max_new_tokens), jnp.float32),
+              lengths=jnp.zeros((rows,), jnp.int32), done=~row_valid,
+              row_ids=row_ids, slot=jnp.arange(rows, dtype=jnp.int32))
+
+
+def emit(carry: dict[str, Any], step_logits: jax.Array, seed: jax.Array,
+         params: SamplingParams) -> dict[str, Any]:
+  """Samples token ``t`` for the rows still running and records it.
+
+  Row r's key is ``fold_in(fold_in(key(seed), row_ids[r]), t)``: a row's tokens do
+  not depend on where in a batch (or which batch) it sits.
+  """
+  t = carry["t"]
+  base = jax.random.key(seed)
+  keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(base, r), t))(
+      carry["row_ids"])
+  tokens, logp = _sample_tokens(step_logits, keys, params)
+  alive = ~carry["done"]
+  tokens = jnp.where(alive, tokens, params.pad_id)
+  stop_ids = jnp.asarray(params.stop_ids, jnp.int32)
+  hit_stop = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+  return dict(
+      carry, t=t + 1, last=tokens,
+      tokens=jax.lax.dynamic_update_slice(carry["tokens"], tokens[:, None], (0, t)),
+      logprobs=jax.lax.dynamic_update_slice(
+          carry["logprobs"], jnp.where(alive, logp, 0.0)[:, None], (0, t)),
+      lengths=carry["lengths"] + alive.astype(jnp.int32),
+      done=carry["done"] | (alive & hit_stop))
+
+
+def decode_until(model: Transformer, carry: dict[str, Any], seed: jax.Array,
+                 params: SamplingParams, options: ForwardOptions, t_end: int
+                 ) -> dict[str, Any]:
+  """Decodes one token per running row until token ``t_end`` or every row is done."""
+  def keep_going(c):
+    return (c["t"] < t_end) & jnp.any(~c["done"])
+
+  def decode_one(c):
+    step_logits, new_cache = model(c["last"][:, None], attention_mask=(~c["done"])[:, None],
+                                   cache=c["cache"], options=options)
+    return emit(dict(c, cache=new_cache), step_logits[:, -1, :], seed, params)
+
+  return jax.lax.while_loop(keep_going, decode_one, carry)
+
+
 class Sampler:
   """Bucketed, AOT-compiled generation for one model architecture.
 
@@ -204,6 +261,15 @@ class Sampler:
       rows (whole groups each; None = never). Bounds the KV cache per call when a
       step's rollouts do not fit the accelerator at once; each row keeps its global
       row id, so the tokens are those of an unsplit call.
+    decode_segment: tokens per decode segment of the segmented sampler (``segmented.py``:
+      prefill once per prompt, span-bucketed cache reads, live-row compaction);
+      None = ``auto_segment(max_new_tokens)``, 0 = the fused sampler (one while loop
+      over the whole cache for every row until the longest stops).
+    compaction: gather the rows still running into a smaller row count between
+      segments (segmented sampler only).
+    min_compact_rows: the smallest row count compaction goes down to.
+    group_sizes: the group sizes ``warmup`` compiles a shared prefill for (the
+      controller's candidates; other sizes compile on first use).
 
   The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
   then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
@@ -212,7 +278,9 @@ class Sampler:
   def __init__(self, model: Transformer, params: SamplingParams, row_buckets: Sequence[int],
                prompt_buckets: Sequence[int], *, mesh: Mesh | None = None,
                sink: LengthStatsSink | None = None, cache_dtype: Any = None,
-               options: ForwardOptions | None = None, max_rows_per_call: int | None = None):
+               options: ForwardOptions | None = None, max_rows_per_call: int | None = None,
+               decode_segment: int | None = None, compaction: bool = True,
+               min_compact_rows: int = 8, group_sizes: Sequence[int] = (1,)):
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
@@ -248,12 +316,22 @@ class Sampler:
     self.options = options
     self._compiled: dict[tuple[int, int], Any] = {}
     self._jitted = jax.jit(self._make_core(), **self._shardings(state))
+    self.group_sizes = tuple(sorted(set(int(g) for g in group_sizes)))
+    if not self.group_sizes or min(self.group_sizes) <= 0:
+      raise ValueError(f"group_sizes={tuple(group_sizes)} must be positive ints")
+    if decode_segment is None:
+      decode_segment = auto_segment(params.max_new_tokens)
+    if isinstance(decode_segment, bool) or not isinstance(decode_segment, int) \
+        or decode_segment < 0:
+      raise ValueError(f"decode_segment={decode_segment!r} must be an int >= 0 "
+                       "(0 = fused sampler) or None (auto)")
+    self.segmented = (SegmentedDecoder(self, decode_segment, compaction, min_compact_rows)
+                      if decode_segment else None)
 
   # ----------------------------------------------------------- jitted core
   def _make_core(self):
     graphdef, params, cfg, sink = self._graphdef, self.params, self.cfg, self.sink
     cache_dtype = self.cache_dtype
-    stop_ids = jnp.asarray(params.stop_ids, jnp.int32)
     n_new = params.max_new_tokens
 
     def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
@@ -266,43 +344,10 @@ class Sampler:
             cache, cache_sharding(cfg, rows, prompt_len + n_new, self.mesh))
       logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
                             fresh_cache=True, options=options, last_only=True)
-      base = jax.random.key(seed)
-      row_keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
-
-      def emit(carry, step_logits):
-        """Samples token t for the rows still running and records it."""
-        t = carry["t"]
-        keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(row_keys)
-        tokens, logp = _sample_tokens(step_logits, keys, params)
-        alive = ~carry["done"]
-        tokens = jnp.where(alive, tokens, params.pad_id)
-        hit_stop = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
-        return dict(
-            carry, t=t + 1, last=tokens, alive=alive,
-            tokens=jax.lax.dynamic_update_slice(carry["tokens"], tokens[:, None], (0, t)),
-            logprobs=jax.lax.dynamic_update_slice(
-                carry["logprobs"], jnp.where(alive, logp, 0.0)[:, None], (0, t)),
-            lengths=carry["lengths"] + alive.astype(jnp.int32),
-            done=carry["done"] | (alive & hit_stop))
-
-      carry = dict(
-          t=jnp.int32(0), cache=cache, last=jnp.zeros((rows,), jnp.int32),
-          alive=row_valid,
-          tokens=jnp.full((rows, n_new), params.pad_id, jnp.int32),
-          logprobs=jnp.zeros((rows, n_new), jnp.float32),
-          lengths=jnp.zeros((rows,), jnp.int32), done=~row_valid)
       # Left padding: every real row's last prompt token sits in the last column.
-      carry = emit(carry, logits[:, -1, :])
-
-      def keep_going(c):
-        return (c["t"] < n_new) & jnp.any(~c["done"])
-
-      def decode_one(c):
-        step_logits, new_cache = model(c["last"][:, None], attention_mask=(~c["done"])[:, None],
-                                       cache=c["cache"], options=options)
-        return emit(dict(c, cache=new_cache), step_logits[:, -1, :])
-
-      carry = jax.lax.while_loop(keep_going, decode_one, carry)
+      carry = emit(initial_carry(cache, row_valid, row_ids, params), logits[:, -1, :], seed,
+                   params)
+      carry = decode_until(model, carry, seed, params, options, t_end=n_new)
       stats = group_length_stats(carry["lengths"], group_ids, row_valid, num_groups=rows)
       io_callback(sink, None, *stats, ordered=True)
       return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
@@ -397,13 +442,21 @@ class Sampler:
                         cache, cache_sharding(self.cfg, rows, max_len, self.mesh))
 
   def warmup(self, model: Transformer) -> int:
-    """Compiles every (row bucket, prompt bucket) executable; returns how many were new."""
+    """Compiles every executable a ``generate`` call can use; returns how many were new.
+
+    Fused: one per (call rows, prompt bucket). Segmented: per (call rows, prompt
+    bucket) a shared prefill per group size, a segment per (ladder rows, span), a
+    compaction per ladder pair and the stats program (``SegmentedDecoder``).
+    """
     state = nnx.state(model)
-    before = len(self._compiled)
+    before = self.num_executables
     for rows in sorted({self.call_rows(r) for r in self.row_buckets}):
       for prompt_len in self.prompt_buckets:
-        self._executable(state, rows, prompt_len)
-    return len(self._compiled) - before
+        if self.segmented is None:
+          self._executable(state, rows, prompt_len)
+        else:
+          self.segmented.warmup(state, rows, prompt_len, self.group_sizes)
+    return self.num_executables - before
 
   # ------------------------------------------------------------- generate
   def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
@@ -446,13 +499,13 @@ class Sampler:
     pieces, seconds, decode_steps, decode_slots = [], 0.0, 0, 0
     for lo in range(0, max(real_rows, 1), per_call):
       hi = min(lo + per_call, rows)
-      out, took = self._call(state, call_rows, prompt_len, tokens[lo:hi], mask[lo:hi],
-                             row_valid[lo:hi], group_ids[lo:hi] - group_ids[lo],
-                             np.arange(lo, hi, dtype=np.int32), seed)
+      out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi], mask[lo:hi],
+                                    row_valid[lo:hi], group_ids[lo:hi] - group_ids[lo],
+                                    np.arange(lo, hi, dtype=np.int32), seed, group_size)
       pieces.append((hi - lo, out))
       seconds += took
       decode_steps = max(decode_steps, int(out["decode_steps"]))
-      decode_slots += call_rows * int(out["decode_steps"])
+      decode_slots += slots
 
     def joined(field, fill=0):
       rows_out = np.concatenate([np.asarray(out[field])[:n] for n, out in pieces])
@@ -476,14 +529,19 @@ class Sampler:
         decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds)
 
   def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
-            row_ids, seed) -> tuple[dict, float]:
-    """One executable call on ``call_rows`` rows (the given rows, padded); host outputs."""
+            row_ids, seed, group_size: int) -> tuple[dict, float, int]:
+    """One call on ``call_rows`` rows (the given rows, padded): host outputs, seconds
+    and decode slots (rows x steps actually run)."""
     n = tokens.shape[0]
 
     def pad(x, value=0):
       out = np.full((call_rows,) + x.shape[1:], value, x.dtype)
       out[:n] = x
       return out
+    if self.segmented is not None:
+      return self.segmented.run(state, call_rows, prompt_len, pad(tokens, self.params.pad_id),
+                                pad(mask), pad(row_valid), pad(group_ids), pad(row_ids),
+                                seed, group_size)
     inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
               pad(row_ids), np.uint32(seed))
     if self.mesh is not None:
@@ -492,7 +550,7 @@ class Sampler:
     executable = self._executable(state, call_rows, prompt_len)
     start = time.perf_counter()
     out = to_host(executable(state, *inputs))
-    return out, time.perf_counter() - start
+    return out, time.perf_counter() - start, call_rows * int(out["decode_steps"])
 
   def call_rows(self, rows: int) -> int:
     """Rows of the executable that serves a ``rows``-row bucket (``max_rows_per_call``)."""
@@ -506,4 +564,5 @@ class Sampler:
 
   @property
   def num_executables(self) -> int:
-    return len(self._compiled)
+    return len(self._compiled) + (0 if self.segmented is None
+                                  else self.segmented.num_executables)

@@ -1,0 +1,346 @@
+"""Segmented decoding: a sampler whose cost follows the work, not the caps.
+
+The fused sampler (``Sampler`` with ``decode_segment=0``) prefills every row, then
+runs one ``while_loop`` in which every decode step reads the whole static cache
+(``prompt + max_new_tokens`` slots) for every row of the batch until the longest
+row stops. Three things in that are waste, and this module removes them while
+sampling the same tokens (same per-row keys, same arithmetic up to float rounding):
+
+1. **Prefill once per prompt.** The G rows of a group share their prompt: the
+   distinct prompts are prefilled (``Pb`` rows) and each row's cache is gathered
+   from its prompt's (``start`` executable). Prefill FLOPs drop by G.
+2. **Span buckets.** Decoding runs in segments of ``L`` tokens. Segment j produces
+   tokens ``[L(j-1), Lj)``, whose keys lie in cache slots ``< prompt + Lj`` (its
+   *span*), and the cache it carries is exactly that long: a decode step reads
+   (and costs) the filled span, not ``prompt + max_new_tokens``. Between segments
+   a ``transition`` executable grows the cache to the next span (one copy per
+   segment, not per step: slicing a full-size cache every step costs a copy per
+   step on XLA:CPU).
+3. **Live-row compaction.** Between segments the host reads which rows are done
+   (R booleans). When the running rows fit a smaller size of the row ladder
+   (``row_ladder``: the call's rows divided by 4 down to ``min_rows``), the
+   transition also gathers them (cache, tokens, log-probs, lengths, keys' row
+   ids, output slots) into it; rows are scattered back to their original order on
+   the host by ``slot``. A lone straggler finishes at ``min_rows`` rows, not at
+   the full batch.
+
+The per-group max / median host callback stays one in-jit ``io_callback`` per
+call (``stats`` executable on the lengths in original row order). Every
+executable is compiled by ``warmup`` (``executable_keys``): per (call rows, prompt
+bucket) one ``start`` per prompt-row count, a ``segment`` per (ladder rows, span),
+a ``transition`` per (ladder pair incl. equal rows, consecutive spans), and one
+``stats``; the model runs only in ``start`` and ``segment``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import io_callback
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from sagc_jax.distributed import put_global, to_host
+from sagc_jax.models.sharding import abstract_like
+from sagc_jax.models.transformer import cache_sharding, init_cache
+from sagc_jax.sampling.group_stats import GroupLengthStats, group_length_stats
+
+# Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"
+# are shared scalars.
+_ROW_LEAVES = ("last", "tokens", "logprobs", "lengths", "done", "row_ids", "slot")
+
+
+def auto_segment(max_new_tokens: int) -> int:
+  """Default segment length: 4 span buckets (at least 8 tokens each)."""
+  return max(8, -(-max_new_tokens // 4))
+
+
+class SegmentedDecoder:
+  """The executables and host loop of segmented decoding for one ``Sampler``."""
+
+  def __init__(self, sampler: Any, segment: int, compaction: bool, min_rows: int):
+    if isinstance(segment, bool) or not isinstance(segment, int) or segment <= 0:
+      raise ValueError(f"decode_segment={segment!r} must be a positive int")
+    if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows <= 0:
+      raise ValueError(f"min_compact_rows={min_rows!r} must be a positive int")
+    self.sampler = sampler
+    self.segment = segment
+    self.compaction = compaction
+    self.mesh = sampler.mesh
+    self.data = 1 if self.mesh is None else self.mesh.shape.get("data", 1)
+    self.min_rows = -(-min_rows // self.data) * self.data
+    self._compiled: dict[tuple, Any] = {}
+
+  # ----------------------------------------------------------------- shapes
+  def spans(self, prompt_len: int) -> tuple[int, ...]:
+    n_new = self.sampler.params.max_new_tokens
+    count = -(-n_new // self.segment)
+    return tuple(prompt_len + min(self.segment * j, n_new) for j in range(1, count + 1))
+
+  def row_ladder(self, rows: int) -> tuple[int, ...]:
+    """Row counts compaction may move to: ``rows`` divided by 4 while whole over 'data'
+    and at least ``min_rows`` (a factor 4 keeps the executable count small)."""
+    ladder = [rows]
+    if self.compaction:
+      r = rows
+      while r % 4 == 0 and (r // 4) % self.data == 0 and r // 4 >= self.min_rows:
+        r //= 4
+        ladder.append(r)
+    return tuple(ladder)
+
+  def prompt_rows(self, rows: int, group_size: int) -> int:
+    """Rows of the shared prefill: the call's prompts, whole over 'data'."""
+    prompts = -(-rows // group_size)
+    return min(-(-prompts // self.data) * self.data, rows)
+
+  def executable_keys(self, rows: int, prompt_len: int, group_sizes: Sequence[int]
+                      ) -> set[tuple]:
+    """Every executable a call on ``rows`` rows may use (``warmup`` compiles them).
+
+    A shared prefill per distinct prompt-row count, a segment per (ladder rows, span),
+    a compaction per ladder pair, and the stats program. Buckets share the entries
+    of their common ladder sizes.
+    """
+    ladder, spans = self.row_ladder(rows), self.spans(prompt_len)
+    keys = {("start", self.prompt_rows(rows, g), rows, prompt_len) for g in group_sizes}
+    keys |= {("segment", r, prompt_len, span) for r in ladder for span in spans}
+    keys |= {("transition", a, b, prompt_len, s0, s1) for i, a in enumerate(ladder)
+             for b in ladder[i:] for s0, s1 in zip(spans, spans[1:])}
+    keys.add(("stats", rows))
+    return keys
+
+  # ------------------------------------------------------------ shardings
+  def _spec(self, shape, dtype, names):
+    sharding = None if self.mesh is None else NamedSharding(self.mesh, P(*names))
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+  def _abstract_cache(self, rows: int, length: int):
+    s = self.sampler
+    cache = jax.eval_shape(lambda: init_cache(s.cfg, rows, length, dtype=s.cache_dtype))
+    if self.mesh is None:
+      return cache
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                        cache, cache_sharding(s.cfg, rows, length, self.mesh))
+
+  def _abstract_carry(self, rows: int, length: int) -> dict[str, Any]:
+    """The decode state of ``rows`` rows with a ``length``-slot cache."""
+    n_new = self.sampler.params.max_new_tokens
+    row1, row2 = ("data",), ("data", None)
+    carry = dict(
+        t=self._spec((), jnp.int32, ()), last=self._spec((rows,), jnp.int32, row1),
+        tokens=self._spec((rows, n_new), jnp.int32, row2),
+        logprobs=self._spec((rows, n_new), jnp.float32, row2),
+        lengths=self._spec((rows,), jnp.int32, row1), done=self._spec((rows,), jnp.bool_, row1),
+        row_ids=self._spec((rows,), jnp.int32, row1), slot=self._spec((rows,), jnp.int32, row1))
+    carry["cache"] = self._abstract_cache(rows, length)
+    return carry
+
+  def _jit(self, fn, in_specs: tuple, out_spec: Any, donate: tuple[int, ...] = ()):
+    kwargs = dict(donate_argnums=donate)
+    if self.mesh is not None:
+      sharding = lambda tree: jax.tree.map(lambda s: s.sharding, tree)
+      kwargs.update(in_shardings=tuple(sharding(s) for s in in_specs),
+                    out_shardings=sharding(out_spec))
+    return jax.jit(fn, **kwargs).lower(*in_specs).compile()
+
+  # ----------------------------------------------------------- executables
+  def _start(self, state, prompt_rows: int, rows: int, prompt_len: int):
+    key = ("start", prompt_rows, rows, prompt_len)
+    if key not in self._compiled:
+      from sagc_jax.sampling.sampler import emit, initial_carry
+      s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
+      max_len = self.spans(prompt_len)[0]
+
+      def sampler_start(state, prompt_tokens, prompt_mask, row_prompt, row_valid, row_ids,
+                        seed):
+        model = nnx.merge(graphdef, state)
+        cache = init_cache(s.cfg, prompt_rows, max_len, dtype=s.cache_dtype)
+        if self.mesh is not None:
+          cache = jax.lax.with_sharding_constraint(
+              cache, cache_sharding(s.cfg, prompt_rows, max_len, self.mesh))
+        logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
+                              fresh_cache=True, options=s._options_for(prompt_rows),
+                              last_only=True)
+        # Each row takes its prompt's cache and next-token logits.
+        take = lambda x: jnp.take(x, row_prompt, axis=0)
+        cache = cache._replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
+                               valid=take(cache.valid), next_pos=take(cache.next_pos))
+        if self.mesh is not None:
+          cache = jax.lax.with_sharding_constraint(
+              cache, cache_sharding(s.cfg, rows, max_len, self.mesh))
+        return emit(initial_carry(cache, row_valid, row_ids, params), take(logits[:, -1, :]),
+                    seed, params)
+
+      inputs = (abstract_like(state),
+                self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
+                self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
+                self._spec((rows,), jnp.int32, ("data",)),
+                self._spec((rows,), jnp.bool_, ("data",)),
+                self._spec((rows,), jnp.int32, ("data",)),
+                self._spec((), jnp.uint32, ()))
+      self._compiled[key] = self._jit(sampler_start, inputs, self._abstract_carry(rows, max_len))
+    return self._compiled[key]
+
+  def _segment(self, state, rows: int, prompt_len: int, span: int):
+    key = ("segment", rows, prompt_len, span)
+    if key not in self._compiled:
+      from sagc_jax.sampling.sampler import decode_until
+      s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
+      options = s._options_for(rows)
+
+      def sampler_segment(state, carry, seed):
+        model = nnx.merge(graphdef, state)
+        return decode_until(model, carry, seed, params, options, t_end=span - prompt_len)
+
+      carry = self._abstract_carry(rows, span)
+      self._compiled[key] = self._jit(
+          sampler_segment, (abstract_like(state), carry, self._spec((), jnp.uint32, ())),
+          carry, donate=(1,))
+    return self._compiled[key]
+
+  def _transition(self, rows_from: int, rows_to: int, prompt_len: int, span_from: int,
+                  span_to: int):
+    """Grows the cache from one span to the next and, with fewer rows, gathers the
+    running ones (``index``; ``keep`` False marks padding rows, done from then on)."""
+    key = ("transition", rows_from, rows_to, prompt_len, span_from, span_to)
+    if key not in self._compiled:
+      extra = span_to - span_from
+      grow_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))   # [B, KV, S, D]
+
+      def sampler_transition(carry, index, keep):
+        cache = carry["cache"]
+        cache = cache._replace(k=tuple(map(grow_kv, cache.k)), v=tuple(map(grow_kv, cache.v)),
+                               valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
+        out = dict(carry, cache=cache)
+        if rows_to < rows_from:
+          take = lambda x: jnp.take(x, index, axis=0)
+          out.update({k: take(carry[k]) for k in _ROW_LEAVES})
+          out["done"] = out["done"] | ~keep
+          out["slot"] = jnp.where(keep, out["slot"], -1)
+          out["cache"] = cache._replace(
+              k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
+              valid=take(cache.valid), next_pos=take(cache.next_pos))
+        return out
+
+      self._compiled[key] = self._jit(
+          sampler_transition, (self._abstract_carry(rows_from, span_from),
+                               self._spec((rows_to,), jnp.int32, ("data",)),
+                               self._spec((rows_to,), jnp.bool_, ("data",))),
+          self._abstract_carry(rows_to, span_to))
+    return self._compiled[key]
+
+  def _stats(self, rows: int):
+    key = ("stats", rows)
+    if key not in self._compiled:
+      sink = self.sampler.sink
+
+      def sampler_stats(lengths, group_ids, row_valid):
+        stats = group_length_stats(lengths, group_ids, row_valid, num_groups=rows)
+        io_callback(sink, None, *stats, ordered=True)
+        return stats
+
+      row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
+      inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
+      shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
+      out = GroupLengthStats(*(self._spec(x.shape, x.dtype, ()) for x in shapes))
+      self._compiled[key] = self._jit(sampler_stats, inputs, out)
+    return self._compiled[key]
+
+  def warmup(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]) -> None:
+    for key in sorted(self.executable_keys(rows, prompt_len, group_sizes)):
+      kind, *shape = key
+      if kind == "start":
+        self._start(state, *shape)
+      elif kind == "segment":
+        self._segment(state, *shape)
+      elif kind == "transition":
+        self._transition(*shape)
+      else:
+        self._stats(*shape)
+
+  @property
+  def num_executables(self) -> int:
+    return len(self._compiled)
+
+  # ------------------------------------------------------------- host loop
+  def _put(self, value: np.ndarray, spec: jax.ShapeDtypeStruct):
+    return value if self.mesh is None else put_global(value, spec.sharding)
+
+  def run(self, state, rows: int, prompt_len: int, tokens: np.ndarray, mask: np.ndarray,
+          row_valid: np.ndarray, group_ids: np.ndarray, row_ids: np.ndarray, seed: int,
+          group_size: int) -> tuple[dict[str, Any], float, int]:
+    """One call on ``rows`` rows (inputs padded to it); ``(outputs, seconds, slots)``.
+
+    ``outputs`` has the fused executable's fields (tokens, logprobs, lengths,
+    decode_steps, stats); ``slots`` is the decode work actually done, the sum over
+    segments of rows x steps.
+    """
+    params = self.sampler.params
+    n_new = params.max_new_tokens
+    prompt_rows = self.prompt_rows(rows, group_size)
+    first = np.arange(0, rows, group_size)[:prompt_rows]
+    p_tokens = np.full((prompt_rows, prompt_len), params.pad_id, np.int32)
+    p_mask = np.zeros((prompt_rows, prompt_len), bool)
+    p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
+    row_prompt = np.minimum(np.arange(rows) // group_size, prompt_rows - 1).astype(np.int32)
+    start_exe = self._start(state, prompt_rows, rows, prompt_len)
+    arg_specs = (self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
+                 self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
+                 self._spec((rows,), jnp.int32, ("data",)),
+                 self._spec((rows,), jnp.bool_, ("data",)),
+                 self._spec((rows,), jnp.int32, ("data",)))
+    args = [self._put(x, sp) for x, sp in zip(
+        (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)), arg_specs)]
+    seed_arr = self._put(np.uint32(seed), self._spec((), jnp.uint32, ()))
+
+    out_tokens = np.full((rows, n_new), params.pad_id, np.int32)
+    out_logprobs = np.zeros((rows, n_new), np.float32)
+    out_lengths = np.zeros((rows,), np.int32)
+
+    def harvest(carry):
+      got = to_host({k: carry[k] for k in ("tokens", "logprobs", "lengths", "slot")})
+      real = got["slot"] >= 0
+      slots = got["slot"][real]
+      out_tokens[slots] = got["tokens"][real]
+      out_logprobs[slots] = got["logprobs"][real]
+      out_lengths[slots] = got["lengths"][real]
+
+    start = time.perf_counter()
+    carry = start_exe(state, *args, seed_arr)
+    current, t, slots_used = rows, 1, rows          # token 0 came from the prefill
+    spans = self.spans(prompt_len)
+    ladder = self.row_ladder(rows)
+    for j, span in enumerate(spans):
+      carry = self._segment(state, current, prompt_len, span)(state, carry, seed_arr)
+      info = to_host({"t": carry["t"], "done": carry["done"]})
+      t_now = int(info["t"])
+      slots_used += current * (t_now - t)
+      t = t_now
+      live = int((~info["done"]).sum())
+      if live == 0 or t >= n_new:
+        break
+      target = min((r for r in ladder if r >= live), default=current)
+      keep = np.zeros((target,), bool)
+      if target < current:
+        harvest(carry)                       # finished rows leave the batch here
+        index = np.flatnonzero(~info["done"])
+        keep[:len(index)] = True
+        index = np.concatenate([index, np.full(target - len(index), index[0])])
+      else:
+        index = np.arange(target)
+      carry = self._transition(current, target, prompt_len, span, spans[j + 1])(
+          carry, self._put(index.astype(np.int32), self._spec((target,), jnp.int32, ("data",))),
+          self._put(keep, self._spec((target,), jnp.bool_, ("data",))))
+      current = target
+    harvest(carry)
+    row1 = lambda x, dtype: self._put(x, self._spec((rows,), dtype, ("data",)))
+    stats = self._stats(rows)(row1(out_lengths, jnp.int32), row1(group_ids, jnp.int32),
+                              row1(row_valid, jnp.bool_))
+    stats = to_host(stats)
+    seconds = time.perf_counter() - start
+    return (dict(tokens=out_tokens, logprobs=out_logprobs, lengths=out_lengths,
+                 decode_steps=np.int32(t), stats=stats), seconds, slots_used)

@@ -1,0 +1,115 @@
+"""The segmented sampler (shared prefill, span buckets, live-row compaction) samples the
+fused sampler's tokens, and its cost follows the work (XLA cost analysis, decode slots)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from sagc_jax.models import from_pretrained
+from sagc_jax.sampling import Sampler, SamplingParams
+from test_sampler import llama, random_prompts  # noqa: F401 (fixture)
+
+# A third of the vocabulary stops a response: lengths spread from 1 to the cap, so
+# rows finish at different segments and compaction moves the survivors several times.
+STOPS = tuple(range(3, 256, 3))
+N_NEW = 12
+
+
+def pair(model, params, mesh=None, **kwargs):
+  fused = Sampler(model, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0)
+  segmented = Sampler(model, params, row_buckets=(16,), prompt_buckets=(12,), mesh=mesh,
+                      decode_segment=3, min_compact_rows=1 if mesh is None else 2,
+                      group_sizes=(4,), **kwargs)
+  return fused, segmented
+
+
+def assert_same_samples(a, b):
+  np.testing.assert_array_equal(a.response_tokens, b.response_tokens)
+  np.testing.assert_array_equal(a.lengths, b.lengths)
+  np.testing.assert_allclose(a.response_logprobs, b.response_logprobs, atol=2e-5)
+  np.testing.assert_array_equal(a.group_max, b.group_max)
+  np.testing.assert_array_equal(a.group_median, b.group_median)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
+def test_segmented_samples_the_fused_tokens_across_compactions(llama, temperature, top_p):
+  params = SamplingParams(N_NEW, temperature=temperature, top_p=top_p, stop_ids=STOPS)
+  fused, segmented = pair(llama.model, params)
+  compacted = 0
+  for seed in range(4):
+    prompts = random_prompts(4, 3, 12, seed=20 + seed)
+    a = fused.generate(llama.model, prompts, group_size=4, seed=seed)
+    b = segmented.generate(llama.model, prompts, group_size=4, seed=seed)
+    assert_same_samples(a, b)
+    assert b.decode_steps == a.decode_steps
+    assert b.decode_slots <= a.decode_slots == 16 * a.decode_steps
+    compacted += b.decode_slots < a.decode_slots
+  assert compacted >= 2, "the lengths never let compaction run: the test would prove nothing"
+  # The in-jit host callback delivered the same stats once per call.
+  got_a, got_b = fused.sink.pop(), segmented.sink.pop()
+  for x, y in zip(got_a, got_b):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_segmented_on_8_devices_samples_the_single_device_fused_tokens(llama):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  sharded, _ = from_pretrained(llama.folder, mesh=mesh)
+  params = SamplingParams(N_NEW, temperature=1.0, top_p=0.9, stop_ids=STOPS)
+  fused, _ = pair(llama.model, params)
+  _, segmented = pair(sharded, params, mesh=mesh)
+  prompts = random_prompts(4, 3, 12, seed=31)
+  a = fused.generate(llama.model, prompts, group_size=4, seed=5)
+  b = segmented.generate(sharded, prompts, group_size=4, seed=5)
+  assert_same_samples(a, b)
+  assert b.decode_slots < a.decode_slots
+
+
+def test_compaction_off_keeps_every_row_and_the_same_tokens(llama):
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=STOPS)
+  fused, _ = pair(llama.model, params)
+  _, plain = pair(llama.model, params, compaction=False)
+  prompts = random_prompts(4, 3, 12, seed=40)
+  a = fused.generate(llama.model, prompts, group_size=4, seed=3)
+  b = plain.generate(llama.model, prompts, group_size=4, seed=3)
+  assert_same_samples(a, b)
+  assert b.decode_slots == a.decode_slots
+  assert plain.segmented.row_ladder(16) == (16,)
+
+
+def cost(executable, key):
+  analysis = executable.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, list) else analysis
+  return float(analysis[key])
+
+
+def test_decode_cost_grows_with_the_span_and_prefill_with_the_prompts(llama):
+  """Structural, on the chip it is for: the segment and prefill programs compiled for an
+  abstract TPU v5e:2x2 (libtpu, no TPU needed), read through XLA's cost analysis."""
+  from flax import nnx
+
+  from sagc_jax.aot.compile_report import topology_mesh
+  from sagc_jax.models.transformer import abstract_model
+
+  mesh, _ = topology_mesh("v5e:2x2", (-1, 1), ("data", "model"))
+  model = abstract_model(llama.cfg, jax.numpy.bfloat16, mesh=mesh)
+  # Spans are multiples of 128: the TPU tiles a cache's slot axis in 128s.
+  params = SamplingParams(512, temperature=1.0, stop_ids=STOPS)
+  sampler = Sampler(model, params, row_buckets=(16,), prompt_buckets=(128,), mesh=mesh,
+                    decode_segment=128, group_sizes=(1, 8))
+  seg, state = sampler.segmented, nnx.state(model)
+  spans = seg.spans(128)
+  assert spans == (256, 384, 512, 640)
+  # A segment's loop body is counted once: the bytes of one decode step, which read
+  # only the filled span of the cache.
+  step_bytes = [cost(seg._segment(state, 16, 128, s), "bytes accessed") for s in spans]
+  assert all(a < b for a, b in zip(step_bytes, step_bytes[1:])), step_bytes
+  # Prefill once per prompt: G = 8 prefills 4 prompt rows (2 prompts, whole over the
+  # 4-way 'data' axis), G = 1 all 16 rows.
+  shared = cost(seg._start(state, seg.prompt_rows(16, 8), 16, 128), "flops")
+  every_row = cost(seg._start(state, seg.prompt_rows(16, 1), 16, 128), "flops")
+  assert seg.prompt_rows(16, 8) == 4 and every_row > 3 * shared, (every_row, shared)
