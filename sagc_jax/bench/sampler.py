@@ -1,36 +1,54 @@
-"""Sampler throughput vs transformers ``generate``, and the straggler cost curve.
+"""Sampler throughput vs transformers ``generate``, and what a straggler costs.
 
-Part 1 (throughput). The same tiny random Llama weights (saved once with
-``save_pretrained`` and loaded by both stacks), the same prompts, batch and
-``max_new_tokens``, greedy decoding: generated tokens per second of
-``Sampler.generate`` vs transformers' ``generate`` on torch CPU, medians of
-``runs`` timed calls after one warm-up call each. ``greedy_match`` is the
-fraction of rows whose tokens and length equal transformers' exactly.
-``compiles_after_warmup`` counts XLA compilations during the timed calls.
+Part 1 (``rows_table``). For two random Llama models, the tiny CPU default (~0.8M
+parameters) and a ~25M one (so that the speedup is not only Python overhead), the
+same weights are saved once with ``save_pretrained`` and loaded by both stacks;
+the same prompts (G = 4 rows each), batch and ``max_new_tokens``, greedy: generated
+tokens per second of ``Sampler.generate`` (default settings: segmented decoding)
+vs transformers' ``generate`` on torch CPU, medians of ``runs`` timed calls after
+one warm-up call each, for 4 to 64 rows. ``greedy_match`` is the fraction of rows
+whose tokens and length equal transformers'. ``min_speedup`` is the worst row of
+the table, not a chosen one.
 
-Part 2 (straggler cost). Sampling with temperature 1 and a set of stop tokens
-gives geometric-ish response lengths; over many seeds the wall-clock of one
-``generate`` call is regressed on the longest response of its batch (the
-while-loop runs until that row is done). Reported as a fit
-``seconds = fixed + per_step * longest`` and a table by longest-response bins.
+Part 2 (straggler). A 64-row greedy call in which one row runs to
+``straggler_tokens`` and the 63 others stop within 16 tokens, built without
+changing the model: greedy continuations of a pool of random prompts are
+computed once; the straggler is the prompt whose continuation uses the fewest
+distinct tokens, every other token id becomes a stop id, and the 63 companions
+are prompts that hit one of them within 16 tokens. Timed with compaction on
+(``straggler_seconds``) and, in the same run, the same segmented sampler with
+compaction off (``straggler_seconds_no_compaction``); the fused sampler
+(one while loop over the full cache) is reported too.
 
 Needs torch + transformers (``pip install -e ".[test]"``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
 from typing import Any
 
+import jax
 import numpy as np
+from flax import nnx
 
 from sagc_jax import compile_count
 from sagc_jax.models import init_model, save_pretrained, tiny_config
 from sagc_jax.sampling import Sampler, SamplingParams
 
 EOS = 2
+ROWS = (4, 8, 16, 32, 64)
+GROUP = 4
+
+
+def small_config():
+  """~25M parameters: hidden 512, 6 layers, 8 heads (2 KV), MLP 1408, 8192-token vocab."""
+  return dataclasses.replace(tiny_config(), vocab_size=8192, hidden_size=512, num_layers=6,
+                             num_heads=8, num_kv_heads=2, head_dim=64, intermediate_size=1408,
+                             tie_word_embeddings=False)
 
 
 def _prompts(num: int, seed: int, vocab: int) -> list[list[int]]:
@@ -62,80 +80,88 @@ def _hf_lengths(tokens: np.ndarray) -> np.ndarray:
   return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, tokens.shape[1])
 
 
-def _throughput(model, cfg, torch_model, prompts: int, group_size: int, max_new_tokens: int,
-                runs: int, seed: int) -> dict[str, Any]:
-  """One batch shape: ours vs transformers, greedy, medians of ``runs`` calls."""
-  rows_per_call = prompts * group_size
-  prompt_ids = _prompts(prompts, seed, cfg.vocab_size)
-  params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=(EOS,))
-  sampler = Sampler(model, params, row_buckets=(rows_per_call,), prompt_buckets=(32,))
-  warm_start = time.perf_counter()
-  sampler.warmup(model)
-  warmup_s = time.perf_counter() - warm_start
-  sampler.generate(model, prompt_ids, group_size, seed)             # first call
-  before = compile_count.compile_count()
-  ours = [sampler.generate(model, prompt_ids, group_size, seed) for _ in range(runs)]
-  compiles = compile_count.compile_count() - before
+def _timed(sampler, model, prompts, group_size, runs, seed):
+  sampler.generate(model, prompts, group_size, seed)                 # first call
+  batches = [sampler.generate(model, prompts, group_size, seed) for _ in range(runs)]
   sampler.sink.pop()
-  ours_s = float(np.median([b.seconds for b in ours]))
+  return batches, float(np.median([b.seconds for b in batches]))
+
+
+def _throughput(name, model, cfg, torch_model, rows: int, max_new_tokens: int, runs: int,
+                seed: int) -> dict[str, Any]:
+  """One batch shape: ours vs transformers, greedy, medians of ``runs`` calls."""
+  prompt_ids = _prompts(rows // GROUP, seed, cfg.vocab_size)
+  params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=(EOS,))
+  sampler = Sampler(model, params, row_buckets=(rows,), prompt_buckets=(32,),
+                    group_sizes=(GROUP,))
+  start = time.perf_counter()
+  sampler.warmup(model)
+  warmup_s = time.perf_counter() - start
+  before = compile_count.compile_count()
+  ours, ours_s = _timed(sampler, model, prompt_ids, GROUP, runs, seed)
+  compiles = compile_count.compile_count() - before
   batch = ours[0]
-  rows = [p for p in prompt_ids for _ in range(group_size)]
-  _hf_generate(torch_model, rows, max_new_tokens)                    # warm-up
-  hf_runs = [_hf_generate(torch_model, rows, max_new_tokens) for _ in range(runs)]
-  hf_tokens = hf_runs[0][0]
-  hf_s = float(np.median([s for _, s in hf_runs]))
+  hf_rows = [p for p in prompt_ids for _ in range(GROUP)]
+  _hf_generate(torch_model, hf_rows, max_new_tokens)                   # warm-up
+  hf_runs = [_hf_generate(torch_model, hf_rows, max_new_tokens) for _ in range(runs)]
+  hf_tokens, hf_s = hf_runs[0][0], float(np.median([s for _, s in hf_runs]))
   hf_len = _hf_lengths(hf_tokens)
   match = [bool(batch.lengths[r] == hf_len[r]
                 and np.array_equal(batch.response_tokens[r, :hf_len[r]], hf_tokens[r, :hf_len[r]]))
-           for r in range(rows_per_call)]
-  return {"rows": rows_per_call, "prompts": prompts, "group_size": group_size,
-          "generated_tokens": int(batch.lengths.sum()), "decode_steps": batch.decode_steps,
-          "seconds": ours_s, "hf_seconds": hf_s,
-          "tokens_per_s": int(batch.lengths.sum()) / ours_s,
-          "hf_tokens_per_s": int(hf_len.sum()) / hf_s,
-          "speedup": (int(batch.lengths.sum()) / ours_s) / (int(hf_len.sum()) / hf_s),
+           for r in range(rows)]
+  tokens_per_s = int(batch.lengths.sum()) / ours_s
+  hf_tokens_per_s = int(hf_len.sum()) / hf_s
+  return {"model": name, "rows": rows, "generated_tokens": int(batch.lengths.sum()),
+          "seconds": ours_s, "hf_seconds": hf_s, "tokens_per_s": tokens_per_s,
+          "hf_tokens_per_s": hf_tokens_per_s, "speedup": tokens_per_s / hf_tokens_per_s,
           "greedy_match": float(np.mean(match)), "compiles_after_warmup": int(compiles),
-          "warmup_seconds": warmup_s}
+          "executables": sampler.num_executables, "warmup_seconds": warmup_s}
 
 
-def _straggler_cost(model, cfg, prompts: int, group_size: int, max_new_tokens: int,
-                    calls: int, seed: int) -> dict[str, Any]:
-  """Wall-clock of one call vs the longest response of its batch (sampled lengths)."""
-  prompt_ids = _prompts(prompts, seed, cfg.vocab_size)
-  # ~10% of the vocabulary ends a response: geometric lengths, a wide spread of maxima.
-  stop_ids = tuple(range(5, 15))
-  sampler = Sampler(model, SamplingParams(max_new_tokens, temperature=1.0, stop_ids=stop_ids),
-                    row_buckets=(prompts * group_size,), prompt_buckets=(32,))
-  sampler.warmup(model)
-  sampler.generate(model, prompt_ids, group_size, seed)
-  points = []
-  for call in range(calls):
-    b = sampler.generate(model, prompt_ids, group_size, seed=1000 + call)
-    points.append((int(b.lengths.max()), float(np.median(b.lengths[b.row_valid])), b.seconds))
-  sampler.sink.pop()
-  longest = np.array([p[0] for p in points], float)
-  medians = np.array([p[1] for p in points])
-  seconds = np.array([p[2] for p in points])
-  per_step, fixed = np.polyfit(longest, seconds, 1)
-  edges = np.unique(np.quantile(longest, [0, 0.25, 0.5, 0.75, 1.0]).round())
-  table = []
-  for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
-    last = i == len(edges) - 2
-    sel = (longest >= lo) & ((longest <= hi) if last else (longest < hi))
-    if sel.any():
-      table.append({"longest_from": int(lo), "longest_to": int(hi), "calls": int(sel.sum()),
-                    "mean_longest": float(longest[sel].mean()),
-                    "mean_median_len": float(medians[sel].mean()),
-                    "mean_seconds": float(seconds[sel].mean())})
-  return {"rows": prompts * group_size, "calls": calls, "fit_fixed_s": float(fixed),
-          "fit_per_decode_step_s": float(per_step),
-          "corr": float(np.corrcoef(longest, seconds)[0, 1]), "table": table}
+def _straggler_batch(model, cfg, tokens: int, seed: int, pool: int = 256
+                     ) -> tuple[list[list[int]], tuple[int, ...]]:
+  """64 prompts and stop ids: row 63 runs ``tokens`` tokens, the others <= 16 (greedy)."""
+  free = Sampler(model, SamplingParams(tokens, temperature=0.0, stop_ids=(EOS,)),
+                 row_buckets=(pool,), prompt_buckets=(32,), decode_segment=0)
+  prompts = _prompts(pool, seed + 1, cfg.vocab_size)
+  run = free.generate(model, prompts, 1, seed)
+  free.sink.pop()
+  full = [r for r in range(pool) if run.lengths[r] == tokens]
+  if not full:
+    raise RuntimeError("no greedy continuation reached the straggler length")
+  used = {r: set(run.response_tokens[r].tolist()) for r in full}
+  straggler = min(full, key=lambda r: len(used[r]))
+  stop_ids = tuple(sorted(set(range(cfg.vocab_size)) - used[straggler]))
+  stop = np.isin(run.response_tokens[:, :16], stop_ids).any(axis=1)
+  companions = [r for r in range(pool) if r != straggler and stop[r]][:63]
+  if len(companions) < 63:
+    raise RuntimeError(f"only {len(companions)} prompts stop within 16 tokens")
+  return [prompts[r] for r in companions] + [prompts[straggler]], stop_ids
 
 
-def run(steps: int = 5, shapes: tuple[tuple[int, int], ...] = ((1, 4), (2, 4), (4, 4), (8, 4)),
-        headline_rows: int = 8, max_new_tokens: int = 128, straggler_calls: int = 40,
-        seed: int = 0) -> dict[str, Any]:
-  """Throughput for each (prompts, group_size) shape, headline at ``headline_rows``."""
+def _straggler(model, cfg, tokens: int, runs: int, seed: int, segment: int) -> dict[str, Any]:
+  prompts, stop_ids = _straggler_batch(model, cfg, tokens, seed)
+  params = SamplingParams(tokens, temperature=0.0, stop_ids=stop_ids)
+  out = {}
+  for label, kwargs in (("compaction", {}), ("no_compaction", dict(compaction=False)),
+                        ("fused", dict(decode_segment=0))):
+    kwargs = {"decode_segment": segment, **kwargs}
+    sampler = Sampler(model, params, row_buckets=(64,), prompt_buckets=(32,), **kwargs)
+    sampler.warmup(model)
+    batches, seconds = _timed(sampler, model, prompts, 1, runs, seed)
+    lengths = batches[0].lengths
+    out[label] = {"seconds": seconds, "decode_slots": batches[0].decode_slots,
+                  "longest": int(lengths.max()), "second_longest": int(np.sort(lengths)[-2])}
+  return {"rows": 64, "straggler_tokens": tokens, "decode_segment": segment,
+          "straggler_seconds": out["compaction"]["seconds"],
+          "straggler_seconds_no_compaction": out["no_compaction"]["seconds"],
+          "straggler_seconds_fused": out["fused"]["seconds"],
+          "straggler_speedup": out["no_compaction"]["seconds"] / out["compaction"]["seconds"],
+          "detail": out}
+
+
+def run(steps: int = 3, max_new_tokens: int = 128, straggler_tokens: int = 256,
+        straggler_segment: int = 32, seed: int = 0) -> dict[str, Any]:
   try:
     import torch
     from transformers import AutoModelForCausalLM
@@ -144,51 +170,51 @@ def run(steps: int = 5, shapes: tuple[tuple[int, int], ...] = ((1, 4), (2, 4), (
                      f"(pip install -e '.[test]'): {err}") from None
   torch.set_num_threads(max(os.cpu_count() or 1, 1))
   compile_count.install()
-  cfg = tiny_config()
-  model = init_model(cfg, seed=seed, init_std=0.1)
-  with tempfile.TemporaryDirectory() as folder:
-    save_pretrained(model, cfg, folder)
-    torch_model = AutoModelForCausalLM.from_pretrained(folder).eval()
-  sweep = []
-  for prompts, group_size in shapes:
-    row = _throughput(model, cfg, torch_model, prompts, group_size, max_new_tokens, steps, seed)
-    print(f"  rows {row['rows']:>3}: ours {row['tokens_per_s']:7.0f} tok/s  transformers "
-          f"{row['hf_tokens_per_s']:7.0f} tok/s  speedup {row['speedup']:5.2f}x  "
-          f"greedy_match {row['greedy_match']:.3f}", flush=True)
-    sweep.append(row)
-  headline = next((r for r in sweep if r["rows"] == headline_rows), sweep[0])
-  results = dict(headline)
-  results.update({
-      "model": {"family": cfg.model_type, "hidden": cfg.hidden_size, "layers": cfg.num_layers,
-                "vocab": cfg.vocab_size},
-      "max_new_tokens": max_new_tokens, "runs": steps,
-      "torch_threads": torch.get_num_threads(),
-      "greedy_match": min(r["greedy_match"] for r in sweep),
-      "compiles_after_warmup": sum(r["compiles_after_warmup"] for r in sweep),
-      "sweep": sweep,
-      "straggler_cost": _straggler_cost(model, cfg, 8, 4, max_new_tokens * 2, straggler_calls,
-                                        seed),
-  })
-  return results
+  table, models = [], {}
+  for name, cfg in (("tiny", tiny_config()), ("small_25m", small_config())):
+    model = init_model(cfg, seed=seed, init_std=0.1 if name == "tiny" else 0.05)
+    with tempfile.TemporaryDirectory() as folder:
+      save_pretrained(model, cfg, folder)
+      torch_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model)))
+    models[name] = {"parameters": int(params), "hidden": cfg.hidden_size,
+                    "layers": cfg.num_layers, "vocab": cfg.vocab_size}
+    for rows in ROWS:
+      row = _throughput(name, model, cfg, torch_model, rows, max_new_tokens, steps, seed)
+      print(f"  {name:>9} rows {rows:>3}: ours {row['tokens_per_s']:7.0f} tok/s  transformers "
+            f"{row['hf_tokens_per_s']:7.0f} tok/s  speedup {row['speedup']:5.2f}x  "
+            f"greedy_match {row['greedy_match']:.3f}", flush=True)
+      table.append(row)
+    if name == "tiny":
+      straggler = _straggler(model, cfg, straggler_tokens, steps, seed, straggler_segment)
+      print(f"  straggler: {straggler['straggler_seconds']:.3f} s with compaction, "
+            f"{straggler['straggler_seconds_no_compaction']:.3f} s without", flush=True)
+  return {"models": models, "max_new_tokens": max_new_tokens, "runs": steps,
+          "torch_threads": torch.get_num_threads(), "rows_table": table,
+          "min_speedup": min(r["speedup"] for r in table),
+          "max_speedup": max(r["speedup"] for r in table),
+          "greedy_match": min(r["greedy_match"] for r in table),
+          "compiles_after_warmup": sum(r["compiles_after_warmup"] for r in table),
+          "executables": max(r["executables"] for r in table), **straggler}
 
 
 def report(results: dict[str, Any]) -> str:
-  lines = [
-      f"sampler vs transformers generate (tiny {results['model']['family']}, greedy, "
-      f"max_new_tokens={results['max_new_tokens']}, median of {results['runs']} calls)",
-      f"{'rows':>6} {'ours tok/s':>11} {'hf tok/s':>9} {'speedup':>8} {'greedy_match':>13}"]
-  for row in results["sweep"]:
-    lines.append(f"{row['rows']:>6} {row['tokens_per_s']:>11.0f} {row['hf_tokens_per_s']:>9.0f} "
-                 f"{row['speedup']:>8.2f} {row['greedy_match']:>13.3f}")
-  lines.append(f"headline ({results['rows']} rows): speedup {results['speedup']:.2f}x, "
-               f"greedy_match (all shapes) {results['greedy_match']:.3f}, "
-               f"compiles_after_warmup {results['compiles_after_warmup']}")
-  cost = results["straggler_cost"]
-  lines.append(f"straggler cost ({cost['rows']} rows, {cost['calls']} sampled calls): seconds = "
-               f"{cost['fit_fixed_s']:.4f} + {cost['fit_per_decode_step_s'] * 1e3:.3f} ms x "
-               f"longest response (corr {cost['corr']:.3f})")
-  lines.append(f"  {'longest':>11} {'calls':>5} {'median_len':>10} {'seconds':>8}")
-  for row in cost["table"]:
-    lines.append(f"  {row['longest_from']:>5}-{row['longest_to']:<5} {row['calls']:>5} "
-                 f"{row['mean_median_len']:>10.1f} {row['mean_seconds']:>8.3f}")
+  lines = [f"sampler vs transformers generate (greedy, G={GROUP}, max_new_tokens="
+           f"{results['max_new_tokens']}, median of {results['runs']} calls)",
+           f"{'model':>10} {'rows':>5} {'ours tok/s':>11} {'hf tok/s':>9} {'speedup':>8} "
+           f"{'greedy_match':>13}"]
+  for row in results["rows_table"]:
+    lines.append(f"{row['model']:>10} {row['rows']:>5} {row['tokens_per_s']:>11.0f} "
+                 f"{row['hf_tokens_per_s']:>9.0f} {row['speedup']:>8.2f} "
+                 f"{row['greedy_match']:>13.3f}")
+  lines.append(f"speedup min {results['min_speedup']:.2f}x / max {results['max_speedup']:.2f}x, "
+               f"greedy_match (worst row) {results['greedy_match']:.3f}, compiles after "
+               f"warm-up {results['compiles_after_warmup']}, executables (largest sampler) "
+               f"{results['executables']}")
+  lines.append(f"straggler ({results['rows']} rows, one runs {results['straggler_tokens']} "
+               f"tokens, 63 stop within 16; segment {results['decode_segment']}): "
+               f"{results['straggler_seconds']:.3f} s with compaction, "
+               f"{results['straggler_seconds_no_compaction']:.3f} s without "
+               f"({results['straggler_speedup']:.2f}x), fused sampler "
+               f"{results['straggler_seconds_fused']:.3f} s")
   return "\n".join(lines)

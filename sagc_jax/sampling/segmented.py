@@ -34,6 +34,8 @@ a ``transition`` per (ladder pair incl. equal rows, consecutive spans), and one
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import time
 from typing import Any, Sequence
 
@@ -145,122 +147,120 @@ class SegmentedDecoder:
       sharding = lambda tree: jax.tree.map(lambda s: s.sharding, tree)
       kwargs.update(in_shardings=tuple(sharding(s) for s in in_specs),
                     out_shardings=sharding(out_spec))
-    return jax.jit(fn, **kwargs).lower(*in_specs).compile()
+    return jax.jit(fn, **kwargs).lower(*in_specs)
 
   # ----------------------------------------------------------- executables
-  def _start(self, state, prompt_rows: int, rows: int, prompt_len: int):
-    key = ("start", prompt_rows, rows, prompt_len)
+  def _executable(self, key: tuple, state=None):
+    """The compiled program of ``key`` (see ``executable_keys``), compiled on first use."""
     if key not in self._compiled:
-      from sagc_jax.sampling.sampler import emit, initial_carry
-      s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
-      max_len = self.spans(prompt_len)[0]
-
-      def sampler_start(state, prompt_tokens, prompt_mask, row_prompt, row_valid, row_ids,
-                        seed):
-        model = nnx.merge(graphdef, state)
-        cache = init_cache(s.cfg, prompt_rows, max_len, dtype=s.cache_dtype)
-        if self.mesh is not None:
-          cache = jax.lax.with_sharding_constraint(
-              cache, cache_sharding(s.cfg, prompt_rows, max_len, self.mesh))
-        logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
-                              fresh_cache=True, options=s._options_for(prompt_rows),
-                              last_only=True)
-        # Each row takes its prompt's cache and next-token logits.
-        take = lambda x: jnp.take(x, row_prompt, axis=0)
-        cache = cache._replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
-                               valid=take(cache.valid), next_pos=take(cache.next_pos))
-        if self.mesh is not None:
-          cache = jax.lax.with_sharding_constraint(
-              cache, cache_sharding(s.cfg, rows, max_len, self.mesh))
-        return emit(initial_carry(cache, row_valid, row_ids, params), take(logits[:, -1, :]),
-                    seed, params)
-
-      inputs = (abstract_like(state),
-                self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
-                self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
-                self._spec((rows,), jnp.int32, ("data",)),
-                self._spec((rows,), jnp.bool_, ("data",)),
-                self._spec((rows,), jnp.int32, ("data",)),
-                self._spec((), jnp.uint32, ()))
-      self._compiled[key] = self._jit(sampler_start, inputs, self._abstract_carry(rows, max_len))
+      self._compiled[key] = self._lower(key, state).compile()
     return self._compiled[key]
 
-  def _segment(self, state, rows: int, prompt_len: int, span: int):
-    key = ("segment", rows, prompt_len, span)
-    if key not in self._compiled:
-      from sagc_jax.sampling.sampler import decode_until
-      s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
-      options = s._options_for(rows)
+  def _lower(self, key: tuple, state):
+    kind, *shape = key
+    if kind in ("start", "segment"):
+      return getattr(self, f"_lower_{kind}")(state, *shape)
+    return getattr(self, f"_lower_{kind}")(*shape)
 
-      def sampler_segment(state, carry, seed):
-        model = nnx.merge(graphdef, state)
-        return decode_until(model, carry, seed, params, options, t_end=span - prompt_len)
+  def _lower_start(self, state, prompt_rows: int, rows: int, prompt_len: int):
+    from sagc_jax.sampling.sampler import emit, initial_carry
+    s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
+    max_len = self.spans(prompt_len)[0]
 
-      carry = self._abstract_carry(rows, span)
-      self._compiled[key] = self._jit(
-          sampler_segment, (abstract_like(state), carry, self._spec((), jnp.uint32, ())),
-          carry, donate=(1,))
-    return self._compiled[key]
+    def sampler_start(state, prompt_tokens, prompt_mask, row_prompt, row_valid, row_ids,
+                      seed):
+      model = nnx.merge(graphdef, state)
+      cache = init_cache(s.cfg, prompt_rows, max_len, dtype=s.cache_dtype)
+      if self.mesh is not None:
+        cache = jax.lax.with_sharding_constraint(
+            cache, cache_sharding(s.cfg, prompt_rows, max_len, self.mesh))
+      logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
+                            fresh_cache=True, options=s._options_for(prompt_rows),
+                            last_only=True)
+      # Each row takes its prompt's cache and next-token logits.
+      take = lambda x: jnp.take(x, row_prompt, axis=0)
+      cache = cache._replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
+                             valid=take(cache.valid), next_pos=take(cache.next_pos))
+      if self.mesh is not None:
+        cache = jax.lax.with_sharding_constraint(
+            cache, cache_sharding(s.cfg, rows, max_len, self.mesh))
+      return emit(initial_carry(cache, row_valid, row_ids, params), take(logits[:, -1, :]),
+                  seed, params)
 
-  def _transition(self, rows_from: int, rows_to: int, prompt_len: int, span_from: int,
-                  span_to: int):
+    inputs = (abstract_like(state),
+              self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
+              self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
+              self._spec((rows,), jnp.int32, ("data",)),
+              self._spec((rows,), jnp.bool_, ("data",)),
+              self._spec((rows,), jnp.int32, ("data",)),
+              self._spec((), jnp.uint32, ()))
+    return self._jit(sampler_start, inputs, self._abstract_carry(rows, max_len))
+
+  def _lower_segment(self, state, rows: int, prompt_len: int, span: int):
+    from sagc_jax.sampling.sampler import decode_until
+    s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
+    options = s._options_for(rows)
+
+    def sampler_segment(state, carry, seed):
+      model = nnx.merge(graphdef, state)
+      return decode_until(model, carry, seed, params, options, t_end=span - prompt_len)
+
+    carry = self._abstract_carry(rows, span)
+    return self._jit(
+        sampler_segment, (abstract_like(state), carry, self._spec((), jnp.uint32, ())),
+        carry, donate=(1,))
+
+  def _lower_transition(self, rows_from: int, rows_to: int, prompt_len: int, span_from: int,
+                        span_to: int):
     """Grows the cache from one span to the next and, with fewer rows, gathers the
     running ones (``index``; ``keep`` False marks padding rows, done from then on)."""
-    key = ("transition", rows_from, rows_to, prompt_len, span_from, span_to)
-    if key not in self._compiled:
-      extra = span_to - span_from
-      grow_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))   # [B, KV, S, D]
+    extra = span_to - span_from
+    grow_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))   # [B, KV, S, D]
 
-      def sampler_transition(carry, index, keep):
-        cache = carry["cache"]
-        cache = cache._replace(k=tuple(map(grow_kv, cache.k)), v=tuple(map(grow_kv, cache.v)),
-                               valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
-        out = dict(carry, cache=cache)
-        if rows_to < rows_from:
-          take = lambda x: jnp.take(x, index, axis=0)
-          out.update({k: take(carry[k]) for k in _ROW_LEAVES})
-          out["done"] = out["done"] | ~keep
-          out["slot"] = jnp.where(keep, out["slot"], -1)
-          out["cache"] = cache._replace(
-              k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
-              valid=take(cache.valid), next_pos=take(cache.next_pos))
-        return out
+    def sampler_transition(carry, index, keep):
+      cache = carry["cache"]
+      cache = cache._replace(k=tuple(map(grow_kv, cache.k)), v=tuple(map(grow_kv, cache.v)),
+                             valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
+      out = dict(carry, cache=cache)
+      if rows_to < rows_from:
+        take = lambda x: jnp.take(x, index, axis=0)
+        out.update({k: take(carry[k]) for k in _ROW_LEAVES})
+        out["done"] = out["done"] | ~keep
+        out["slot"] = jnp.where(keep, out["slot"], -1)
+        out["cache"] = cache._replace(
+            k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
+            valid=take(cache.valid), next_pos=take(cache.next_pos))
+      return out
 
-      self._compiled[key] = self._jit(
-          sampler_transition, (self._abstract_carry(rows_from, span_from),
-                               self._spec((rows_to,), jnp.int32, ("data",)),
-                               self._spec((rows_to,), jnp.bool_, ("data",))),
-          self._abstract_carry(rows_to, span_to))
-    return self._compiled[key]
+    return self._jit(
+        sampler_transition, (self._abstract_carry(rows_from, span_from),
+                             self._spec((rows_to,), jnp.int32, ("data",)),
+                             self._spec((rows_to,), jnp.bool_, ("data",))),
+        self._abstract_carry(rows_to, span_to))
 
-  def _stats(self, rows: int):
-    key = ("stats", rows)
-    if key not in self._compiled:
-      sink = self.sampler.sink
+  def _lower_stats(self, rows: int):
+    sink = self.sampler.sink
 
-      def sampler_stats(lengths, group_ids, row_valid):
-        stats = group_length_stats(lengths, group_ids, row_valid, num_groups=rows)
-        io_callback(sink, None, *stats, ordered=True)
-        return stats
+    def sampler_stats(lengths, group_ids, row_valid):
+      stats = group_length_stats(lengths, group_ids, row_valid, num_groups=rows)
+      io_callback(sink, None, *stats, ordered=True)
+      return stats
 
-      row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
-      inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
-      shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
-      out = GroupLengthStats(*(self._spec(x.shape, x.dtype, ()) for x in shapes))
-      self._compiled[key] = self._jit(sampler_stats, inputs, out)
-    return self._compiled[key]
+    row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
+    inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
+    shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
+    out = GroupLengthStats(*(self._spec(x.shape, x.dtype, ()) for x in shapes))
+    return self._jit(sampler_stats, inputs, out)
 
   def warmup(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]) -> None:
-    for key in sorted(self.executable_keys(rows, prompt_len, group_sizes)):
-      kind, *shape = key
-      if kind == "start":
-        self._start(state, *shape)
-      elif kind == "segment":
-        self._segment(state, *shape)
-      elif kind == "transition":
-        self._transition(*shape)
-      else:
-        self._stats(*shape)
+    """Compiles every missing executable of ``executable_keys``: traced and lowered one
+    by one, then compiled on a thread per core (XLA compiles outside the GIL)."""
+    missing = sorted(self.executable_keys(rows, prompt_len, group_sizes) - set(self._compiled))
+    lowered = [self._lower(key, state) for key in missing]
+    workers = max(1, min(len(lowered), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      for key, executable in zip(missing, pool.map(lambda low: low.compile(), lowered)):
+        self._compiled[key] = executable
 
   @property
   def num_executables(self) -> int:
@@ -287,7 +287,7 @@ class SegmentedDecoder:
     p_mask = np.zeros((prompt_rows, prompt_len), bool)
     p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
     row_prompt = np.minimum(np.arange(rows) // group_size, prompt_rows - 1).astype(np.int32)
-    start_exe = self._start(state, prompt_rows, rows, prompt_len)
+    start_exe = self._executable(("start", prompt_rows, rows, prompt_len), state)
     arg_specs = (self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
                  self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
                  self._spec((rows,), jnp.int32, ("data",)),
@@ -315,7 +315,8 @@ class SegmentedDecoder:
     spans = self.spans(prompt_len)
     ladder = self.row_ladder(rows)
     for j, span in enumerate(spans):
-      carry = self._segment(state, current, prompt_len, span)(state, carry, seed_arr)
+      carry = self._executable(("segment", current, prompt_len, span), state)(
+          state, carry, seed_arr)
       info = to_host({"t": carry["t"], "done": carry["done"]})
       t_now = int(info["t"])
       slots_used += current * (t_now - t)
@@ -332,14 +333,15 @@ class SegmentedDecoder:
         index = np.concatenate([index, np.full(target - len(index), index[0])])
       else:
         index = np.arange(target)
-      carry = self._transition(current, target, prompt_len, span, spans[j + 1])(
+      carry = self._executable(("transition", current, target, prompt_len, span,
+                                spans[j + 1]))(
           carry, self._put(index.astype(np.int32), self._spec((target,), jnp.int32, ("data",))),
           self._put(keep, self._spec((target,), jnp.bool_, ("data",))))
       current = target
     harvest(carry)
     row1 = lambda x, dtype: self._put(x, self._spec((rows,), dtype, ("data",)))
-    stats = self._stats(rows)(row1(out_lengths, jnp.int32), row1(group_ids, jnp.int32),
-                              row1(row_valid, jnp.bool_))
+    stats = self._executable(("stats", rows))(
+        row1(out_lengths, jnp.int32), row1(group_ids, jnp.int32), row1(row_valid, jnp.bool_))
     stats = to_host(stats)
     seconds = time.perf_counter() - start
     return (dict(tokens=out_tokens, logprobs=out_logprobs, lengths=out_lengths,
