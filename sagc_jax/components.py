@@ -73,6 +73,10 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
       group_sizes=candidate_group_sizes(config), **common)
   eval_rows = -(-r.eval_batch // data_axis) * data_axis
   eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
+  # Evaluation runs a few times per run: by default it uses the fused sampler, whose
+  # one executable per shape compiles far faster than the segmented set.
+  if not r.get("segmented_eval", False):
+    common = dict(common, decode_segment=0)
   eval_sampler = Sampler(model, SamplingParams(r.max_new_tokens, temperature=0.0, **eval_params),
                          (eval_rows,), r.prompt_buckets, **common)
   # Sampled evaluation has its own fixed batch layout, so its random numbers do not

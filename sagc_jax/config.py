@@ -62,7 +62,10 @@ def base_config() -> ml_collections.ConfigDict:
       # Segmented decoding (sampling/segmented.py): tokens per segment (-1 = auto,
       # about 8 span buckets; 0 = the fused sampler); compaction of the running rows
       # between segments, down to min_compact_rows.
-      decode_segment=-1, compaction=True, min_compact_rows=8))
+      decode_segment=-1, compaction=True, min_compact_rows=8,
+      # Evaluation samplers segmented too (off: they run a few times per run, and the
+      # fused sampler's one executable per shape compiles much faster).
+      segmented_eval=False))
 
   c.learner = ml_collections.ConfigDict(dict(
       algorithm="grpo", lr=1e-4, warmup_steps=0, schedule="constant", weight_decay=0.0,
@@ -172,8 +175,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if isinstance(segment, bool) or not isinstance(segment, int) or segment < -1:
     raise ValueError(f"rollout.decode_segment={segment!r} must be an int >= -1 "
                      "(-1 = auto, 0 = fused sampler)")
-  if not isinstance(checks.lookup(config, "rollout.compaction"), bool):
-    raise ValueError(f"rollout.compaction={config.rollout.compaction!r} must be True or False")
+  for key in ("rollout.compaction", "rollout.segmented_eval"):
+    if not isinstance(checks.lookup(config, key), bool):
+      raise ValueError(f"{key}={checks.lookup(config, key)!r} must be True or False")
   checks.positive_int(config, "rollout.min_compact_rows")
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")

@@ -237,7 +237,10 @@ def test_rollout_split_into_sub_calls_samples_the_same_tokens():
   whole = Sampler(model, params, row_buckets=(16,), prompt_buckets=(PROMPT,))
   split = Sampler(model, params, row_buckets=(16,), prompt_buckets=(PROMPT,),
                   max_rows_per_call=8)
-  assert split.warmup(model) == 1 and split.call_rows(16) == 8
+  # One call size (8 rows): the segmented sampler's executables for it, nothing for 16.
+  keys = split.segmented.executable_keys(8, PROMPT, split.group_sizes)
+  assert split.warmup(model) == len(keys) and split.call_rows(16) == 8
+  assert all(16 not in key[1:3] for key in keys)
   a = whole.generate(model, prompts, 4, seed=9)
   b = split.generate(model, prompts, 4, seed=9)
   for field in ("response_tokens", "lengths", "group_ids", "row_valid", "group_max",

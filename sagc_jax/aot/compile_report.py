@@ -251,8 +251,16 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   decode: dict[str, dict] = {}
   generate: dict[str, dict] = {}
   for kind, sampler, r, p in _sampler_kinds(parts, largest_only):
+    # The fused program: every row decodes to the cap over the full cache, the worst
+    # case of the segmented sampler too, so the projection below uses it.
     generate[kind] = compile_one(f"{kind}[rows={r},prompt={p}]",
                                  lambda: sampler.compile(model, r, p))
+    seg = sampler.segmented
+    if seg is not None and r == sampler.call_rows(sampler.row_buckets[-1]) \
+        and p == sampler.prompt_buckets[-1]:
+      for key in seg.peak_keys(r, p, sampler.group_sizes):
+        compile_one(f"{kind}_segmented_{key[0]}{list(key[1:])}",
+                    lambda key=key: seg.compile(key, nnx.state(model)))
     if (r == sampler.call_rows(sampler.row_buckets[-1]) and p == sampler.prompt_buckets[-1]
         and kind != "eval_sampled"):
       decode[kind] = compile_one(f"{kind}_decode_step[rows={r},prompt={p}]",

@@ -18,9 +18,10 @@ All three compute grouped-query attention: query head ``h`` reads key/value head
 * decode (``decode_attend``): T = 1, keys and values in the cache's [B, KV, S, D] layout. ``einsum`` reads the bf16 cache directly with float32
   accumulation (``preferred_element_type``), the bandwidth-optimal form on TPU/GPU.
   ``reduce`` writes the two contractions as broadcast-multiply + reduce in float32, which
-  XLA:CPU fuses into one pass over the cache (its batched-dot lowering costs a small GEMM
-  call per row and head, ~1 ms per step for 32 rows x 4 layers); on TPU the float32 copy
-  of the cache it implies triples the bytes moved, so it is the CPU choice only.
+  XLA:CPU fuses into one pass over the cache; on TPU the float32 copy of the cache it
+  implies triples the bytes moved. It was the CPU default while the sampler read a
+  full-length cache every step; with the segmented sampler's span-sized caches
+  ``einsum`` measured faster on XLA:CPU too (see ``Sampler``), so it is now opt-in.
 """
 
 from __future__ import annotations

@@ -115,6 +115,21 @@ class SegmentedDecoder:
     keys.add(("stats", rows))
     return keys
 
+  def peak_keys(self, rows: int, prompt_len: int, group_sizes: Sequence[int]) -> list[tuple]:
+    """The executables holding the most memory (for the AOT fit check): the shared
+    prefill with the most prompt rows, the full-row segment at the last span, and the
+    full-row transition into it."""
+    spans = self.spans(prompt_len)
+    keys = [("start", max(self.prompt_rows(rows, g) for g in group_sizes), rows, prompt_len),
+            ("segment", rows, prompt_len, spans[-1])]
+    if len(spans) > 1:
+      keys.append(("transition", rows, rows, prompt_len, spans[-2], spans[-1]))
+    return keys
+
+  def compile(self, key: tuple, state):
+    """The compiled executable of ``key`` (cached)."""
+    return self._executable(key, state)
+
   # ------------------------------------------------------------ shardings
   def _spec(self, shape, dtype, names):
     sharding = None if self.mesh is None else NamedSharding(self.mesh, P(*names))
