@@ -110,6 +110,8 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
 
 def main(argv: Sequence[str], flags) -> None:
   reject_positional(argv)
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)       # orbax logs every file at INFO
   export(flags.workdir, flags.out, step=flags.step, dtype=flags.dtype, base=flags.base)
 
 
