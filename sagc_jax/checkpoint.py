@@ -31,7 +31,8 @@ class Checkpointer:
     directory = os.fspath(directory)
     self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.log = log
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
+    options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
+                                           create=not read_only,
                                            read_only=read_only,
                                            enable_async_checkpointing=not read_only)
     self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
