@@ -233,12 +233,18 @@ def test_hold_rollouts_group_sizes_share_one_bucket():
   assert row_buckets_for((4, 8), {4: 3, 8: 3}, multiple_of=8) == (16, 24)
 
 
-def test_sharded_matches_unsharded(llama):
+@pytest.fixture(scope="module")
+def sharded_llama(llama):
+  """(mesh, model): the llama weights on a (2 data, 4 model) mesh of fake devices."""
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
   mesh = jax.make_mesh((2, 4), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  sharded_model, _ = from_pretrained(llama.folder, mesh=mesh)
+  return mesh, from_pretrained(llama.folder, mesh=mesh)[0]
+
+
+def test_sharded_matches_unsharded(llama, sharded_llama):
+  mesh, sharded_model = sharded_llama
   params = SamplingParams(12, temperature=1.0, top_p=0.9, stop_ids=(5, 6, 7))
   prompts = random_prompts(4, 3, 10, seed=10)
   single = Sampler(llama.model, params, row_buckets=(8,), prompt_buckets=(12,))

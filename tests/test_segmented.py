@@ -7,9 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from sagc_jax.models import from_pretrained
 from sagc_jax.sampling import Sampler, SamplingParams
-from test_sampler import llama, random_prompts  # noqa: F401 (fixture)
+from test_sampler import llama, random_prompts, sharded_llama  # noqa: F401 (fixtures)
 
 # A third of the vocabulary stops a response: lengths spread from 1 to the cap, so
 # rows finish at different segments and compaction moves the survivors several times.
@@ -53,12 +52,8 @@ def test_segmented_samples_the_fused_tokens_across_compactions(llama, temperatur
     np.testing.assert_array_equal(x, y)
 
 
-def test_segmented_on_8_devices_samples_the_single_device_fused_tokens(llama):
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  sharded, _ = from_pretrained(llama.folder, mesh=mesh)
+def test_segmented_on_8_devices_samples_the_single_device_fused_tokens(llama, sharded_llama):
+  mesh, sharded = sharded_llama
   params = SamplingParams(N_NEW, temperature=1.0, top_p=0.9, stop_ids=STOPS)
   fused, _ = pair(llama.model, params)
   _, segmented = pair(sharded, params, mesh=mesh)

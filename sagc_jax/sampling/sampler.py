@@ -432,9 +432,12 @@ class Sampler:
         abstract_like(state), inputs[3], inputs[2], cache)
     return lowered.compile()
 
-  def abstract_cache(self, rows: int, prompt_len: int) -> KVCache:
-    """The KV cache of one call, abstract, with its pinned sharding (if a mesh)."""
-    max_len = prompt_len + self.params.max_new_tokens
+  def abstract_cache(self, rows: int, prompt_len: int, length: int | None = None) -> KVCache:
+    """The KV cache of one call, abstract, with its pinned sharding (if a mesh).
+
+    ``length`` slots (default ``prompt_len + max_new_tokens``, the fused sampler's).
+    """
+    max_len = prompt_len + self.params.max_new_tokens if length is None else length
     cache = jax.eval_shape(lambda: init_cache(self.cfg, rows, max_len, dtype=self.cache_dtype))
     if self.mesh is None:
       return cache

@@ -56,6 +56,13 @@ from sagc_jax.sampling.group_stats import GroupLengthStats, group_length_stats
 _ROW_LEAVES = ("last", "tokens", "logprobs", "lengths", "done", "row_ids", "slot")
 
 
+def _take_rows(cache, index: jax.Array):
+  """The cache rows ``index`` (every per-row leaf; the write index is shared)."""
+  take = lambda x: jnp.take(x, index, axis=0)
+  return cache._replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
+                        valid=take(cache.valid), next_pos=take(cache.next_pos))
+
+
 def auto_segment(max_new_tokens: int) -> int:
   """Default segment length: 4 span buckets (at least 8 tokens each)."""
   return max(8, -(-max_new_tokens // 4))
@@ -135,14 +142,6 @@ class SegmentedDecoder:
     sharding = None if self.mesh is None else NamedSharding(self.mesh, P(*names))
     return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-  def _abstract_cache(self, rows: int, length: int):
-    s = self.sampler
-    cache = jax.eval_shape(lambda: init_cache(s.cfg, rows, length, dtype=s.cache_dtype))
-    if self.mesh is None:
-      return cache
-    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                        cache, cache_sharding(s.cfg, rows, length, self.mesh))
-
   def _abstract_carry(self, rows: int, length: int) -> dict[str, Any]:
     """The decode state of ``rows`` rows with a ``length``-slot cache."""
     n_new = self.sampler.params.max_new_tokens
@@ -153,7 +152,7 @@ class SegmentedDecoder:
         logprobs=self._spec((rows, n_new), jnp.float32, row2),
         lengths=self._spec((rows,), jnp.int32, row1), done=self._spec((rows,), jnp.bool_, row1),
         row_ids=self._spec((rows,), jnp.int32, row1), slot=self._spec((rows,), jnp.int32, row1))
-    carry["cache"] = self._abstract_cache(rows, length)
+    carry["cache"] = self.sampler.abstract_cache(rows, 0, length=length)
     return carry
 
   def _jit(self, fn, in_specs: tuple, out_spec: Any, donate: tuple[int, ...] = ()):
@@ -193,23 +192,25 @@ class SegmentedDecoder:
                             fresh_cache=True, options=s._options_for(prompt_rows),
                             last_only=True)
       # Each row takes its prompt's cache and next-token logits.
-      take = lambda x: jnp.take(x, row_prompt, axis=0)
-      cache = cache._replace(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
-                             valid=take(cache.valid), next_pos=take(cache.next_pos))
+      cache = _take_rows(cache, row_prompt)
       if self.mesh is not None:
         cache = jax.lax.with_sharding_constraint(
             cache, cache_sharding(s.cfg, rows, max_len, self.mesh))
-      return emit(initial_carry(cache, row_valid, row_ids, params), take(logits[:, -1, :]),
-                  seed, params)
+      first_logits = jnp.take(logits[:, -1, :], row_prompt, axis=0)
+      return emit(initial_carry(cache, row_valid, row_ids, params), first_logits, seed, params)
 
-    inputs = (abstract_like(state),
-              self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
-              self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
-              self._spec((rows,), jnp.int32, ("data",)),
-              self._spec((rows,), jnp.bool_, ("data",)),
-              self._spec((rows,), jnp.int32, ("data",)),
+    inputs = (abstract_like(state), *self._start_inputs(prompt_rows, rows, prompt_len),
               self._spec((), jnp.uint32, ()))
     return self._jit(sampler_start, inputs, self._abstract_carry(rows, max_len))
+
+  def _start_inputs(self, prompt_rows: int, rows: int, prompt_len: int) -> tuple:
+    """Specs of the start program's host inputs: prompt tokens and mask (one row per
+    prompt), each row's prompt index, row validity and row ids."""
+    return (self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
+            self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
+            self._spec((rows,), jnp.int32, ("data",)),
+            self._spec((rows,), jnp.bool_, ("data",)),
+            self._spec((rows,), jnp.int32, ("data",)))
 
   def _lower_segment(self, state, rows: int, prompt_len: int, span: int):
     from sagc_jax.sampling.sampler import decode_until
@@ -242,9 +243,7 @@ class SegmentedDecoder:
         out.update({k: take(carry[k]) for k in _ROW_LEAVES})
         out["done"] = out["done"] | ~keep
         out["slot"] = jnp.where(keep, out["slot"], -1)
-        out["cache"] = cache._replace(
-            k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)),
-            valid=take(cache.valid), next_pos=take(cache.next_pos))
+        out["cache"] = _take_rows(cache, index)
       return out
 
     return self._jit(
@@ -303,13 +302,9 @@ class SegmentedDecoder:
     p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
     row_prompt = np.minimum(np.arange(rows) // group_size, prompt_rows - 1).astype(np.int32)
     start_exe = self._executable(("start", prompt_rows, rows, prompt_len), state)
-    arg_specs = (self._spec((prompt_rows, prompt_len), jnp.int32, ("data", None)),
-                 self._spec((prompt_rows, prompt_len), jnp.bool_, ("data", None)),
-                 self._spec((rows,), jnp.int32, ("data",)),
-                 self._spec((rows,), jnp.bool_, ("data",)),
-                 self._spec((rows,), jnp.int32, ("data",)))
     args = [self._put(x, sp) for x, sp in zip(
-        (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)), arg_specs)]
+        (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)),
+        self._start_inputs(prompt_rows, rows, prompt_len))]
     seed_arr = self._put(np.uint32(seed), self._spec((), jnp.uint32, ()))
 
     out_tokens = np.full((rows, n_new), params.pad_id, np.int32)
