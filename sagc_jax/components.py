@@ -84,6 +84,12 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   eval_sampled_sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       **eval_params), (eval_rows,), r.prompt_buckets, **common)
-  learner = Learner(model, learner_config(config), row_buckets, r.prompt_buckets,
+  learner_cfg = learner_config(config)
+  platform = mesh.devices.flat[0].platform
+  if learner_cfg.attention == "splash" and platform != "tpu":
+    # Off TPU the kernel only runs in Pallas' (test) interpreter, orders of magnitude slower.
+    raise ValueError(f"learner.attention='splash' is a TPU kernel and this run's devices are "
+                     f"{platform}; use learner.attention='blocked' (same result) off TPU")
+  learner = Learner(model, learner_cfg, row_buckets, r.prompt_buckets,
                     r.response_buckets, mesh=mesh)
   return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets)

@@ -1,6 +1,6 @@
 """The memory / compile machinery computes exactly what the plain code computes.
 
-Remat, scan over layers, query-blocked attention, chunked log-probs, FSDP and float32
+Remat, scan over layers, query-blocked and splash attention, chunked log-probs, FSDP and float32
 master weights each change how the learner runs, never its result: losses, gradients
 and updates must equal the plain path to 1e-5 in float32. The sampler's bf16-friendly
 decode attention, blocked prefill and row-sharded cache layout must give identical
@@ -120,15 +120,17 @@ def _params(model):
   return jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
 
 
-def test_memory_knobs_and_fsdp_give_the_plain_update(rollouts):
+@pytest.mark.parametrize("attention", ["blocked", "splash"])
+def test_memory_knobs_and_fsdp_give_the_plain_update(rollouts, attention):
   """Same rollouts, same seed: plain single-device learner vs remat + scan + blocked
-  attention + chunked log-probs + FSDP on a (2, 4) mesh with 2 microbatches."""
+  (or splash: the Pallas kernel, interpreted on CPU, inside shard_map) attention +
+  chunked log-probs + FSDP on a (2, 4) mesh with 2 microbatches."""
   mesh = _mesh()
   base = dict(lr=1.0, eps=1.0, mini_batches=2, grad_accum=2, max_grad_norm=1e6)
   plain_model = init_model(small_config(), seed=0, init_std=0.1)
   plain = Learner(plain_model, LearnerConfig.grpo(**base), (16,), (PROMPT,), (N_NEW,))
   plain_metrics = plain.update(rollouts, seed=3)
-  knobs = LearnerConfig.grpo(**base, remat="full", scan_layers=True, attention="blocked",
+  knobs = LearnerConfig.grpo(**base, remat="full", scan_layers=True, attention=attention,
                              attention_block=8, logits_chunk=5, fsdp=True)
   model = init_model(small_config(), seed=0, init_std=0.1, mesh=mesh)
   learner = Learner(model, knobs, (16,), (PROMPT,), (N_NEW,), mesh=mesh)

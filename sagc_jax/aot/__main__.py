@@ -30,6 +30,9 @@ def _define_flags():
                       "model.config_json, else model.path/config.json).")
   flags.DEFINE_bool("largest_only", False, "Compile only the largest bucket of each "
                     "executable kind (where the memory peak is).")
+  flags.DEFINE_enum("only", None, ["learner", "samplers"], "Compile only the learner's or "
+                    "only the samplers' executables (quick checks of one side; no step "
+                    "time is projected then).")
   flags.DEFINE_string("out", None, "Write the report as JSON here.")
   flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (README figures).")
   flags.mark_flags_as_required(["config"])
@@ -93,7 +96,7 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.aot.compile_report import compile_report
 
   report = compile_report(flags.config, flags.topology, model_config=flags.model_config,
-                          largest_only=flags.largest_only,
+                          largest_only=flags.largest_only, only=flags.only,
                           log=lambda m: print(m, flush=True))
   print(format_table(report), flush=True)
   if flags.markdown:

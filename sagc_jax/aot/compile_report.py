@@ -16,6 +16,11 @@ body) plus the optimizer update, and of its LM-head chunk loop one chunk
 with ``scan_layers`` the layer stack is counted once instead of ``num_layers`` times,
 so the tool projects no step time then (``cost_is_per_loop_body``).
 
+A Pallas kernel is a custom call whose inside XLA's cost analysis does not see: with
+``learner.attention="splash"`` the learner rows add the kernel's analytic FLOPs and
+bytes (``splash.kernel_cost``, per layer, one microbatch like the rest of the figure)
+and say so in ``kernel_flops`` / ``kernel_bytes``.
+
 Memory: ``peak_gib`` is the executable's own peak (arguments + outputs + temporaries -
 donated) plus the run's state that stays resident while it runs but is not among its
 arguments (``resident_gib``: e.g. the bf16 policy and the reference during a train
@@ -42,6 +47,7 @@ from sagc_jax.components import (RLComponents, build_components, candidate_group
                                  prompts_for)
 from sagc_jax.config import validate
 from sagc_jax.models.config import ModelConfig
+from sagc_jax.models.splash import kernel_cost, kv_repeats
 from sagc_jax.models.transformer import abstract_model
 
 __all__ = ["HBM_LIMIT", "compile_report", "model_config_path", "topology_mesh"]
@@ -148,6 +154,30 @@ def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
               compile_s=round(compile_s, 2), fits=peak <= HBM_LIMIT * chip.hbm_gib)
 
 
+def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: ModelConfig,
+                          learner, mesh: Mesh, rows: int, seq_len: int, *,
+                          backward: bool) -> None:
+  """Adds the splash kernel's analytic cost (one microbatch of the learner) to ``row``."""
+  lc = learner.config
+  if row is None or row.get("roofline_ms") is None or lc.attention != "splash":
+    return
+  model_ways = mesh.shape.get("model", 1)
+  repeats = kv_repeats(cfg.num_heads, cfg.num_kv_heads, model_ways)
+  layers = 1 if lc.scan_layers else cfg.num_layers
+  cost = kernel_cost(rows=rows // lc.grad_accum, seq_len=seq_len, num_heads=cfg.num_heads,
+                     num_kv_heads=cfg.num_kv_heads * repeats, head_dim=cfg.head_dim,
+                     block=lc.attention_block, itemsize=jnp.dtype(learner.compute_dtype).itemsize,
+                     backward=backward, recompute_forward=backward and lc.remat != "none",
+                     devices=len(mesh.devices.flat))
+  row["kernel_flops"] = layers * cost["flops"]
+  row["kernel_bytes"] = layers * cost["bytes"]
+  row["flops"] += row["kernel_flops"]
+  row["bytes"] += row["kernel_bytes"]
+  row["compute_ms"] = row["flops"] / (chip.bf16_tflops * 1e12) * 1e3
+  row["memory_ms"] = row["bytes"] / (chip.hbm_gbps * 1e9) * 1e3
+  row["roofline_ms"] = chip.roofline_s(row["flops"], row["bytes"]) * 1e3
+
+
 def _failed(name: str, err: Exception, chip: ChipSpec, compile_s: float) -> dict[str, Any]:
   """A compile that failed (RESOURCE_EXHAUSTED when a program cannot fit)."""
   message = str(err).splitlines()[0][:300]
@@ -206,8 +236,14 @@ def _sampler_kinds(parts: RLComponents, largest_only: bool):
 
 def compile_report(config: ml_collections.ConfigDict, topology: str, *,
                    model_config: str | None = None, largest_only: bool = False,
+                   only: str | None = None,
                    log: Callable[[str], None] = print) -> dict[str, Any]:
-  """Compiles the run's executables for ``topology``; returns the report dict."""
+  """Compiles the run's executables for ``topology``; returns the report dict.
+
+  ``only``: ``"learner"`` or ``"samplers"`` compiles one side (no step projection).
+  """
+  if only not in (None, "learner", "samplers"):
+    raise ValueError(f"only={only!r} is not one of (None, 'learner', 'samplers')")
   config = ml_collections.ConfigDict(config.to_dict())   # unlocked copy
   config.model.require_path = False      # sizing needs the config.json, not the weights
   if not config.data.manual_dir:         # ... and no data
@@ -229,8 +265,11 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       f"remat={lc.remat}, attention={lc.attention}, fsdp={lc.fsdp}")
   compile_one = _Compiler(chip, log, _resident_bytes(model, learner))
 
-  compile_one("learner_sync", learner.compile_sync)
+  learner_side = only in (None, "learner")
+  if learner_side:
+    compile_one("learner_sync", learner.compile_sync)
   row_buckets = learner.row_buckets[-1:] if largest_only else learner.row_buckets
+  row_buckets = row_buckets if learner_side else ()
   prompts = learner.prompt_buckets[-1:] if largest_only else learner.prompt_buckets
   responses = learner.response_buckets[-1:] if largest_only else learner.response_buckets
   train_rows: dict[tuple, dict] = {}
@@ -243,14 +282,19 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
         pair: dict[str, Any] = {}
         pair["train"] = compile_one(f"learner_train[{tag}]",
                                     lambda: learner.compile_train(mb, p, n))
+        _add_attention_kernel(pair["train"], chip, cfg, learner, mesh, mb, p + n,
+                              backward=True)
         if learner.reference is not None:
           pair["ref"] = compile_one(f"learner_ref[{tag}]",
                                     lambda: learner.compile_reference(mb, p, n))
+          _add_attention_kernel(pair["ref"], chip, cfg, learner, mesh, mb, p + n,
+                                backward=False)
         train_rows[(mb, p, n)] = pair
 
   decode: dict[str, dict] = {}
   generate: dict[str, dict] = {}
-  for kind, sampler, r, p in _sampler_kinds(parts, largest_only):
+  samplers = _sampler_kinds(parts, largest_only) if only in (None, "samplers") else ()
+  for kind, sampler, r, p in samplers:
     # The fused program: every row decodes to the cap over the full cache, the worst
     # case of the segmented sampler too, so the projection below uses it.
     generate[kind] = compile_one(f"{kind}[rows={r},prompt={p}]",
@@ -284,7 +328,7 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
                    attention_block=lc.attention_block, logits_chunk=lc.logits_chunk,
                    fsdp=lc.fsdp, mini_batches=lc.mini_batches, grad_accum=lc.grad_accum,
                    epochs=lc.epochs),
-      largest_only=largest_only, hbm_limit_fraction=HBM_LIMIT,
+      largest_only=largest_only, only=only, hbm_limit_fraction=HBM_LIMIT,
       executables=executables, fits=fits,
       not_fitting=[e["name"] for e in executables if not e["fits"]],
       compile_s_total=round(sum(e["compile_s"] for e in executables), 1),

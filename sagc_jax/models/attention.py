@@ -1,4 +1,5 @@
-"""Attention kernels in plain XLA: dense, query-blocked (memory-efficient), one-query decode.
+"""Attention kernels: dense, query-blocked (memory-efficient), one-query decode in plain
+XLA, and the fused TPU kernel ``splash`` (``splash.py``).
 
 All three compute grouped-query attention: query head ``h`` reads key/value head
 ``h // num_groups`` (transformers' ``repeat_kv``), scores and softmax in float32.
@@ -15,6 +16,9 @@ All three compute grouped-query attention: query head ``h`` reads key/value head
   (the idea of FlashAttention, Dao et al. 2022, without the fused kernel). Real-token
   outputs equal ``dense`` up to float rounding; outputs at padding queries (rows with no
   visible key) differ and are meaningless in both.
+* ``splash``: causal self-attention through JAX's Pallas splash kernel (``splash.py``),
+  scores never leave on-chip memory; TPU only in practice (elsewhere it runs in Pallas'
+  interpreter, for tests).
 * decode (``decode_attend``): T = 1, keys and values in the cache's [B, KV, S, D] layout. ``einsum`` reads the bf16 cache directly with float32
   accumulation (``preferred_element_type``), the bandwidth-optimal form on TPU/GPU.
   ``reduce`` writes the two contractions as broadcast-multiply + reduce in float32, which
@@ -30,10 +34,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from sagc_jax.models.splash import segment_ids_from_mask, splash_attend
 
 __all__ = ["ATTENTION_KINDS", "DECODE_KINDS", "AttentionMask", "attend", "decode_attend"]
 
-ATTENTION_KINDS = ("dense", "blocked")
+ATTENTION_KINDS = ("dense", "blocked", "splash")
 DECODE_KINDS = ("reduce", "einsum")
 
 _MASKED = float(jnp.finfo(jnp.float32).min)
@@ -117,15 +124,20 @@ def decode_attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, num_groups: int, *,
-           kind: str = "dense", block: int = 512, decode_kind: str = "reduce") -> jax.Array:
+           kind: str = "dense", block: int = 512, decode_kind: str = "reduce",
+           mesh: Mesh | None = None) -> jax.Array:
   """Grouped-query attention. q [B,T,H,D], k/v [B,S,KV,D] -> [B,T,H,D].
 
-  ``kind`` applies to multi-token self-attention (training forward, prefill); a
-  one-token call uses ``decode_kind`` (``decode_attend``).
+  ``kind`` applies to multi-token self-attention (training forward, prefill; the
+  queries are then the keys' own slots 0..T-1); a one-token call uses ``decode_kind``
+  (``decode_attend``). ``mesh``: where ``splash`` shards its per-device kernel.
   """
   if q.shape[1] == 1:
     return decode_attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask.dense()[:, 0],
                          num_groups, decode_kind)
+  if kind == "splash" and k.shape[1] == q.shape[1]:
+    return splash_attend(q, k, v, segment_ids_from_mask(mask.key_valid), num_groups,
+                         mesh=mesh, block=block)
   if kind == "blocked" and k.shape[1] == q.shape[1]:
     return _blocked(q, k, v, mask, num_groups, block)
   return _dense(q, k, v, mask.dense(), num_groups)

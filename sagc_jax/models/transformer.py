@@ -84,9 +84,10 @@ class ForwardOptions:
   """How a forward pass is computed (never what it computes): static, hashable.
 
   Attributes:
-    attention: ``"dense"`` or ``"blocked"`` (query blocks of ``attention_block``, see
-      ``attention.py``) for multi-token calls.
-    attention_block: query block size of ``"blocked"``.
+    attention: ``"dense"``, ``"blocked"`` (query blocks of ``attention_block``, see
+      ``attention.py``) or ``"splash"`` (fused TPU kernel, ``splash.py``) for
+      multi-token calls.
+    attention_block: query block size of ``"blocked"``, tile size of ``"splash"``.
     decode_attention: one-token (decode) attention, ``"reduce"`` (XLA:CPU) or
       ``"einsum"`` (bf16 cache reads with float32 accumulation, TPU/GPU).
     remat: per-layer rematerialisation: ``"none"``, ``"full"`` (keep only each layer's
@@ -103,6 +104,11 @@ class ForwardOptions:
       ``query_sharding``, queries are pinned to it first and attention outputs are
       returned to it, so XLA reshards the small activations (all-to-all) instead of
       gathering the q / o projection weights every decode step.
+    mesh: the mesh ``"splash"`` shards its per-device kernel over (None: one device).
+    row_sharding: layout of the residual stream [B, T, hidden] pinned at every layer's
+      input and output in cache-free (training) calls, rows on 'data'. Without it,
+      XLA's propagation may keep activations whole on every 'data' shard and gather
+      them, where FSDP means gathering the (smaller, per-layer) weights instead.
   """
   attention: str = "dense"
   attention_block: int = 512
@@ -112,6 +118,8 @@ class ForwardOptions:
   kv_sharding: Any = None
   query_sharding: Any = None
   head_sharding: Any = None
+  mesh: Any = None
+  row_sharding: Any = None
 
   def __post_init__(self):
     if self.attention not in ATTENTION_KINDS:
@@ -217,7 +225,8 @@ class Attention(nnx.Module):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv is None:
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
-                   block=options.attention_block, decode_kind=options.decode_attention)
+                   block=options.attention_block, decode_kind=options.decode_attention,
+                   mesh=options.mesh)
       return self.o_proj(out.reshape(b, t, -1)), None
     # The cache is [B, KV, S, D]: new keys/values are written heads-major.
     start = (0, 0, index, 0)
@@ -230,7 +239,8 @@ class Attention(nnx.Module):
       # attention is self-attention over them (and may be query-blocked).
       mask = AttentionMask(mask.key_valid[:, :t], mask.query_slots)
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
-                   block=options.attention_block, decode_kind=options.decode_attention)
+                   block=options.attention_block, decode_kind=options.decode_attention,
+                   mesh=options.mesh)
     elif t == 1:
       q = _constrain(_constrain(q, options.head_sharding), options.query_sharding)
       out = decode_attend(q, kv[0].astype(q.dtype), kv[1].astype(q.dtype),
@@ -439,7 +449,9 @@ class Transformer(nnx.Module):
 
     def one_layer(state, h):
       layer = nnx.merge(graphdef, state)
-      return layer(h, cos, sin, attn_mask, None, None, options)[0]
+      h = _constrain(h, options.row_sharding)
+      return _constrain(layer(h, cos, sin, attn_mask, None, None, options)[0],
+                        options.row_sharding)
 
     one_layer = _remat(one_layer, options.remat)
     states = [nnx.state(layer) for layer in self.layers]

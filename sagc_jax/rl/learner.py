@@ -82,7 +82,8 @@ class LearnerConfig:
   Memory and compile knobs (they change how, never what, is computed):
   ``remat`` (per-layer rematerialisation policy), ``scan_layers`` (one ``lax.scan``
   over the layers), ``attention`` / ``attention_block`` (``"blocked"``: query-blocked
-  attention, O(block x T) memory), ``logits_chunk`` (positions per chunk of the
+  attention, O(block x T) memory; ``"splash"``: the fused Pallas kernel on TPU, no
+  score tensor in HBM, tiles of ``attention_block``), ``logits_chunk`` (positions per chunk of the
   vocabulary projection; never a [rows, T, vocab] array), ``fsdp`` (float32 master
   weights, Adam moments and the reference model sharded over ``'data'`` as well as
   ``'model'``). See ``sagc_jax.models.transformer.ForwardOptions``.
@@ -298,7 +299,12 @@ class Learner:
     self.model = model
     self.config = config
     self.mesh = mesh
-    self.options = config.forward_options()
+    # splash shards its kernel over the mesh itself (shard_map); the residual stream
+    # keeps its rows on 'data' (microbatch rows are a multiple of it, checked below).
+    rows_on_data = (None if mesh is None or mesh.shape.get("data", 1) == 1
+                    else NamedSharding(mesh, P("data")))
+    self.options = dataclasses.replace(config.forward_options(), mesh=mesh,
+                                       row_sharding=rows_on_data)
     self.row_buckets = tuple(sorted(set(row_buckets)))
     self.prompt_buckets = tuple(sorted(set(prompt_buckets)))
     self.response_buckets = tuple(sorted(set(response_buckets)))
