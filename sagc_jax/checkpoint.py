@@ -6,8 +6,14 @@ item with everything else a resumed run needs to continue *exactly*: step,
 controller state (posteriors, lambda, RNG), data-loader position, learner
 counters, and the metrics history. Orbax writes each step into a temporary
 directory and renames it when complete, so a save interrupted by a kill never
-shows up as a step; a step whose files were later damaged fails to restore and
-the previous step is used instead, with a message saying so.
+shows up as a step; a step whose files were later damaged (or whose weights
+restore non-finite) is moved aside as ``corrupt-<step>-<time>`` and the previous
+step is used instead, with a message saying so.
+
+A checkpoint that reads fine but does not fit this run (another model, other
+shapes) is not damage but a config mistake: ``CheckpointMismatch`` names what
+differs and nothing in the directory is touched. A directory whose only steps were
+moved aside is never silently started over.
 """
 
 from __future__ import annotations
@@ -18,9 +24,62 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 _ITEMS = ("params", "opt_state", "meta")
+_QUARANTINE_PREFIX = "corrupt-"
+
+
+class CheckpointMismatch(ValueError):
+  """The checkpoint's arrays do not match this run's: a config change, not damage."""
+
+
+def _key_name(key: Any) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """``{"a/b/kernel": shape}`` of a tree of arrays, abstract arrays or orbax metadata."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(_key_name(k) for k in path): tuple(getattr(leaf, "shape", ()) or ())
+          for path, leaf in leaves}
+
+
+def _describe_mismatch(saved: Any, wanted: Any, item: str, limit: int = 4) -> str | None:
+  """What differs between a saved tree and this run's (None when they match)."""
+  saved_shapes, wanted_shapes = _leaf_shapes(saved), _leaf_shapes(wanted)
+  if item != "params":
+    # Optimizer states may be saved as dicts and restored as NamedTuples: compare
+    # the arrays' shapes, not their paths.
+    if sorted(saved_shapes.values()) == sorted(wanted_shapes.values()):
+      return None
+    return (f"{item}: {len(saved_shapes)} saved arrays vs {len(wanted_shapes)} in this run, "
+            "with different shapes")
+  parts = []
+  missing = sorted(wanted_shapes.keys() - saved_shapes.keys())
+  extra = sorted(saved_shapes.keys() - wanted_shapes.keys())
+  differ = [k for k in sorted(wanted_shapes.keys() & saved_shapes.keys())
+            if saved_shapes[k] != wanted_shapes[k]]
+  if differ:
+    parts.append("shapes differ: " + ", ".join(
+        f"{k} saved {saved_shapes[k]} vs run {wanted_shapes[k]}" for k in differ[:limit])
+        + (f" (+{len(differ) - limit} more)" if len(differ) > limit else ""))
+  if missing:
+    parts.append(f"not in the checkpoint: {', '.join(missing[:limit])}"
+                 + (f" (+{len(missing) - limit} more)" if len(missing) > limit else ""))
+  if extra:
+    parts.append(f"only in the checkpoint: {', '.join(extra[:limit])}"
+                 + (f" (+{len(extra) - limit} more)" if len(extra) > limit else ""))
+  return "; ".join(parts) or None
+
+
+def _all_finite(tree: Any) -> bool:
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  return all(bool(jnp.isfinite(x).all()) for x in leaves)
 
 
 class Checkpointer:
@@ -35,7 +94,13 @@ class Checkpointer:
                                            create=not read_only,
                                            read_only=read_only,
                                            enable_async_checkpointing=not read_only)
-    self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=_ITEMS)
+    # Handlers named up front (not inferred at the first save) so that a manager that
+    # only restores can read each step's array metadata before restoring it.
+    handlers = {"params": ocp.StandardCheckpointHandler(),
+                "opt_state": ocp.StandardCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler()}
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_handlers=handlers)
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -54,10 +119,33 @@ class Checkpointer:
     """Newest restorable ``(step, params, opt_state, meta)``, or None without checkpoints.
 
     The abstract targets (``jax.ShapeDtypeStruct`` with shardings) decide where
-    the restored arrays live. Damaged steps are reported and skipped.
+    the restored arrays live. Damaged steps (unreadable, or non-finite weights) are
+    reported, moved aside and skipped; a step that does not match the targets raises
+    ``CheckpointMismatch`` and nothing is moved.
     """
     steps = self.all_steps()
+    if not steps and self.quarantined():
+      raise RuntimeError(
+          f"{self.directory} holds no usable checkpoint but damaged ones were moved aside "
+          f"({', '.join(self.quarantined())}); refusing to start over and overwrite the run. "
+          f"To start fresh on purpose, move {self.directory} away (or delete the "
+          f"{_QUARANTINE_PREFIX}* folders)")
     for step in reversed(steps):
+      try:
+        saved = self._manager.item_metadata(step)
+      except Exception as err:  # noqa: BLE001 - unreadable metadata is damage
+        self._skip_damaged(step, err)
+        continue
+      for item, wanted in (("params", abstract_params), ("opt_state", abstract_opt_state)):
+        saved_item = saved[item] if item in saved.keys() else None
+        tree = getattr(saved_item, "tree", saved_item)
+        problem = None if tree is None else _describe_mismatch(tree, wanted, item)
+        if problem:
+          raise CheckpointMismatch(
+              f"checkpoint step {step} in {self.directory} does not match this run "
+              f"({problem}). Was the model (model.path) or the optimizer changed? Resume "
+              "with the run's original config, or start a new run in another workdir; "
+              "the checkpoints were left as they are")
       try:
         restored = self._manager.restore(step, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params),
@@ -67,13 +155,10 @@ class Checkpointer:
         if meta.get("step") != step:
           raise ValueError(f"meta says step {meta.get('step')!r}")
         jax.block_until_ready((restored.params, restored.opt_state))
-      except Exception as err:  # noqa: BLE001 - any failure means "this step is unusable"
-        moved = self._quarantine(step)
-        message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
-                   f"({type(err).__name__}: {str(err)[:200]}); moved it to {moved} and "
-                   "trying the previous one")
-        self.log(message)
-        logging.warning(message)
+        if not _all_finite(restored.params):
+          raise ValueError("its weights restored with NaN or inf values")
+      except Exception as err:  # noqa: BLE001 - any failure here means "this step is damaged"
+        self._skip_damaged(step, err)
         continue
       return step, restored.params, restored.opt_state, meta
     if steps:
@@ -97,12 +182,29 @@ class Checkpointer:
         params=ocp.args.StandardRestore(abstract_params)))
     return step, restored.params
 
+  def _skip_damaged(self, step: int, err: Exception) -> None:
+    moved = self._quarantine(step)
+    message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
+               f"({type(err).__name__}: {str(err)[:200]}); moved it to {moved} and "
+               "trying the previous one")
+    self.log(message)
+    logging.warning(message)
+
+  def quarantined(self) -> list[str]:
+    """Names of the damaged steps moved aside in this directory."""
+    from etils import epath
+
+    root = epath.Path(self.directory)
+    if not root.exists():
+      return []
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(_QUARANTINE_PREFIX))
+
   def _quarantine(self, step: int) -> str:
     """Renames a damaged step out of the manager's view, so that step can be saved again."""
     from etils import epath
 
     source = epath.Path(self.directory) / str(step)
-    target = epath.Path(self.directory) / f"corrupt-{step}-{int(time.time())}"
+    target = epath.Path(self.directory) / f"{_QUARANTINE_PREFIX}{step}-{int(time.time())}"
     if jax.process_index() == 0 and source.exists():
       source.rename(target)
     if jax.process_count() > 1:

@@ -279,7 +279,7 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
                         max_rows_per_call=256))
   c.controller.update(dict(candidates=(4, 8, 16), tau=2.0, delta=0.2))
   c.learner.update(dict(lr=1e-6, warmup_steps=10, weight_decay=0.01, kl_coef=0.001,
-                        mini_batches=4, grad_accum=4, remat="full", attention="blocked",
+                        mini_batches=4, grad_accum=4, remat="full", attention="splash",
                         attention_block=512, logits_chunk=256, fsdp=True))
   c.sft.enabled = False
   c.train.update(dict(steps=500, checkpoint_every=20, eval_every=50))

@@ -61,6 +61,18 @@ def _seed_for(*parts: int) -> int:
   return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+  """``key: old -> new`` for every setting that differs between two config dicts."""
+  out = []
+  for key in sorted(set(old) | set(new)):
+    a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += config_changes(a, b, f"{prefix}{key}.")
+    elif a != b:
+      out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+  return out
+
+
 class Trainer:
   """Builds every component from a validated config and runs the step loop."""
 
@@ -85,7 +97,6 @@ class Trainer:
       cache_dir = config.train.compilation_cache_dir or str(self.workdir / "jax_cache")
       jax.config.update("jax_compilation_cache_dir", cache_dir)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    self._write_config()
     self.mesh = make_mesh(config.mesh.shape, config.mesh.axes)
     self.data_axis = self.mesh.shape["data"]
 
@@ -144,11 +155,23 @@ class Trainer:
     self.eval_history: list[dict[str, Any]] = []
     self._stop_requested = False
     self._restore()
+    # Only once the checkpoints are known to fit this config: a refused resume leaves
+    # the run's config.json (and everything else) as it was.
+    self._write_config()
 
   # ------------------------------------------------------------------ setup
   def _write_config(self) -> None:
-    if self.is_primary:
-      (self.workdir / "config.json").write_text(self.config.to_json_best_effort(indent=1))
+    """Writes config.json, first logging which settings differ from the one there."""
+    if not self.is_primary:
+      return
+    path = self.workdir / "config.json"
+    new = self.config.to_json_best_effort(indent=1)
+    if path.exists():
+      changes = config_changes(json.loads(path.read_text()), json.loads(new))
+      if changes:
+        self.log(f"{'resuming' if self.step else 'restarting'} with {len(changes)} changed "
+                 f"setting(s): " + "; ".join(changes))
+    path.write_text(new)
 
   def _check_prompt_lengths(self, limit: int = 200_000) -> None:
     """Fails at start-up (not mid-run) if a prompt exceeds the largest prompt bucket."""

@@ -23,6 +23,7 @@ from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokeniz
 from sagc_jax.sft import supervised_finetune, tokenize_examples
 
 SFT_MARKER = "sft_done.json"
+TINY_MARKER = "sagc_tiny_model.json"      # which tiny model a cached init_model is
 
 
 def prepare_policy(config: Any, workdir: Path, train_source: Any,
@@ -36,8 +37,19 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
   if model_path:
     return Path(model_path)
   init_dir = workdir / "init_model"
+  identity = {"tiny_family": config.model.tiny_family, "init_seed": config.model.init_seed}
   if not (init_dir / "model.safetensors").exists():
     build_tiny_checkpoint(init_dir, seed=config.model.init_seed, family=config.model.tiny_family)
+    (init_dir / TINY_MARKER).write_text(json.dumps(identity))
+  elif (init_dir / TINY_MARKER).exists():
+    # The cached policy (and the run's checkpoints) belong to the tiny model it was
+    # built as: a changed family or seed would otherwise be silently ignored.
+    built = json.loads((init_dir / TINY_MARKER).read_text())
+    for key, value in identity.items():
+      if built.get(key) != value:
+        raise ValueError(f"model.{key}={value!r}, but this workdir's tiny model was built "
+                         f"with {key}={built.get(key)!r} ({init_dir}); resume with the run's "
+                         "setting or start the new model in another workdir")
   if not (config.sft.enabled and config.data.name == "synthetic"):
     return init_dir
   sft_dir = workdir / "sft_model"

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sagc_jax.checkpoint import CheckpointMismatch
 from sagc_jax.config import preset, validate
+from sagc_jax.models import build_tiny_checkpoint
 from sagc_jax.trainer import Trainer, deterministic_view, load_history
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +132,40 @@ def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
           path.write_bytes(b"\0")
   with pytest.raises(RuntimeError, match="none of the checkpoints"):
     Trainer(config, tmp_path, log=messages.append)
+
+
+def test_resume_with_another_model_is_refused_and_changes_are_named(shared, tmp_path):
+  """A resume whose model does not match the checkpoints is a config error: it names
+  what differs and touches nothing (before: every checkpoint was quarantined, the
+  run restarted from step 0 and metrics.jsonl was truncated)."""
+  config = small_config(shared, steps=2)
+  run(config, tmp_path)
+  files = {name: (tmp_path / name).read_bytes() for name in ("config.json", "metrics.jsonl")}
+  entries = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  other = small_config(shared, steps=2)
+  other.model.tiny_family = "qwen2"               # the cached tiny model says "llama"
+  with pytest.raises(ValueError, match="model.tiny_family='qwen2', but this workdir's tiny "
+                                       "model was built with tiny_family='llama'"):
+    Trainer(other, tmp_path, log=lambda m: None)
+  # Another HF model folder (q/k/v biases: arrays the run never had).
+  other.model.tiny_family = "llama"
+  other.model.path = str(build_tiny_checkpoint(tmp_path.parent / f"{tmp_path.name}-qwen2",
+                                               family="qwen2"))
+  with pytest.raises(CheckpointMismatch, match=r"step 2 .*does not match this run .*"
+                                               r"not in the checkpoint: .*bias"):
+    Trainer(other, tmp_path, log=lambda m: None)
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == entries
+  assert {name: (tmp_path / name).read_bytes() for name in files} == files
+  # A resumable change is applied and named.
+  changed = small_config(shared, steps=2)
+  changed.learner.lr = 2e-3
+  messages = []
+  trainer = Trainer(changed, tmp_path, log=messages.append)
+  trainer.close()
+  assert trainer.step == 2
+  assert any("resuming with 1 changed setting(s): learner.lr: 0.001 -> 0.002" in m
+             for m in messages), messages
+  assert json.loads((tmp_path / "config.json").read_text())["learner"]["lr"] == 2e-3
 
 
 def write_config_file(path: Path, shared, steps: int, *overrides: str) -> Path:

@@ -1,0 +1,83 @@
+"""Checkpoint restore never loses a run: damage is moved aside, mismatch touches nothing.
+
+Real orbax checkpoints of small trees on local disk (the trainer-level cases are in
+``test_trainer.py``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sagc_jax.checkpoint import Checkpointer, CheckpointMismatch
+from sagc_jax.trainer import config_changes
+
+
+def _params(width=4, value=1.0):
+  return {"layers": {"0": {"kernel": jnp.full((3, width), value)}}, "norm": jnp.ones((3,))}
+
+
+def _opt(width=4):
+  return {"mu": jnp.zeros((3, width)), "count": jnp.zeros((), jnp.int32)}
+
+
+def _abstract(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _saved(tmp_path, *params_per_step):
+  ckpt = Checkpointer(tmp_path / "ck", log=lambda m: None)
+  for step, params in enumerate(params_per_step, start=1):
+    ckpt.save(step, params, _opt(params["layers"]["0"]["kernel"].shape[1]), {"step": step})
+  ckpt.wait()
+  return ckpt
+
+
+def _entries(tmp_path):
+  return sorted(p.name for p in (tmp_path / "ck").iterdir())
+
+
+def test_shape_or_structure_mismatch_is_refused_and_nothing_is_moved(tmp_path):
+  ckpt = _saved(tmp_path, _params(), _params())
+  before = _entries(tmp_path)
+  with pytest.raises(CheckpointMismatch, match=r"step 2 .* layers/0/kernel saved \(3, 4\) "
+                                               r"vs run \(3, 5\)"):
+    ckpt.restore_latest(_abstract(_params(width=5)), _abstract(_opt(width=5)))
+  extra = dict(_params(), bias=jnp.zeros((4,)))
+  with pytest.raises(CheckpointMismatch, match="not in the checkpoint: bias"):
+    ckpt.restore_latest(_abstract(extra), _abstract(_opt()))
+  assert _entries(tmp_path) == before and ckpt.all_steps() == [1, 2]
+  step, params, _, meta = ckpt.restore_latest(_abstract(_params()), _abstract(_opt()))
+  assert step == 2 and meta["step"] == 2
+
+
+def test_non_finite_weights_are_damage_and_the_previous_step_is_used(tmp_path):
+  messages = []
+  ckpt = _saved(tmp_path, _params(value=2.0), _params(value=np.nan))
+  ckpt.log = messages.append
+  step, params, _, _ = ckpt.restore_latest(_abstract(_params()), _abstract(_opt()))
+  assert step == 1 and float(params["layers"]["0"]["kernel"][0, 0]) == 2.0
+  assert any("step 2" in m and "NaN or inf" in m for m in messages)
+  assert [n for n in _entries(tmp_path) if n.startswith("corrupt-2-")]
+
+
+def test_a_directory_whose_steps_were_all_moved_aside_is_never_started_over(tmp_path):
+  ckpt = _saved(tmp_path, _params(value=np.inf))
+  with pytest.raises(RuntimeError, match="none of the checkpoints"):
+    ckpt.restore_latest(_abstract(_params()), _abstract(_opt()))
+  # The next run finds no step at all, only the moved-aside one: still refused.
+  again = Checkpointer(tmp_path / "ck", log=lambda m: None)
+  with pytest.raises(RuntimeError, match=r"moved aside \(corrupt-1-\d+\); refusing to start over"):
+    again.restore_latest(_abstract(_params()), _abstract(_opt()))
+  # An empty directory is a fresh run.
+  assert Checkpointer(tmp_path / "fresh", log=lambda m: None).restore_latest(
+      _abstract(_params()), _abstract(_opt())) is None
+
+
+def test_config_changes_names_every_changed_key():
+  old = {"learner": {"lr": 1e-6, "clip_low": 0.2}, "seed": 0}
+  new = {"learner": {"lr": 2e-6, "clip_low": 0.2, "fsdp": True}, "seed": 0}
+  assert config_changes(old, new) == ["learner.fsdp: '<unset>' -> True",
+                                      "learner.lr: 1e-06 -> 2e-06"]
