@@ -84,6 +84,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
       compilation_cache=True, compilation_cache_dir="",
+      # Stop (without checkpointing the step) once this many learner updates in a row
+      # were skipped as non-finite: checkpointing on would rotate the good ones out.
+      # 0 = never stop.
+      max_consecutive_skipped=5,
       # '' = <workdir>/checkpoints; a gs:// path on TPU pods (shared by every host).
       checkpoint_dir="",
       # Local disk for gs:// inputs (model.path, data.manual_dir: copied once per host)
@@ -182,6 +186,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)
+  limit = checks.lookup(config, "train.max_consecutive_skipped")
+  if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+    raise ValueError(f"train.max_consecutive_skipped={limit!r} must be an int >= 0 "
+                     "(0 = never stop)")
   for key in ("model.path", "data.manual_dir", "data.data_dir", "train.local_cache_dir"):
     value = checks.lookup(config, key)
     if not isinstance(value, str):

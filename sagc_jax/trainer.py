@@ -151,6 +151,7 @@ class Trainer:
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
                                      config.train.keep_checkpoints, log=self.log)
     self.step = 0
+    self.consecutive_skipped = 0
     self.history: list[dict[str, Any]] = []
     self.eval_history: list[dict[str, Any]] = []
     self._stop_requested = False
@@ -208,6 +209,7 @@ class Trainer:
     self.learner.opt_state = opt_state
     self.learner.step = int(meta["learner_step"])
     self.learner.skipped_updates = int(meta["skipped_updates"])
+    self.consecutive_skipped = int(meta.get("consecutive_skipped", 0))
     self.learner.sync_model()
     self.controller.load_state_dict(meta["controller"])
     self.loader.load_state_dict(meta["loader"])
@@ -222,6 +224,7 @@ class Trainer:
         "step": self.step,
         "learner_step": self.learner.step,
         "skipped_updates": self.learner.skipped_updates,
+        "consecutive_skipped": self.consecutive_skipped,
         "controller": self.controller.state_dict(),
         "loader": self.loader.state_dict(),
         "history": self.history,
@@ -402,6 +405,7 @@ class Trainer:
         self.metrics.write(row)
         if self.step % c.train.log_every == 0:
           self.metrics.progress(row)
+        self._check_skipped_updates(row)        # before this step can be checkpointed
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save_checkpoint()
         # A signal reaches each host on its own; all must leave the loop together.
@@ -418,6 +422,25 @@ class Trainer:
     if distributed.is_multiprocess():
       self._write_process_fingerprint()
     return summary
+
+  def _check_skipped_updates(self, row: dict[str, Any]) -> None:
+    """Counts updates skipped in a row (steps whose every update was non-finite) and
+    stops the run at ``train.max_consecutive_skipped``: the checkpoints saved from
+    then on would hold a policy that no longer learns and rotate the good ones out."""
+    updates = row.get("learner/updates", 0.0)
+    skipped = row.get("learner/skipped_updates", 0.0)
+    if updates:
+      self.consecutive_skipped = (self.consecutive_skipped + int(skipped)
+                                  if skipped == updates else 0)
+    limit = self.config.train.max_consecutive_skipped
+    if limit and self.consecutive_skipped >= limit:
+      last = self.checkpointer.all_steps()
+      raise RuntimeError(
+          f"step {self.step}: {self.consecutive_skipped} learner updates in a row were skipped "
+          f"(non-finite loss or gradients; train.max_consecutive_skipped={limit}). Stopped "
+          f"without checkpointing this step; the newest checkpoint is step "
+          f"{last[-1] if last else None}. Lower learner.lr or learner.max_grad_norm, or "
+          "check the rewards, then resume")
 
   def _write_process_fingerprint(self) -> None:
     """Per-process record of the G sequence and a parameter checksum (multi-process

@@ -449,6 +449,19 @@ def test_missing_tensor_is_named(ckpts, tmp_path):
     from_pretrained(folder)
 
 
+def test_non_finite_tensor_is_refused_and_named(ckpts, tmp_path):
+  folder = _copy(ckpts, "llama_tied", tmp_path / "nan")
+  name = "model.layers.1.mlp.up_proj.weight"
+
+  def poison(tensors):
+    tensors[name] = tensors[name].copy()
+    tensors[name][3, 5] = np.nan
+  _edit_tensors(folder, poison)
+  with pytest.raises(ValueError, match=rf"tensor '{name}' in .*model\.safetensors has NaN or "
+                                       "inf values"):
+    from_pretrained(folder)
+
+
 def test_unexpected_tensor_is_named_and_inv_freq_ignored(ckpts, tmp_path):
   folder = _copy(ckpts, "llama_tied", tmp_path / "unexpected")
   inv = "model.layers.0.self_attn.rotary_emb.inv_freq"

@@ -165,6 +165,16 @@ def test_resume_with_another_model_is_refused_and_changes_are_named(shared, tmp_
   assert trainer.step == 2
   assert any("resuming with 1 changed setting(s): learner.lr: 0.001 -> 0.002" in m
              for m in messages), messages
+  # Skipped (non-finite) updates in a row stop the run at train.max_consecutive_skipped
+  # (default 5) before the step is checkpointed; one applied update resets the count.
+  # (test_learner.py checks that a non-finite update is really skipped and counted.)
+  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 1.0})
+  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+  with pytest.raises(RuntimeError, match=r"step 2: 6 learner updates in a row were skipped "
+                                         r".*newest checkpoint is step 2"):
+    trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
   assert json.loads((tmp_path / "config.json").read_text())["learner"]["lr"] == 2e-3
 
 

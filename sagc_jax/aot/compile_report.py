@@ -156,7 +156,7 @@ def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
 
 def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: ModelConfig,
                           learner, mesh: Mesh, rows: int, seq_len: int, *,
-                          backward: bool) -> None:
+                          backward: bool, log: Callable[[str], None]) -> None:
   """Adds the splash kernel's analytic cost (one microbatch of the learner) to ``row``."""
   lc = learner.config
   if row is None or row.get("roofline_ms") is None or lc.attention != "splash":
@@ -176,6 +176,9 @@ def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: Model
   row["compute_ms"] = row["flops"] / (chip.bf16_tflops * 1e12) * 1e3
   row["memory_ms"] = row["bytes"] / (chip.hbm_gbps * 1e9) * 1e3
   row["roofline_ms"] = chip.roofline_s(row["flops"], row["bytes"]) * 1e3
+  log(f"    + splash kernel (analytic, XLA cannot see it): {row['kernel_flops'] / 1e12:.2f} "
+      f"TFLOP, {row['kernel_bytes'] / 1e9:.2f} GB -> {row['flops'] / 1e12:.2f} TFLOP, "
+      f"{row['bytes'] / 1e9:.2f} GB, roofline {row['roofline_ms']:.2f} ms")
 
 
 def _failed(name: str, err: Exception, chip: ChipSpec, compile_s: float) -> dict[str, Any]:
@@ -283,12 +286,12 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
         pair["train"] = compile_one(f"learner_train[{tag}]",
                                     lambda: learner.compile_train(mb, p, n))
         _add_attention_kernel(pair["train"], chip, cfg, learner, mesh, mb, p + n,
-                              backward=True)
+                              backward=True, log=log)
         if learner.reference is not None:
           pair["ref"] = compile_one(f"learner_ref[{tag}]",
                                     lambda: learner.compile_reference(mb, p, n))
           _add_attention_kernel(pair["ref"], chip, cfg, learner, mesh, mb, p + n,
-                                backward=False)
+                                backward=False, log=log)
         train_rows[(mb, p, n)] = pair
 
   decode: dict[str, dict] = {}

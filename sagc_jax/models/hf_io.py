@@ -157,6 +157,9 @@ def from_pretrained(path: PathLike, dtype: jnp.dtype = jnp.float32,
       if transposed:
         host = host.T
       host = np.ascontiguousarray(host.astype(np_dtype, copy=False))
+      if not np.isfinite(host).all():
+        raise ValueError(f"tensor {name!r} in {files[name]} has NaN or inf values: the "
+                         "checkpoint is damaged; refusing to load it")
       target[nnx_path].set_value(to_device(host, shardings[nnx_path]))
       del host
   return nnx.merge(graphdef, state), cfg
