@@ -9,7 +9,8 @@ checkpoint folder and the GSM8K files (train.jsonl / test.jsonl), local or in a 
       --config.model.path=gs://BUCKET/models/Llama-3.2-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
 
 Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
-86.7 s per worst-case RL step, 12.0 h for 500 steps, a roofline from XLA's cost analysis):
+76.0 s per worst-case RL step, 10.6 h for 500 steps, a roofline from XLA's cost analysis
++ the splash kernel's analytic cost):
 
   python -m sagc_jax.aot --config configs/llama3_2_3b.py --topology v5e:4x4 --largest_only
 

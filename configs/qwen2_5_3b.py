@@ -9,7 +9,8 @@ checkpoint folder and the GSM8K files (train.jsonl / test.jsonl), local or in a 
       --config.model.path=gs://BUCKET/models/Qwen2.5-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
 
 Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
-124.1 s per worst-case RL step, 17.2 h for 500 steps, a roofline from XLA's cost analysis):
+111.6 s per worst-case RL step, 15.5 h for 500 steps, a roofline from XLA's cost analysis
++ the splash kernel's analytic cost):
 
   python -m sagc_jax.aot --config configs/qwen2_5_3b.py --topology v5e:4x4 --largest_only
 

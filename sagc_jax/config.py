@@ -265,15 +265,16 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   ``data.manual_dir``).
 
   Memory: float32 master weights and Adam moments sharded FSDP-style, per-layer
-  remat, query-blocked attention, 256-position log-prob chunks, 4 minibatches x
-  4 interleaved microbatches; rollouts in sampler calls of 256 rows. Sized with
+  remat, the fused splash attention kernel (TPU only; ``attention="blocked"``
+  elsewhere), 256-position log-prob chunks, 4 minibatches x 4 interleaved
+  microbatches; rollouts in sampler calls of 256 rows. Sized with
   ``python -m sagc_jax.aot --config configs/<preset>.py --topology v5e:4x4
   --largest_only`` (2-core CPU host, no TPU): every executable fits 16 GiB
-  chips with the run's resident state counted (largest: the train step, 12.4 GiB
-  Llama-3.2-3B / 11.8 GiB Qwen2.5-3B). Projected from XLA's cost analysis
-  (rooflines, not measurements): one RL step at the worst case (every response
-  2048 tokens) 86.7 s Llama-3.2-3B / 124.1 s Qwen2.5-3B, i.e. 12.0 h / 17.2 h for
-  the 500 steps; decoding dominates (62 s / 96 s per step).
+  chips with the run's resident state counted (largest: the train step, 12.6 GiB
+  Llama-3.2-3B / 12.5 GiB Qwen2.5-3B). Projected from XLA's cost analysis plus the
+  kernel's analytic cost (rooflines, not measurements): one RL step at the worst
+  case (every response 2048 tokens) 76.0 s Llama-3.2-3B / 111.6 s Qwen2.5-3B,
+  i.e. 10.6 h / 15.5 h for the 500 steps; decoding dominates (62 s / 96 s per step).
   """
   c = preset("grpo", "sagc")
   c.model.update(dict(path="", dtype="bfloat16", require_path=True))
