@@ -90,6 +90,7 @@ class Checkpointer:
     directory = os.fspath(directory)
     self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.log = log
+    self.read_only = read_only
     options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
                                            create=not read_only,
                                            read_only=read_only,
@@ -183,9 +184,11 @@ class Checkpointer:
     return step, restored.params
 
   def _skip_damaged(self, step: int, err: Exception) -> None:
-    moved = self._quarantine(step)
+    # A reader (read_only) leaves the step where it is: the run's owner decides.
+    where = ("left it in place (read-only)" if self.read_only
+             else f"moved it to {self._quarantine(step)}")
     message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
-               f"({type(err).__name__}: {str(err)[:200]}); moved it to {moved} and "
+               f"({type(err).__name__}: {str(err)[:200]}); {where} and "
                "trying the previous one")
     self.log(message)
     logging.warning(message)

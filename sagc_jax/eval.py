@@ -3,7 +3,9 @@
 Rebuilds the run from ``DIR/config.json``, restores its newest usable
 checkpoint (or, with ``--hf_path``, evaluates an exported HF checkpoint folder
 instead), and reports greedy held-out accuracy and mean response length on
-``data.eval_split``; also written to ``DIR/eval.json``.
+``data.eval_split``. Read-only on the run: nothing in DIR is written, truncated or
+moved (a live run can be evaluated safely); ``--out FILE`` also writes the result
+as JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--hf_path", type=run_path, default=None,
                       help="evaluate this HF checkpoint folder instead of the run's checkpoint")
   parser.add_argument("--examples", type=int, default=None, help="held-out examples to use")
+  parser.add_argument("--out", type=run_path, default=None,
+                      help="also write the result as JSON here (outside the run directory)")
   args = parser.parse_args(argv)
   config = load_run_config(args.workdir)
   if args.hf_path is not None:
@@ -41,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     config.model.path = os.fspath(args.hf_path)      # gs:// is staged by the Trainer
   from sagc_jax.trainer import Trainer
 
-  trainer = Trainer(config, args.workdir) if args.hf_path is None else \
-      Trainer(config, args.workdir / "eval_hf")
+  trainer = Trainer(config, args.workdir, read_only=True, log=print,
+                    restore=args.hf_path is None)
   try:
     result = trainer.evaluate(limit=args.examples)
   finally:
@@ -52,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
   print(f"held-out accuracy {result['eval_accuracy']:.3f} on {result['eval_examples']:.0f} "
         f"examples, mean response length {result['eval_response_len']:.1f} tokens "
         f"({result['source']})")
-  (args.workdir / "eval.json").write_text(json.dumps(result, indent=1))
+  if args.out is not None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
   return 0
 
 

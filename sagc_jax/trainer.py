@@ -77,8 +77,14 @@ class Trainer:
   """Builds every component from a validated config and runs the step loop."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-               log: Callable[[str], None] | None = None):
+               log: Callable[[str], None] | None = None, read_only: bool = False,
+               restore: bool = True):
+    """``read_only``: a reader of the run (eval): nothing in ``workdir`` is created,
+    rewritten, truncated or moved (no config.json, metrics or compilation cache writes;
+    damaged checkpoints are skipped in place). ``restore=False`` keeps the policy
+    the config names instead of the run's newest checkpoint."""
     validate(config)
+    self.read_only = read_only
     self.config = config
     # The workdir may be a bucket (gs://): every run file goes through storage.run_path.
     # Rebuildable files that need a real filesystem (TFDS data, the tiny model's warm
@@ -87,14 +93,17 @@ class Trainer:
     self.cache_root = cache_root(config.train.local_cache_dir)
     self.local_dir = local_mirror(workdir, self.cache_root)
     self.is_primary = jax.process_index() == 0
-    self.workdir.mkdir(parents=True, exist_ok=True)
-    self.metrics = MetricsWriter(self.workdir, config.train.steps, enabled=self.is_primary,
+    if not read_only:
+      self.workdir.mkdir(parents=True, exist_ok=True)
+    self.metrics = MetricsWriter(self.workdir, config.train.steps,
+                                 enabled=self.is_primary and not read_only,
                                  sync_secs=config.train.metrics_sync_secs,
                                  local_dir=self.local_dir)
-    self.log = log or self.metrics.log
+    self.log = log or (print if read_only else self.metrics.log)
     compile_count.install()
     if config.train.compilation_cache:
-      cache_dir = config.train.compilation_cache_dir or str(self.workdir / "jax_cache")
+      default_cache = (self.cache_root / "jax_cache") if read_only else self.workdir / "jax_cache"
+      cache_dir = config.train.compilation_cache_dir or str(default_cache)
       jax.config.update("jax_compilation_cache_dir", cache_dir)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     self.mesh = make_mesh(config.mesh.shape, config.mesh.axes)
@@ -149,13 +158,15 @@ class Trainer:
     self.eval_sampled_sampler = self.components.eval_sampled_sampler
     self.learner = self.components.learner
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
-                                     config.train.keep_checkpoints, log=self.log)
+                                     config.train.keep_checkpoints, log=self.log,
+                                     read_only=read_only)
     self.step = 0
     self.consecutive_skipped = 0
     self.history: list[dict[str, Any]] = []
     self.eval_history: list[dict[str, Any]] = []
     self._stop_requested = False
-    self._restore()
+    if restore:
+      self._restore()
     # Only once the checkpoints are known to fit this config: a refused resume leaves
     # the run's config.json (and everything else) as it was.
     self._write_config()
@@ -163,7 +174,7 @@ class Trainer:
   # ------------------------------------------------------------------ setup
   def _write_config(self) -> None:
     """Writes config.json, first logging which settings differ from the one there."""
-    if not self.is_primary:
+    if not self.is_primary or self.read_only:
       return
     path = self.workdir / "config.json"
     new = self.config.to_json_best_effort(indent=1)

@@ -259,12 +259,23 @@ def test_tpu_presets_need_a_checkpoint_path():
     validate(namespace["get_config"]())
 
 
-def test_eval_cli_reports_accuracy_of_the_latest_checkpoint(shared, tmp_path):
-  run(small_config(shared, steps=2), tmp_path)
-  env = {**os.environ}
-  proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={tmp_path}",
-                         "--examples=16"], capture_output=True, text=True, env=env, timeout=600)
+def _tree_snapshot(root: Path) -> dict[str, bytes]:
+  return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+          if p.is_file()}
+
+
+def test_eval_cli_reports_accuracy_of_the_latest_checkpoint_and_writes_nothing(shared, tmp_path):
+  """Eval is read-only on the run (before: it rewrote config.json, truncated
+  metrics.jsonl of a live run and could move checkpoints aside)."""
+  workdir = tmp_path / "run"
+  run(small_config(shared, steps=2), workdir)
+  before = _tree_snapshot(workdir)
+  out = tmp_path / "eval" / "result.json"
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={workdir}",
+                         "--examples=16", f"--out={out}"], capture_output=True, text=True,
+                        env={**os.environ}, timeout=600)
   assert proc.returncode == 0, proc.stderr
   assert "held-out accuracy" in proc.stdout and "step 2" in proc.stdout
-  result = json.loads((tmp_path / "eval.json").read_text())
+  result = json.loads(out.read_text())
   assert result["eval_examples"] == 16 and 0 <= result["eval_accuracy"] <= 1
+  assert _tree_snapshot(workdir) == before
