@@ -31,6 +31,15 @@ _ITEMS = ("params", "opt_state", "meta")
 _QUARANTINE_PREFIX = "corrupt-"
 
 
+class CheckpointWriteError(RuntimeError):
+  """A background checkpoint write failed (disk full, permissions, a vanished path).
+
+  Orbax reports it only when someone waits on the save, and leaves non-daemon
+  threads waiting forever for the failed save's signals: a process that hits this
+  must end with ``os._exit`` (``sagc_jax.train`` does), or it never exits.
+  """
+
+
 class CheckpointMismatch(ValueError):
   """The checkpoint's arrays do not match this run's: a config change, not damage."""
 
@@ -107,13 +116,28 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, step: int, params: Any, opt_state: Any, meta: dict[str, Any]) -> None:
-    """Starts an asynchronous save (call ``wait`` before exiting)."""
+    """Starts an asynchronous save (call ``wait`` before exiting); first raises
+    ``CheckpointWriteError`` if the previous one failed."""
+    self.wait()
     self._manager.save(step, force=True, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
         meta=ocp.args.JsonSave(meta)))
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    """Blocks until the background save is written; raises ``CheckpointWriteError``."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception as err:  # noqa: BLE001 - orbax re-raises the writer's own error
+      raise CheckpointWriteError(
+          f"writing a checkpoint to {self.directory} failed ({type(err).__name__}: "
+          f"{str(err)[:300]}); stopping. The newest complete step is still there: free "
+          "space or fix the path, then resume") from err
+
+  def check(self) -> None:
+    """``wait`` without blocking: raises if a finished background save failed, returns
+    at once while one is still being written (called after every training step)."""
+    if not self._manager.is_saving_in_progress():
+      self.wait()
 
   def restore_latest(self, abstract_params: Any, abstract_opt_state: Any
                      ) -> tuple[int, Any, Any, dict[str, Any]] | None:
@@ -217,5 +241,7 @@ class Checkpointer:
     return str(target)
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()

@@ -8,6 +8,8 @@ mean G, wall-clock split) on stdout and in ``DIR/summary.json``, and a plot in
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Sequence
 
 from sagc_jax.cli import reject_positional, run_absl_tool
@@ -53,6 +55,7 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax import distributed
   distributed.initialize(tpu_pod=flags.distributed)   # before any JAX computation
 
+  from sagc_jax.checkpoint import CheckpointWriteError
   from sagc_jax.plots import plot_run
   from sagc_jax.trainer import Trainer
 
@@ -62,9 +65,16 @@ def main(argv: Sequence[str], flags) -> None:
 
   trainer = Trainer(flags.config, flags.workdir)
   try:
-    summary = trainer.run(max_steps=flags.max_steps)
-  finally:
-    trainer.close()
+    try:
+      summary = trainer.run(max_steps=flags.max_steps)
+    finally:
+      trainer.close()
+  except CheckpointWriteError as err:
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # Orbax leaves non-daemon threads waiting forever for the failed save's signals:
+    # a normal interpreter exit would hang (the run must end so a supervisor sees it).
+    os._exit(1)
   if trainer.is_primary:
     print(format_summary(summary))
     if trainer.history:

@@ -417,6 +417,7 @@ class Trainer:
         if self.step % c.train.log_every == 0:
           self.metrics.progress(row)
         self._check_skipped_updates(row)        # before this step can be checkpointed
+        self.checkpointer.check()               # a failed background save stops the run
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save_checkpoint()
         # A signal reaches each host on its own; all must leave the loop together.

@@ -6,6 +6,9 @@ Real orbax checkpoints of small trees on local disk (the trainer-level cases are
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,3 +84,37 @@ def test_config_changes_names_every_changed_key():
   new = {"learner": {"lr": 2e-6, "clip_low": 0.2, "fsdp": True}, "seed": 0}
   assert config_changes(old, new) == ["learner.fsdp: '<unset>' -> True",
                                       "learner.lr: 1e-06 -> 2e-06"]
+
+
+_WRITE_FAILURE_SCRIPT = """
+import os, shutil, sys, time
+import jax.numpy as jnp
+from sagc_jax.checkpoint import Checkpointer, CheckpointWriteError
+ckpt = Checkpointer(sys.argv[1], log=print)
+ckpt.save(1, {"w": jnp.ones((3,))}, {"m": jnp.ones((3,))}, {"step": 1})
+ckpt.wait()
+shutil.rmtree(sys.argv[1])
+open(sys.argv[1], "w").write("the checkpoint directory is gone")   # writes now fail
+ckpt.save(2, {"w": jnp.ones((3,))}, {"m": jnp.ones((3,))}, {"step": 2})
+start = time.time()
+while time.time() - start < 30:
+  try:
+    ckpt.check()                           # never blocks on a save in progress
+  except CheckpointWriteError as err:
+    print("ERROR", err, flush=True)
+    ckpt.close()
+    os._exit(3)                            # as sagc_jax.train does (orbax threads hang)
+  time.sleep(0.05)
+os._exit(4)
+"""
+
+
+def test_a_failed_background_save_is_raised_by_the_next_check_naming_the_path(tmp_path):
+  """Before: an asynchronous write error surfaced only at the run's final wait, and
+  the process then hung at exit on orbax's waiting threads."""
+  target = tmp_path / "ck"
+  proc = subprocess.run([sys.executable, "-c", _WRITE_FAILURE_SCRIPT, str(target)],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("ERROR"))
+  assert f"writing a checkpoint to {target} failed (NotADirectoryError" in line
