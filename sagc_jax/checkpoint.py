@@ -68,21 +68,18 @@ def _describe_mismatch(saved: Any, wanted: Any, item: str, limit: int = 4) -> st
       return None
     return (f"{item}: {len(saved_shapes)} saved arrays vs {len(wanted_shapes)} in this run, "
             "with different shapes")
-  parts = []
-  missing = sorted(wanted_shapes.keys() - saved_shapes.keys())
-  extra = sorted(saved_shapes.keys() - wanted_shapes.keys())
-  differ = [k for k in sorted(wanted_shapes.keys() & saved_shapes.keys())
+  def listed(label: str, entries: list[str]) -> list[str]:
+    if not entries:
+      return []
+    more = f" (+{len(entries) - limit} more)" if len(entries) > limit else ""
+    return [f"{label}: {', '.join(entries[:limit])}{more}"]
+
+  differ = [f"{k} saved {saved_shapes[k]} vs run {wanted_shapes[k]}"
+            for k in sorted(wanted_shapes.keys() & saved_shapes.keys())
             if saved_shapes[k] != wanted_shapes[k]]
-  if differ:
-    parts.append("shapes differ: " + ", ".join(
-        f"{k} saved {saved_shapes[k]} vs run {wanted_shapes[k]}" for k in differ[:limit])
-        + (f" (+{len(differ) - limit} more)" if len(differ) > limit else ""))
-  if missing:
-    parts.append(f"not in the checkpoint: {', '.join(missing[:limit])}"
-                 + (f" (+{len(missing) - limit} more)" if len(missing) > limit else ""))
-  if extra:
-    parts.append(f"only in the checkpoint: {', '.join(extra[:limit])}"
-                 + (f" (+{len(extra) - limit} more)" if len(extra) > limit else ""))
+  parts = (listed("shapes differ", differ)
+           + listed("not in the checkpoint", sorted(wanted_shapes.keys() - saved_shapes.keys()))
+           + listed("only in the checkpoint", sorted(saved_shapes.keys() - wanted_shapes.keys())))
   return "; ".join(parts) or None
 
 
@@ -149,10 +146,11 @@ class Checkpointer:
     ``CheckpointMismatch`` and nothing is moved.
     """
     steps = self.all_steps()
-    if not steps and self.quarantined():
+    moved_aside = [] if steps else self.quarantined()
+    if moved_aside:
       raise RuntimeError(
           f"{self.directory} holds no usable checkpoint but damaged ones were moved aside "
-          f"({', '.join(self.quarantined())}); refusing to start over and overwrite the run. "
+          f"({', '.join(moved_aside)}); refusing to start over and overwrite the run. "
           f"To start fresh on purpose, move {self.directory} away (or delete the "
           f"{_QUARANTINE_PREFIX}* folders)")
     for step in reversed(steps):

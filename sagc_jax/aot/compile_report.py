@@ -47,7 +47,7 @@ from sagc_jax.components import (RLComponents, build_components, candidate_group
                                  prompts_for)
 from sagc_jax.config import validate
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.splash import kernel_cost, kv_repeats
+from sagc_jax.models.splash import head_layout, kernel_cost
 from sagc_jax.models.transformer import abstract_model
 
 __all__ = ["HBM_LIMIT", "compile_report", "model_config_path", "topology_mesh"]
@@ -130,6 +130,13 @@ def _resident_bytes(model, learner) -> dict[str, float]:
   }
 
 
+def _times(flops: float, nbytes: float, chip: ChipSpec) -> dict[str, float]:
+  """Compute-only, memory-only and roofline milliseconds of a cost on ``chip``."""
+  return dict(compute_ms=flops / (chip.bf16_tflops * 1e12) * 1e3,
+              memory_ms=nbytes / (chip.hbm_gbps * 1e9) * 1e3,
+              roofline_ms=chip.roofline_s(flops, nbytes) * 1e3)
+
+
 def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
              resident: float = 0.0) -> dict[str, Any]:
   mem = compiled.memory_analysis()
@@ -148,9 +155,7 @@ def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
               program_peak_gib=round(program_peak, 3), resident_gib=round(resident / GIB, 3),
               args_gib=round(args, 3), out_gib=round(out, 3), temp_gib=round(temp, 3),
               alias_gib=round(alias, 3), flops=flops, bytes=nbytes,
-              compute_ms=flops / (chip.bf16_tflops * 1e12) * 1e3,
-              memory_ms=nbytes / (chip.hbm_gbps * 1e9) * 1e3,
-              roofline_ms=chip.roofline_s(flops, nbytes) * 1e3,
+              **_times(flops, nbytes, chip),
               compile_s=round(compile_s, 2), fits=peak <= HBM_LIMIT * chip.hbm_gib)
 
 
@@ -161,8 +166,7 @@ def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: Model
   lc = learner.config
   if row is None or row.get("roofline_ms") is None or lc.attention != "splash":
     return
-  model_ways = mesh.shape.get("model", 1)
-  repeats = kv_repeats(cfg.num_heads, cfg.num_kv_heads, model_ways)
+  _, repeats = head_layout(cfg.num_heads, cfg.num_kv_heads, mesh.shape.get("model", 1))
   layers = 1 if lc.scan_layers else cfg.num_layers
   cost = kernel_cost(rows=rows // lc.grad_accum, seq_len=seq_len, num_heads=cfg.num_heads,
                      num_kv_heads=cfg.num_kv_heads * repeats, head_dim=cfg.head_dim,
@@ -173,9 +177,7 @@ def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: Model
   row["kernel_bytes"] = layers * cost["bytes"]
   row["flops"] += row["kernel_flops"]
   row["bytes"] += row["kernel_bytes"]
-  row["compute_ms"] = row["flops"] / (chip.bf16_tflops * 1e12) * 1e3
-  row["memory_ms"] = row["bytes"] / (chip.hbm_gbps * 1e9) * 1e3
-  row["roofline_ms"] = chip.roofline_s(row["flops"], row["bytes"]) * 1e3
+  row.update(_times(row["flops"], row["bytes"], chip))
   log(f"    + splash kernel (analytic, XLA cannot see it): {row['kernel_flops'] / 1e12:.2f} "
       f"TFLOP, {row['kernel_bytes'] / 1e9:.2f} GB -> {row['flops'] / 1e12:.2f} TFLOP, "
       f"{row['bytes'] / 1e9:.2f} GB, roofline {row['roofline_ms']:.2f} ms")

@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-__all__ = ["LANES", "kernel_cost", "kv_repeats", "segment_ids_from_mask", "splash_attend",
-           "splash_block"]
+__all__ = ["LANES", "head_layout", "kernel_cost", "kv_repeats", "segment_ids_from_mask",
+           "splash_attend", "splash_block"]
 
 LANES = 128   # TPU vector lanes: the kernel's tiles are multiples of this
 
@@ -63,6 +63,15 @@ def kv_repeats(num_heads: int, num_kv_heads: int, model_ways: int) -> int:
     raise ValueError(f"splash attention: {num_heads} query heads and {num_kv_heads} KV heads "
                      f"cannot be split over a {model_ways}-way 'model' axis")
   return r
+
+
+def head_layout(num_heads: int, num_kv_heads: int, model_ways: int) -> tuple[str | None, int]:
+  """(mesh axis of the heads, copies of each KV head) of a splash call: heads on 'model'
+  when the query heads divide it, the KV heads repeated until they do too. The AOT
+  cost model uses the same decision."""
+  if model_ways > 1 and num_heads % model_ways == 0:
+    return "model", kv_repeats(num_heads, num_kv_heads, model_ways)
+  return None, 1
 
 
 @functools.lru_cache(maxsize=32)
@@ -101,8 +110,7 @@ def splash_attend(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arr
     raise ValueError(f"splash attention: {h} query heads != {kv_heads} KV heads x {num_groups}")
   model_ways = 1 if mesh is None else mesh.shape.get("model", 1)
   data_ways = 1 if mesh is None else mesh.shape.get("data", 1)
-  heads_axis = "model" if model_ways > 1 and h % model_ways == 0 else None
-  repeats = kv_repeats(h, kv_heads, model_ways) if heads_axis else 1
+  heads_axis, repeats = head_layout(h, kv_heads, model_ways)
   if repeats > 1:
     k, v = jnp.repeat(k, repeats, axis=2), jnp.repeat(v, repeats, axis=2)
   rows_axis = "data" if data_ways > 1 and b % data_ways == 0 else None
