@@ -68,6 +68,11 @@ def test_report_covers_every_executable_and_projects_a_step(tmp_path):
   for kind in ("start", "segment", "transition"):
     assert any(n.startswith(f"sampler_segmented_{kind}") for n in names), names
   assert report["projected_step_s"] > 0 and report["decode_bytes_over_ideal"] > 0
+  # A decode step reads at least the weights and the cache (the ideal), and, with the
+  # one-slot cache write kept in place, not much more (toy size: fixed costs weigh
+  # more; the #10 goal, x1.5, is checked at the Qwen layout below).
+  print("decode step HBM / ideal:", report["decode_hbm_over_ideal"])
+  assert 0.9 <= report["decode_hbm_over_ideal"] <= 2.0
 
 
 def test_fit_check_fails_and_names_the_executable(tmp_path):
@@ -124,3 +129,40 @@ def test_remat_blocked_and_splash_attention_lower_the_learner_cost(tmp_path):
   assert blocked["program_peak_gib"] < remat["program_peak_gib"]
   assert "kernel_flops" not in blocked and splash["kernel_flops"] > 0
   assert splash["bytes"] < blocked["bytes"]
+
+
+def test_decode_step_updates_the_cache_in_place_at_qwen_layout(tmp_path):
+  """Qwen2.5-3B's decode layout on v5e:4x4: 2 KV heads cannot split over the 4-way
+  'model' axis, so rows are split over all 16 chips and each chip's layer cache is
+  small enough for on-chip memory. When the attention read the cache *after* the
+  step's one-slot write, XLA staged every layer's whole cache through VMEM and wrote
+  it all back (estimated HBM traffic x1.57 of weights + cache at 4 layers, x1.56 at the
+  real 36). Attending to the cache before the write plus the step's own key keeps the
+  write in place. Real Qwen2.5-3B widths, 4 layers and an 8k vocabulary (compiles fast,
+  and the embedding does not dominate the bytes)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from sagc_jax.aot.compile_report import _per_device_bytes, topology_mesh
+  from sagc_jax.aot.hbm_traffic import hbm_traffic
+  from sagc_jax.components import build_components
+  from sagc_jax.models.config import ModelConfig
+  from sagc_jax.models.transformer import abstract_model
+
+  namespace: dict = {}
+  exec((REPO / "configs" / "qwen2_5_3b.py").read_text(), namespace)
+  config = namespace["get_config"]()
+  hf = json.loads((REPO / config.model.config_json).read_text())
+  hf.update(num_hidden_layers=4, vocab_size=8192)
+  cfg = ModelConfig.from_hf_dict(hf)
+  mesh, _ = topology_mesh("v5e:4x4", config.mesh.shape, config.mesh.axes)
+  model = abstract_model(cfg, jnp.bfloat16, mesh=mesh)
+  sampler = build_components(config, model, mesh, stop_ids=cfg.eos_token_ids,
+                             pad_id=0).sampler
+  rows, prompt = sampler.call_rows(sampler.row_buckets[-1]), sampler.prompt_buckets[-1]
+  compiled = sampler.compile_decode_step(model, rows, prompt)
+  ideal = (_per_device_bytes(nnx.state(model))
+           + _per_device_bytes(sampler.abstract_cache(rows, prompt)))
+  ratio = hbm_traffic(compiled.as_text())["bytes"] / ideal
+  print("Qwen-layout decode step, estimated HBM / (weights + cache):", ratio)
+  assert 1.0 <= ratio <= 1.4

@@ -54,10 +54,13 @@ def format_table(report: dict) -> str:
     lines.append(
         f"projected RL step {report['projected_step_s']:.1f} s = rollout "
         f"{report['projected_rollout_s']:.1f} s (prefill + {report['decode_step_ms']:.2f} ms x "
-        f"decode steps; ideal step {report['decode_ideal_ms']:.2f} ms, bytes x"
-        f"{report['decode_bytes_over_ideal']:.2f} of ideal) + learner "
-        f"{report['projected_learner_s']:.1f} s; {report['steps']} steps = "
-        f"{report['projected_hours']:.1f} h")
+        f"decode steps) + learner {report['projected_learner_s']:.1f} s; {report['steps']} "
+        f"steps = {report['projected_hours']:.1f} h")
+    lines.append(
+        f"decode step vs ideal (weights + full cache per chip, {report['decode_ideal_ms']:.2f} "
+        f"ms): XLA's bytes x{report['decode_bytes_over_ideal']:.2f}; estimated HBM traffic "
+        f"{report['decode_step_hbm_ms']:.2f} ms, x{report['decode_hbm_over_ideal']:.2f} "
+        "(XLA also counts on-chip VMEM reads of prefetched data)")
     lines.append(f"learner microbatch: roofline {report['microbatch_roofline_ms']:.0f} ms vs "
                  f"compute-only {report['microbatch_compute_ms']:.0f} ms "
                  f"(x{report['microbatch_roofline_over_compute']:.2f})")

@@ -43,6 +43,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.aot.chips import ChipSpec, generation_of
+from sagc_jax.aot.hbm_traffic import hbm_traffic
 from sagc_jax.components import (RLComponents, build_components, candidate_group_sizes,
                                  prompts_for)
 from sagc_jax.config import validate
@@ -206,7 +207,10 @@ class _Compiler:
         return value
     return self.resident.get("", 0.0)
 
-  def __call__(self, name: str, thunk: Callable[[], Any]) -> dict[str, Any] | None:
+  def __call__(self, name: str, thunk: Callable[[], Any], *,
+               hbm: bool = False) -> dict[str, Any] | None:
+    """``hbm``: also estimate the program's HBM traffic from its compiled HLO
+    (``hbm_traffic``; loop-free programs only): ``hbm_bytes`` / ``hbm_ms``."""
     self.log(f"  compiling {name} ...")
     start = time.perf_counter()
     try:
@@ -223,6 +227,11 @@ class _Compiler:
     self.log(f"    {row['compile_s']:6.1f} s  peak {row['peak_gib']:6.2f} / {row['hbm_gib']:g} GiB"
              f"  {row['flops'] / 1e12:8.2f} TFLOP  {row['bytes'] / 1e9:8.2f} GB"
              f"  roofline {row['roofline_ms']:9.2f} ms" + ("" if row["fits"] else "  DOES NOT FIT"))
+    if hbm:
+      row["hbm_bytes"] = hbm_traffic(compiled.as_text())["bytes"]
+      row["hbm_ms"] = row["hbm_bytes"] / (self.chip.hbm_gbps * 1e9) * 1e3
+      self.log(f"    HBM traffic (estimated from the compiled HLO): "
+               f"{row['hbm_bytes'] / 1e9:.2f} GB, {row['hbm_ms']:.2f} ms")
     self.rows.append(row)
     return row
 
@@ -313,14 +322,16 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
     if (r == sampler.call_rows(sampler.row_buckets[-1]) and p == sampler.prompt_buckets[-1]
         and kind != "eval_sampled"):
       decode[kind] = compile_one(f"{kind}_decode_step[rows={r},prompt={p}]",
-                                 lambda: sampler.compile_decode_step(model, r, p))
-      # Ideal decode step: read this device's share of the weights and of a full cache.
+                                 lambda: sampler.compile_decode_step(model, r, p), hbm=True)
+      # Ideal decode step: read this device's share of the weights and of a full cache
+      # (the live cache of the rollout's last token, the fused program's every step).
       ideal = (_per_device_bytes(nnx.state(model))
                + _per_device_bytes(sampler.abstract_cache(r, p)))
       if decode[kind] and decode[kind].get("bytes"):
         decode[kind]["ideal_bytes"] = ideal
         decode[kind]["ideal_ms"] = ideal / (chip.hbm_gbps * 1e9) * 1e3
         decode[kind]["bytes_over_ideal"] = decode[kind]["bytes"] / ideal
+        decode[kind]["hbm_over_ideal"] = decode[kind]["hbm_bytes"] / ideal
 
   executables = compile_one.rows
   fits = all(e["fits"] for e in executables)
@@ -391,5 +402,6 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
       microbatch_roofline_over_compute=(train["roofline_ms"] / train["compute_ms"]
                                         if train["compute_ms"] else None),
       decode_step_ms=step["roofline_ms"], decode_ideal_ms=step.get("ideal_ms"),
-      decode_bytes_over_ideal=step.get("bytes_over_ideal"))
+      decode_bytes_over_ideal=step.get("bytes_over_ideal"),
+      decode_step_hbm_ms=step.get("hbm_ms"), decode_hbm_over_ideal=step.get("hbm_over_ideal"))
   return out

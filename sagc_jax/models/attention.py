@@ -98,28 +98,46 @@ def _blocked(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, num_
 
 
 def decode_attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
-                  num_groups: int, kind: str = "einsum") -> jax.Array:
+                  num_groups: int, kind: str = "einsum",
+                  new_kv: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
   """Decode-step attention against a cache in its own layout.
 
   q [B,1,H,D]; k/v [B,KV,S,D] (the cache: heads before slots, so that the contraction
   over D and the weighted sum over S read it in place, without a transposing copy of
   the whole cache every step); key_mask [B,S] -> [B,1,H,D].
+
+  ``new_kv = (k_new, v_new, valid_new)`` ([B,KV,1,D], [B,KV,1,D], [B]): one more key,
+  the step's own, attended to next to the cache (the softmax runs over both). The
+  caller then passes the cache *before* the step's write, so the write is a separate,
+  in-place update of one slot: when the attention reads the updated cache instead,
+  XLA:TPU stages each layer's whole cache through on-chip memory to apply the update
+  and writes all of it back, doubling the cache bytes a decode step moves.
   """
   b, _, h, d = q.shape
-  kv_heads = h // num_groups
-  if kind == "einsum":
-    qg = q.reshape(b, kv_heads, num_groups, d)
-    scores = jnp.einsum("bkgd,bksd->bkgs", qg, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(key_mask[:, None, None, :], scores * (d ** -0.5), _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgs,bksd->bkgd", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, 1, h, d).astype(v.dtype)
-  qf = q.reshape(b, kv_heads, num_groups, d).astype(jnp.float32)
-  kf = k.astype(jnp.float32)[:, :, :, None, :]                      # [B, KV, S, 1, D]
-  scores = jnp.sum(qf[:, :, None] * kf, axis=-1) * (d ** -0.5)     # [B, KV, S, G]
-  scores = jnp.where(key_mask[:, None, :, None], scores, _MASKED)
-  probs = jax.nn.softmax(scores, axis=2)
-  out = jnp.sum(probs[..., None] * v.astype(jnp.float32)[:, :, :, None, :], axis=2)
+  qg = q.reshape(b, h // num_groups, num_groups, d)
+
+  def scores_of(keys, valid):                   # -> [B, KV, G, S] float32, masked
+    if kind == "einsum":
+      sc = jnp.einsum("bkgd,bksd->bkgs", qg, keys, preferred_element_type=jnp.float32)
+    else:
+      sc = jnp.sum(qg.astype(jnp.float32)[:, :, None] * keys.astype(jnp.float32)[:, :, :, None],
+                   axis=-1).swapaxes(2, 3)
+    return jnp.where(valid[:, None, None, :], sc * (d ** -0.5), _MASKED)
+
+  def weighted(probs, values):                  # [B, KV, G, S] x [B, KV, S, D] -> f32
+    if kind == "einsum":
+      return jnp.einsum("bkgs,bksd->bkgd", probs.astype(values.dtype), values,
+                        preferred_element_type=jnp.float32)
+    return jnp.sum(probs[..., None] * values.astype(jnp.float32)[:, :, None], axis=3)
+
+  scores = scores_of(k, key_mask)
+  if new_kv is None:
+    out = weighted(jax.nn.softmax(scores, axis=-1), v)
+  else:
+    k_new, v_new, valid_new = new_kv
+    probs = jax.nn.softmax(jnp.concatenate([scores, scores_of(k_new, valid_new[:, None])],
+                                           axis=-1), axis=-1)
+    out = weighted(probs[..., :-1], v) + weighted(probs[..., -1:], v_new)
   return out.reshape(b, 1, h, d).astype(v.dtype)
 
 
