@@ -1,29 +1,106 @@
 """Shared plumbing of the absl/ml_collections command-line tools.
 
 Flags are defined only when a tool actually runs (never at import, so tests
-and other tools can import the modules freely); a ``ValueError`` from config
-validation becomes a one-line ``error: ...`` on stderr and exit status 2.
+and other tools can import the modules freely). Every user mistake ends the
+same way: a one-line ``error: ...`` on stderr and exit status 2. That covers a
+``ValueError`` from config validation and a bad ``--config.*`` override (an unknown
+key, named with the closest existing one; a value of the wrong type), which
+absl / ml_collections would otherwise report as a traceback.
 """
 
 from __future__ import annotations
 
+import re
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
 def run_absl_tool(main: Callable[[Sequence[str], object], None],
                   define_flags: Callable[[], object]) -> None:
-  """Defines the flags, runs ``main(argv, FLAGS)`` under ``absl.app``."""
+  """Defines the flags, parses ``sys.argv`` (config-file flags define their override
+  flags from it), runs ``main(argv, FLAGS)`` under ``absl.app``."""
   from absl import app
+  from absl import flags as absl_flags
 
   flags = define_flags()
+  argv = list(sys.argv)
   try:
-    app.run(lambda argv: main(argv, flags))
+    remaining = flags(argv)     # config files load and overrides apply here
+  except absl_flags.Error as err:
+    _fail(_override_message(str(err), argv))
+  except (AttributeError, KeyError, TypeError) as err:
+    # ml_collections raises these for an unknown key or a type it cannot override.
+    _fail(_override_message(str(err), argv))
+  try:
+    app.run(lambda args: main(args, flags), argv=argv, flags_parser=lambda _: remaining)
   except ValueError as err:
-    print(f"error: {err}", file=sys.stderr)
-    raise SystemExit(2) from None
+    _fail(str(err))
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  raise SystemExit(2)
+
+
+def _override_message(raw: str, argv: Sequence[str]) -> str:
+  """One line naming the bad ``--config.*`` flag and, for an unknown key, the closest
+  existing one (ml_collections' own suggestion)."""
+  raw = raw.strip()
+  if len(raw) > 1 and raw[0] == raw[-1] and raw[0] in "'\"":   # a KeyError's repr
+    raw = raw[1:-1].replace("\\n", "\n").replace("\\'", "'")
+  first = raw.splitlines()[0].strip().strip("'\"") if raw else ""
+  suggestion = re.search(r'Did you mean "([^"]+)"', raw)
+  for arg in argv[1:]:
+    m = re.match(r"--(config(?:\.[\w]+)+)(?:=(.*))?$", arg)
+    if not m:
+      continue
+    parts = m.group(1).split(".")
+    if first in parts[1:]:
+      flag = "--" + m.group(1)
+      if suggestion:
+        fixed = ".".join(suggestion.group(1) if p == first else p for p in parts)
+        return f"{flag}: no such config key (did you mean --{fixed}?)"
+      return f"{flag}: no such config key"
+  return " ".join(raw.split())
 
 
 def reject_positional(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected positional arguments: {list(argv[1:])}")
+
+
+def config_with_algorithm_override(flags: Any, name: str = "config"):
+  """The parsed config of ``--config``, with a changed ``learner.algorithm`` honoured.
+
+  ``learner.algorithm`` names a preset (``ALGORITHM_PRESETS``): overriding only the
+  label would train the file's algorithm under the other's name. When the command
+  line sets it to something else than the config file does, the preset is re-applied
+  (``apply_algorithm``) and then every other ``--config.learner.*`` override of the
+  command line is applied again, so the user's explicit choices win.
+  """
+  from ml_collections import config_flags
+
+  from sagc_jax.config import apply_algorithm
+
+  config = getattr(flags, name)
+  overrides = config_flags.get_override_values(flags[name])
+  algorithm = overrides.get("learner.algorithm")
+  if algorithm is None or algorithm == _file_config(flags[name]).learner.get("algorithm"):
+    return config
+  with config.unlocked():
+    apply_algorithm(config, algorithm)
+    config.update_from_flattened_dict(
+        {k: v for k, v in overrides.items() if k.startswith("learner.")})
+  return config
+
+
+def _file_config(flag):
+  """The config file's own config (no command-line overrides): evaluated again."""
+  import importlib.util
+
+  from ml_collections import config_flags
+  path, _, arg = config_flags.get_config_filename(flag).partition(":")
+  spec = importlib.util.spec_from_file_location("_sagc_config_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()

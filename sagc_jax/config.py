@@ -8,13 +8,15 @@ their preset changes; every key can be overridden on the command line
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
 
 from sagc_jax import config_checks as checks
 from sagc_jax.controller import controller_from_config
-from sagc_jax.rl.learner import LearnerConfig
+from sagc_jax.rl.learner import ALGORITHM_PRESETS, DERIVED_FIELDS, LearnerConfig
 from sagc_jax.storage import is_remote
 
 ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
@@ -49,8 +51,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.controller = ml_collections.ConfigDict(dict(
       kind="sagc", candidates=(4, 8, 16), tau=2.0, delta=0.25, eta=1.0, lambda_max=50.0,
-      forgetting=0.99, prior_alpha=1.0, prior_beta=1.0, initial_g=None, seed=0,
-      static_g=8))
+      forgetting=0.99, prior_alpha=1.0, prior_beta=1.0, seed=0, static_g=8,
+      # None = the smallest candidate; a typed placeholder so that the command line
+      # can set it (--config.controller.initial_g=8).
+      initial_g=config_dict.placeholder(int)))
 
   c.rollout = ml_collections.ConfigDict(dict(
       mode="hold_prompts", prompts_per_step=8, rollouts_per_step=64, max_new_tokens=64,
@@ -67,14 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
       # fused sampler's one executable per shape compiles much faster).
       segmented_eval=False))
 
-  c.learner = ml_collections.ConfigDict(dict(
-      algorithm="grpo", lr=1e-4, warmup_steps=0, schedule="constant", weight_decay=0.0,
-      max_grad_norm=1.0, mini_batches=1, epochs=1, grad_accum=1, kl_coef=0.04,
-      clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean", overlong_buffer=0,
-      dynamic_sampling=False, dynamic_max_rounds=3,
-      # How (never what) the learner computes: see LearnerConfig / ForwardOptions.
-      remat="none", scan_layers=False, attention="dense", attention_block=512,
-      logits_chunk=512, fsdp=False))
+  c.learner = learner_section(lr=1e-4, weight_decay=0.0)
+  apply_algorithm(c, "grpo")
 
   # Supervised warm start on the task's reference solutions (built-in task only);
   # cached in the workdir, so a resumed run does not repeat it.
@@ -238,21 +236,36 @@ def preset(algorithm: str, controller: str) -> ml_collections.ConfigDict:
 def apply_algorithm(config: ml_collections.ConfigDict, algorithm: str) -> None:
   """Switches ``config.learner`` to the GRPO or DAPO settings (in place).
 
-  GRPO: k3 KL to a frozen reference (beta 0.04 unless already lower), symmetric
-  clip 0.2, seq-mean-token-mean, no dynamic sampling or overlong shaping. DAPO:
-  clip-higher 0.2/0.28, token-mean, no KL, dynamic sampling, and a soft
-  overlong buffer of a quarter of ``rollout.max_new_tokens``.
+  The objective settings come from ``ALGORITHM_PRESETS`` (``rl/learner.py``, the one
+  place they are written), with two config-level rules: GRPO keeps a KL coefficient
+  the config already set below the preset's (the TPU preset's 0.001 survives the
+  comparison's per-arm switch), and DAPO's soft overlong buffer is a quarter of
+  ``rollout.max_new_tokens``.
   """
-  if algorithm == "grpo":
-    config.learner.update(dict(algorithm="grpo", kl_coef=config.learner.kl_coef or 0.04,
-                               clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean",
-                               dynamic_sampling=False, overlong_buffer=0))
-  elif algorithm == "dapo":
-    config.learner.update(dict(algorithm="dapo", kl_coef=0.0, clip_low=0.2, clip_high=0.28,
-                               agg="token-mean", dynamic_sampling=True,
-                               overlong_buffer=max(config.rollout.max_new_tokens // 4, 1)))
-  else:
-    raise ValueError(f"algorithm={algorithm!r} must be 'grpo' or 'dapo'")
+  if algorithm not in ALGORITHM_PRESETS:
+    raise ValueError(f"learner.algorithm={algorithm!r} is not one of "
+                     f"{tuple(ALGORITHM_PRESETS)}")
+  kl_before = config.learner.get("kl_coef")
+  config.learner.update(ALGORITHM_PRESETS[algorithm])
+  if algorithm == "grpo" and kl_before and kl_before < config.learner.kl_coef:
+    config.learner.kl_coef = kl_before
+  if algorithm == "dapo":
+    config.learner.overlong_buffer = max(config.rollout.max_new_tokens // 4, 1)
+
+
+def learner_section(**changes) -> ml_collections.ConfigDict:
+  """Every ``LearnerConfig`` setting a config file can set (all of them but
+  ``DERIVED_FIELDS``), at the dataclass defaults plus ``changes``; ``None`` defaults
+  become typed placeholders, so that ``--config.learner.clip_c=3.0`` works."""
+  section = ml_collections.ConfigDict()
+  for field in dataclasses.fields(LearnerConfig):
+    if field.name in DERIVED_FIELDS:
+      continue
+    value = changes.pop(field.name, field.default)
+    section[field.name] = config_dict.placeholder(float) if value is None else value
+  if changes:
+    raise ValueError(f"learner_section: unknown learner settings {sorted(changes)}")
+  return section
 
 
 def tpu_pod_preset() -> ml_collections.ConfigDict:

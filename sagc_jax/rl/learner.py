@@ -52,9 +52,30 @@ from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
 from sagc_jax.rl.rollout import RolloutBatch
 
-__all__ = ["Learner", "LearnerConfig"]
+__all__ = ["ALGORITHM_PRESETS", "DERIVED_FIELDS", "Learner", "LearnerConfig"]
 
 SCHEDULES = ("constant", "cosine")
+
+# What ``algorithm`` stands for: the objective settings of the published recipes. The
+# one source of truth: ``LearnerConfig.grpo/dapo`` and the training config's
+# ``apply_algorithm`` (which adds DAPO's overlong buffer, sized from the response
+# budget) both read it.
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    # GRPO (DeepSeekMath): symmetric clip, k3 KL to a frozen reference (beta 0.04),
+    # per-sequence mean of the token means, std-normalised advantages.
+    "grpo": dict(algorithm="grpo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3",
+                 agg="seq-mean-token-mean", normalize_std=True, dynamic_sampling=False,
+                 overlong_buffer=0),
+    # DAPO (Yu et al. 2025): clip-higher, token-level mean, no KL, dynamic sampling,
+    # soft overlong punishment.
+    "dapo": dict(algorithm="dapo", clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_kind="k3",
+                 agg="token-mean", normalize_std=True, dynamic_sampling=True,
+                 overlong_factor=1.0),
+}
+
+# Fields a training config does not set: derived from other sections (the sampler's
+# response budget and temperature, the run's number of optimizer updates).
+DERIVED_FIELDS = ("max_response_len", "temperature", "total_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,18 +148,12 @@ class LearnerConfig:
   @classmethod
   def grpo(cls, **overrides) -> "LearnerConfig":
     """GRPO: std-normalised advantages, clip 0.2, k3 KL (beta 0.04), seq-mean-token-mean."""
-    base = dict(algorithm="grpo", clip_low=0.2, clip_high=0.2, kl_coef=0.04, kl_kind="k3",
-                agg="seq-mean-token-mean", normalize_std=True, dynamic_sampling=False,
-                overlong_buffer=0)
-    return cls(**{**base, **overrides})
+    return cls(**{**ALGORITHM_PRESETS["grpo"], **overrides})
 
   @classmethod
   def dapo(cls, **overrides) -> "LearnerConfig":
     """DAPO: clip-higher 0.2/0.28, token-mean, no KL, dynamic sampling, overlong shaping."""
-    base = dict(algorithm="dapo", clip_low=0.2, clip_high=0.28, kl_coef=0.0,
-                agg="token-mean", normalize_std=True, dynamic_sampling=True,
-                overlong_factor=1.0)
-    return cls(**{**base, **overrides})
+    return cls(**{**ALGORITHM_PRESETS["dapo"], **overrides})
 
   def __post_init__(self):
     def fail(key, why):
@@ -197,7 +212,7 @@ class LearnerConfig:
     algorithm = values.get("algorithm", "grpo")
     presets = {"grpo": cls.grpo, "dapo": cls.dapo}
     if algorithm not in presets:
-      raise ValueError(f"learner.algorithm={algorithm!r} is not one of {tuple(presets)}")
+      raise ValueError(f"learner.algorithm={algorithm!r} is not one of {tuple(ALGORITHM_PRESETS)}")
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
