@@ -3,9 +3,15 @@
 Every step appends one JSON object per line to ``<workdir>/metrics.jsonl``
 (flushed, so a killed run keeps every finished step; in a ``gs://`` workdir the
 object is rewritten every ``train.metrics_sync_secs`` and at each checkpoint) and writes the same
-scalars to TensorBoard event files under ``<workdir>/tensorboard`` (via
-tensorboardX: no TensorFlow needed). The console gets a progress bar with ETA
+scalars to TensorBoard event files under ``<workdir>/tensorboard`` (tensorboardX's
+event format: no TensorFlow needed). The console gets a progress bar with ETA
 and the key figures. Only the primary process writes.
+
+Every write happens on the caller's thread, so a failure (a full disk) is raised in
+the training loop as ``MetricsWriteError`` naming the file. tensorboardX's own
+``SummaryWriter`` writes from a background thread: when that thread died on a full
+disk, the next ``add_scalar`` blocked forever on its bounded queue, and neither the
+run nor a pod's SIGTERM could end it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from typing import Any, Sequence
 
 from sagc_jax.storage import FolderUpload, is_remote, line_file, run_path
 
+__all__ = ["MetricsWriteError", "MetricsWriter", "read_jsonl", "summarize"]
+
 KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
                ("strag", "straggler_rate", "{:.2f}"), ("reward", "reward_mean", "{:.3f}"),
                ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
@@ -30,6 +38,32 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
   """Rows of a JSON-lines file (local or ``gs://``)."""
   return [json.loads(line) for line in run_path(path).read_text(encoding="utf-8").splitlines()
           if line.strip()]
+
+
+class MetricsWriteError(RuntimeError):
+  """Writing ``metrics.jsonl`` or the TensorBoard events failed (e.g. the disk is full)."""
+
+
+class _ScalarEvents:
+  """TensorBoard scalar events appended to one event file, synchronously."""
+
+  def __init__(self, logdir: Path):
+    from tensorboardX.event_file_writer import EventsWriter
+    logdir.mkdir(parents=True, exist_ok=True)
+    self._writer = EventsWriter(os.fspath(logdir / "events"))
+    self.path = Path(self._writer._file_name)   # pylint: disable=protected-access
+
+  def add_scalar(self, tag: str, value: float, step: int) -> None:
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.summary import scalar
+    self._writer.write_event(Event(wall_time=time.time(), step=step,
+                                   summary=scalar(tag, value)))
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 class MetricsWriter:
@@ -60,14 +94,20 @@ class MetricsWriter:
       # when the workdir is a bucket) and uploaded on flush/close. tensorboardX's own
       # gs:// writer re-uploads from __del__, after close, which hangs a process whose
       # network is gone.
-      from tensorboardX import SummaryWriter
       if is_remote(workdir) and local_dir is None:
         raise ValueError(f"workdir {workdir}: a bucket workdir needs local_dir for the "
                          "TensorBoard event files")
       remote_tb = run_path(workdir) / "tensorboard"
       local_tb = Path(local_dir) / "tensorboard" if is_remote(workdir) else remote_tb
-      self._tb = SummaryWriter(os.fspath(local_tb))
+      self._tb = self._guarded(lambda: _ScalarEvents(local_tb), local_tb)
       self._tb_upload = FolderUpload(local_tb, remote_tb if is_remote(workdir) else None)
+
+  def _guarded(self, action, path):
+    """Runs ``action``; an OS error becomes ``MetricsWriteError`` naming ``path``."""
+    try:
+      return action()
+    except OSError as err:
+      raise MetricsWriteError(f"writing metrics to {path} failed: {err}") from err
 
   def truncate_after(self, step: int) -> None:
     """Drops rows of steps > ``step`` (a resumed run rewrites them exactly)."""
@@ -81,20 +121,20 @@ class MetricsWriter:
   def flush(self) -> None:
     """Makes every written row durable (called when a checkpoint is saved)."""
     if self._jsonl is not None:
-      self._jsonl.flush()
+      self._guarded(self._jsonl.flush, self.path)
     if self._tb is not None:
-      self._tb.flush()
-      self._tb_upload.sync()
+      self._guarded(self._tb.flush, self._tb.path)
+      self._guarded(self._tb_upload.sync, self._tb.path.parent)
 
   def write(self, row: dict[str, Any]) -> None:
     if not self.enabled:
       return
-    self._jsonl.append(json.dumps(row))
+    self._guarded(lambda: self._jsonl.append(json.dumps(row)), self.path)
     if self._tb is not None:
       step = int(row["step"])
       for key, value in row.items():
         if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-          self._tb.add_scalar(key, value, step)
+          self._guarded(lambda k=key, v=value: self._tb.add_scalar(k, v, step), self._tb.path)
 
   def progress(self, row: dict[str, Any]) -> None:
     """One console line: bar, step, ETA and the key figures."""
@@ -122,11 +162,19 @@ class MetricsWriter:
       self.stream.flush()
 
   def close(self) -> None:
-    if self._jsonl is not None:
-      self._jsonl.close()
-    if self._tb is not None:
-      self._tb.close()
-      self._tb_upload.sync()
+    """Closes both files; the first failure is raised after both were tried."""
+    failures = []
+    for name, action in (("jsonl", lambda: self._jsonl.close()),
+                         ("tb", lambda: (self._tb.close(), self._tb_upload.sync()))):
+      if getattr(self, f"_{name}") is None:
+        continue
+      try:
+        self._guarded(action, self.path if name == "jsonl" else self._tb.path)
+      except MetricsWriteError as err:
+        failures.append(err)
+    self._jsonl = self._tb = None
+    if failures:
+      raise failures[0]
 
 
 def _clock(seconds: float) -> str:

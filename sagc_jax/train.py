@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import config_with_algorithm_override, reject_positional, run_absl_tool
 
 def _define_flags():
   from absl import flags
@@ -56,6 +56,7 @@ def main(argv: Sequence[str], flags) -> None:
   distributed.initialize(tpu_pod=flags.distributed)   # before any JAX computation
 
   from sagc_jax.checkpoint import CheckpointWriteError
+  from sagc_jax.metrics import MetricsWriteError
   from sagc_jax.plots import plot_run
   from sagc_jax.trainer import Trainer
 
@@ -63,16 +64,17 @@ def main(argv: Sequence[str], flags) -> None:
   logging.set_verbosity(logging.WARNING)
   tfds.disable_progress_bar()
 
-  trainer = Trainer(flags.config, flags.workdir)
+  trainer = Trainer(config_with_algorithm_override(flags), flags.workdir)
   try:
     try:
       summary = trainer.run(max_steps=flags.max_steps)
     finally:
       trainer.close()
-  except CheckpointWriteError as err:
+  except (CheckpointWriteError, MetricsWriteError) as err:
+    # A full disk (or any write failure): every step up to the last checkpoint is kept.
     print(f"error: {err}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    # Orbax leaves non-daemon threads waiting forever for the failed save's signals:
+    # Orbax leaves non-daemon threads waiting forever for a failed save's signals:
     # a normal interpreter exit would hang (the run must end so a supervisor sees it).
     os._exit(1)
   if trainer.is_primary:
