@@ -17,13 +17,14 @@ def get_config() -> ml_collections.ConfigDict:
       kind="sagc",
       candidates=(4, 8, 16),
       tau=2.0,            # straggler: group max length > tau * group median
-      delta=0.25,         # target long-run straggler rate
+      delta=0.25,         # target long-run straggler rate (of `event`)
+      event="group",      # "group": fraction of groups; "step": any group straggles (S_t)
       eta=1.0,            # dual step size
       lambda_max=50.0,    # projection bound of the multiplier
       forgetting=0.99,    # per-step discount of posterior evidence
       prior_alpha=1.0,
       prior_beta=1.0,
-      initial_g=None,     # None = smallest candidate
+      initial_g=ml_collections.config_dict.placeholder(int),   # None = smallest candidate
       seed=0,
   ))
 

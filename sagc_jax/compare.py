@@ -31,7 +31,8 @@ from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.metrics import read_jsonl, summarize
 from sagc_jax.storage import is_remote
 
-RESULT_COLUMNS = ("arm", "algorithm", "controller", "static_g", "steps", "straggler_rate",
+RESULT_COLUMNS = ("arm", "algorithm", "controller", "static_g", "steps", "straggler_event",
+                  "straggler_rate", "group_straggler_rate", "step_straggler_rate",
                   "wall_clock_s", "rollout_s", "speedup_vs_largest_static",
                   "eval_accuracy_start", "eval_accuracy_end", "eval_sampled_accuracy_start",
                   "eval_sampled_accuracy_end", "final_reward",
@@ -149,7 +150,10 @@ def results_table(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         "arm": arm["name"], "algorithm": cfg["learner"]["algorithm"], "controller": controller,
         "static_g": cfg["controller"]["static_g"] if controller == "static" else "",
         "steps": len(metrics),
+        "straggler_event": cfg["controller"].get("event", "group"),
         "straggler_rate": stats.get("straggler_rate", float("nan")),
+        "group_straggler_rate": stats.get("group_straggler_rate", float("nan")),
+        "step_straggler_rate": stats.get("step_straggler_rate", float("nan")),
         "wall_clock_s": stats.get("time_total_s", float("nan")),
         "rollout_s": stats.get("time_rollout_s", float("nan")),
         "eval_accuracy_start": arm["summary"].get("eval_accuracy_start", float("nan")),
@@ -181,13 +185,15 @@ def write_results(rows: Sequence[dict[str, Any]], workdir: Path) -> None:
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  header = ("| arm | straggler rate | wall-clock s | rollout s | speedup vs largest static G "
+  header = ("| arm | group straggler rate | step straggler rate | wall-clock s | rollout s "
+            "| speedup vs largest static G "
             "| held-out acc greedy (start -> end) | held-out acc sampled (start -> end) "
             "| final reward | mean response len | mean G |")
-  lines = [header, "|" + "---|" * 10]
+  lines = [header, "|" + "---|" * 11]
   for r in rows:
     lines.append(
-        f"| {r['arm']} | {r['straggler_rate']:.3f} | {r['wall_clock_s']:.1f} | "
+        f"| {r['arm']} | {r['group_straggler_rate']:.3f} | {r['step_straggler_rate']:.3f} | "
+        f"{r['wall_clock_s']:.1f} | "
         f"{r['rollout_s']:.1f} | {r['speedup_vs_largest_static']:.2f}x | "
         f"{r['eval_accuracy_start']:.3f} -> {r['eval_accuracy_end']:.3f} | "
         f"{r['eval_sampled_accuracy_start']:.3f} -> {r['eval_sampled_accuracy_end']:.3f} | "
@@ -236,7 +242,9 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
   deltas = {a["config"]["controller"]["delta"] for a in arms}
   for delta in deltas:
     ax.axhline(delta, color="k", ls="--", lw=0.8)
-  ax.set_ylabel("running straggler rate (events / groups)")
+  events = sorted({a["config"]["controller"].get("event", "group") for a in arms})
+  unit = {"group": "straggling groups / groups", "step": "steps with a straggler / steps"}
+  ax.set_ylabel("running straggler rate\n(" + "; ".join(unit[e] for e in events) + ")")
   ax.set_xlabel("step")
   ax.legend(fontsize=7, ncol=2)
   save(fig, "stragglers.png")

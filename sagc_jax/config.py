@@ -50,7 +50,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.reward = ml_collections.ConfigDict(dict(name="exact_match", format_weight=0.0, workers=0))
 
   c.controller = ml_collections.ConfigDict(dict(
-      kind="sagc", candidates=(4, 8, 16), tau=2.0, delta=0.25, eta=1.0, lambda_max=50.0,
+      kind="sagc", candidates=(4, 8, 16), tau=2.0, delta=0.25, event="group", eta=1.0,
+      lambda_max=50.0,
       forgetting=0.99, prior_alpha=1.0, prior_beta=1.0, seed=0, static_g=8,
       # None = the smallest candidate; a typed placeholder so that the command line
       # can set it (--config.controller.initial_g=8).

@@ -11,8 +11,10 @@ optimisation:
   ``max/median > tau``, written multiplicatively so that a zero median needs
   no division: an all-zero group does not straggle, a zero median with a
   positive max does);
-* constraint: long-run straggler rate (mean over steps of the fraction of a
-  step's groups that straggle) at most ``delta``;
+* straggler signal of one step, ``event``: ``"group"`` = the fraction of the
+  step's groups that straggle; ``"step"`` = the seed's binary indicator S_t, 1 iff
+  any group of the step straggles (the event whose rate the paper reports);
+* constraint: long-run mean of the step's signal at most ``delta``;
 * Lagrangian ``L(G; lam) = u(G) - lam * p(G)`` with the dual variable updated
   by projected ascent ``lam <- clip(lam + eta * (rate - delta), 0, lam_max)``
   after every step;
@@ -20,7 +22,8 @@ optimisation:
   are discounted straggler / non-straggler counts: every step all counts are
   multiplied by the forgetting factor ``gamma`` (discounted Thompson sampling,
   Raj & Kalyani 2017), then the counts of the step are added to the G that was
-  used. Unused candidates therefore drift back to the prior and get explored
+  used (``"group"``: one Bernoulli observation per group; ``"step"``: one per
+  step, S_t). Unused candidates therefore drift back to the prior and get explored
   again, which is what lets the controller re-adapt when rollout lengths drift;
 * selection by Thompson sampling: draw ``p~_G`` from every posterior and take
   the G maximising ``u(G) - lam * p~_G`` among the current size and its
@@ -42,6 +45,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = [
+    "EVENTS",
     "SAGCController",
     "StaticController",
     "controller_from_config",
@@ -49,6 +53,10 @@ __all__ = [
 ]
 
 _STATE_VERSION = 1
+
+# The straggler signal a step contributes (module docstring): the fraction of its
+# groups that straggle, or the seed's per-step indicator S_t (any group straggles).
+EVENTS = ("group", "step")
 
 
 def straggler_flags(group_max: np.ndarray, group_median: np.ndarray,
@@ -139,6 +147,7 @@ def _check_range(name: str, value: float, low: float, high: float,
 class _RiskModelParams:
   tau: float
   delta: float
+  event: str
   forgetting: float
   prior_alpha: float
   prior_beta: float
@@ -156,11 +165,14 @@ class _GroupSizeController:
 
   def __init__(self, candidates: Sequence[int], *, tau: float, delta: float,
                forgetting: float, prior_alpha: float, prior_beta: float,
-               seed: int, min_candidates: int):
+               seed: int, min_candidates: int, event: str = "group"):
     self.candidates = _validate_candidates(candidates, min_candidates)
+    if event not in EVENTS:
+      raise ValueError(f"event={event!r} is not one of {EVENTS}")
     self.params = _RiskModelParams(
         tau=_check_range("tau", tau, 1.0, math.inf, True, True),
         delta=_check_range("delta", delta, 0.0, 1.0, True, True),
+        event=event,
         forgetting=_check_range("forgetting", forgetting, 0.0, 1.0, True, False),
         prior_alpha=_check_range("prior_alpha", prior_alpha, 0.0, math.inf, True, True),
         prior_beta=_check_range("prior_beta", prior_beta, 0.0, math.inf, True, True),
@@ -180,7 +192,9 @@ class _GroupSizeController:
     self._index = 0                          # index of the current G
     self._pending = False                    # propose() called, observe() not yet
     self._steps = 0
-    self._rate_sum = 0.0                     # sum of step straggler rates
+    self._rate_sum = 0.0                     # sum of the steps' constraint signals
+    self._group_rate_sum = 0.0               # sum of the steps' group straggler rates
+    self._step_event_sum = 0.0               # number of steps with a straggler (S_t = 1)
 
   # ---------------------------------------------------------------- public API
   @property
@@ -218,31 +232,46 @@ class _GroupSizeController:
 
     The groups must come from a step that used ``self.g`` (the last proposed
     size). Returns flat float metrics: ``g``, ``log2_g``, ``n_groups``,
-    ``n_stragglers``, ``straggler_rate``, ``lambda`` (after the update),
-    ``mean_straggler_rate`` (running mean over steps) and ``p_mean/G<g>``, the
-    posterior mean straggler probability of every candidate.
+    ``n_stragglers``, both straggler events of the step (``group_straggler_rate``,
+    the fraction of groups; ``step_straggler``, 1.0 iff any group straggles),
+    ``straggler_rate`` (the one of the two that ``event`` names: the signal of the
+    constraint and of the posteriors), ``lambda`` (after the update), running means
+    over steps (``mean_straggler_rate``, ``mean_group_straggler_rate``,
+    ``mean_step_straggler_rate``) and ``p_mean/G<g>``, the posterior mean straggler
+    probability of every candidate.
     """
     gmax, gmed = _validated_lengths(group_max, group_median)
     n_groups = gmax.size
     n_straggle = float(np.count_nonzero(straggler_flags(gmax, gmed, self.params.tau)))
-    rate = n_straggle / n_groups
+    group_rate = n_straggle / n_groups
+    step_straggler = 1.0 if n_straggle else 0.0
+    if self.params.event == "step":
+      signal, hits, trials = step_straggler, step_straggler, 1.0
+    else:
+      signal, hits, trials = group_rate, n_straggle, float(n_groups)
     gamma = self.params.forgetting
     self._straggle_counts = [gamma * c for c in self._straggle_counts]
     self._ok_counts = [gamma * c for c in self._ok_counts]
-    self._straggle_counts[self._index] += n_straggle
-    self._ok_counts[self._index] += n_groups - n_straggle
-    self._update_dual(rate)
+    self._straggle_counts[self._index] += hits
+    self._ok_counts[self._index] += trials - hits
+    self._update_dual(signal)
     self._pending = False
     self._steps += 1
-    self._rate_sum += rate
+    self._rate_sum += signal
+    self._group_rate_sum += group_rate
+    self._step_event_sum += step_straggler
     metrics = {
         "g": float(self.g),
         "log2_g": self._utility[self._index],
         "n_groups": float(n_groups),
         "n_stragglers": n_straggle,
-        "straggler_rate": rate,
+        "group_straggler_rate": group_rate,
+        "step_straggler": step_straggler,
+        "straggler_rate": signal,
         "lambda": self._lambda,
         "mean_straggler_rate": self._rate_sum / self._steps,
+        "mean_group_straggler_rate": self._group_rate_sum / self._steps,
+        "mean_step_straggler_rate": self._step_event_sum / self._steps,
     }
     for cand, (a, b) in zip(self.candidates, self.posterior_params()):
       metrics[f"p_mean/G{cand}"] = a / (a + b)
@@ -258,6 +287,7 @@ class _GroupSizeController:
     return {
         "version": _STATE_VERSION,
         "kind": self.kind,
+        "event": self.params.event,
         "candidates": list(self.candidates),
         "straggle_counts": list(self._straggle_counts),
         "ok_counts": list(self._ok_counts),
@@ -266,6 +296,8 @@ class _GroupSizeController:
         "pending": self._pending,
         "steps": self._steps,
         "rate_sum": self._rate_sum,
+        "group_rate_sum": self._group_rate_sum,
+        "step_event_sum": self._step_event_sum,
         "rng": {
             "bit_generator": rng_state["bit_generator"],
             "state": str(rng_state["state"]["state"]),
@@ -282,6 +314,11 @@ class _GroupSizeController:
                        f"expected {_STATE_VERSION}")
     if state.get("kind") != self.kind:
       raise ValueError(f"state is for a {state.get('kind')!r} controller, this is {self.kind!r}")
+    # States written before both events existed are "group" states.
+    if state.get("event", "group") != self.params.event:
+      raise ValueError(f"state counts {state.get('event', 'group')!r} straggler events, "
+                       f"this controller counts {self.params.event!r} (controller.event): "
+                       "its posteriors and lambda would mean something else")
     if tuple(state["candidates"]) != self.candidates:
       raise ValueError(f"state candidates {tuple(state['candidates'])} differ from "
                        f"this controller's {self.candidates}")
@@ -308,6 +345,11 @@ class _GroupSizeController:
     self._pending = bool(state["pending"])
     self._steps = int(state["steps"])
     self._rate_sum = float(state["rate_sum"])
+    # States written before both events existed are "group" states: their rate sum is
+    # the group one, and the step-event count is unknown (its running mean is NaN
+    # rather than a mean over part of the run).
+    self._group_rate_sum = float(state.get("group_rate_sum", self._rate_sum))
+    self._step_event_sum = float(state.get("step_event_sum", math.nan))
 
   # ---------------------------------------------------------- subclass hooks
   def _choose(self) -> int:
@@ -337,6 +379,10 @@ class SAGCController(_GroupSizeController):
     initial_g: the G of the first step (default: the smallest candidate, the
       safe start).
     seed: seed of the Thompson-sampling RNG.
+    event: the straggler signal of a step (``EVENTS``): ``"group"``, the fraction
+      of its groups that straggle (one posterior observation per group), or
+      ``"step"``, the seed's S_t = 1 iff any group straggles (one observation per
+      step; ``delta`` then bounds the fraction of steps with a straggler).
   """
 
   kind = "sagc"
@@ -344,10 +390,11 @@ class SAGCController(_GroupSizeController):
   def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
                delta: float = 0.25, *, eta: float = 1.0, lambda_max: float = 50.0,
                forgetting: float = 0.99, prior_alpha: float = 1.0,
-               prior_beta: float = 1.0, initial_g: int | None = None, seed: int = 0):
+               prior_beta: float = 1.0, initial_g: int | None = None, seed: int = 0,
+               event: str = "group"):
     super().__init__(candidates, tau=tau, delta=delta, forgetting=forgetting,
                      prior_alpha=prior_alpha, prior_beta=prior_beta, seed=seed,
-                     min_candidates=2)
+                     min_candidates=2, event=event)
     self.eta = _check_range("eta", eta, 0.0, math.inf, True, True)
     self.lambda_max = _check_range("lambda_max", lambda_max, 0.0, math.inf, True, True)
     if initial_g is None:
@@ -397,12 +444,13 @@ class StaticController(_GroupSizeController):
 
   def __init__(self, g: int = 8, tau: float = 2.0, delta: float = 0.25, *,
                candidates: Sequence[int] | None = None, forgetting: float = 0.99,
-               prior_alpha: float = 1.0, prior_beta: float = 1.0, seed: int = 0):
+               prior_alpha: float = 1.0, prior_beta: float = 1.0, seed: int = 0,
+               event: str = "group"):
     if candidates is None:
       candidates = (g,)
     super().__init__(candidates, tau=tau, delta=delta, forgetting=forgetting,
                      prior_alpha=prior_alpha, prior_beta=prior_beta, seed=seed,
-                     min_candidates=1)
+                     min_candidates=1, event=event)
     if g not in self.candidates:
       raise ValueError(f"static g={g!r} is not one of candidates {self.candidates}")
     self._index = self.candidates.index(int(g))
@@ -412,16 +460,17 @@ class StaticController(_GroupSizeController):
 
 
 _SAGC_KEYS = ("candidates", "tau", "delta", "eta", "lambda_max", "forgetting",
-              "prior_alpha", "prior_beta", "initial_g", "seed")
+              "prior_alpha", "prior_beta", "initial_g", "seed", "event")
 _STATIC_KEYS = ("candidates", "tau", "delta", "forgetting", "prior_alpha",
-                "prior_beta", "seed", "static_g")
+                "prior_beta", "seed", "static_g", "event")
 
 
 def controller_from_config(config: Any) -> SAGCController | StaticController:
   """Builds the controller described by ``config.controller`` (or a bare section).
 
   Keys: ``kind`` ('sagc' or 'static'), ``candidates``, ``tau``, ``delta``,
-  ``seed``, ``forgetting``, ``prior_alpha``, ``prior_beta``; SAGC uses
+  ``event`` ('group' or 'step'), ``seed``, ``forgetting``, ``prior_alpha``,
+  ``prior_beta``; SAGC uses
   ``eta``, ``lambda_max``, ``initial_g`` (None = smallest); static uses
   ``static_g``. Keys of the other kind are ignored; unknown keys are errors.
   Missing optional keys take the class defaults. Errors name the offending

@@ -29,7 +29,8 @@ from sagc_jax.storage import FolderUpload, is_remote, line_file, run_path
 __all__ = ["MetricsWriteError", "MetricsWriter", "read_jsonl", "summarize"]
 
 KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
-               ("strag", "straggler_rate", "{:.2f}"), ("reward", "reward_mean", "{:.3f}"),
+               ("strag", "group_straggler_rate", "{:.2f}"), ("S_t", "step_straggler", "{:.0f}"),
+               ("reward", "reward_mean", "{:.3f}"),
                ("acc", "accuracy", "{:.3f}"), ("len", "response_len_mean", "{:.1f}"),
                ("s/step", "time_total_s", "{:.2f}"))
 
@@ -187,9 +188,15 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
   if not rows:
     return {}
   mean = lambda key: sum(r[key] for r in rows) / len(rows)
+  # Rows written before both straggler events were logged carry only the group one
+  # (then in "straggler_rate"); their step event is unknown.
+  group = lambda r: r.get("group_straggler_rate", r["straggler_rate"])
+  step = lambda r: r.get("step_straggler", math.nan)
   return {
       "steps": float(len(rows)),
       "straggler_rate": mean("straggler_rate"),
+      "group_straggler_rate": sum(group(r) for r in rows) / len(rows),
+      "step_straggler_rate": sum(step(r) for r in rows) / len(rows),
       "mean_g": mean("g"),
       "mean_log2_g": mean("log2_g"),
       "time_total_s": sum(r["time_total_s"] for r in rows),

@@ -25,8 +25,13 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
   twin = axes[0].twinx()
   twin.plot(steps, col("lambda"), color="tab:red", lw=0.8, label="lambda")
   twin.set_ylabel("lambda", color="tab:red")
-  axes[1].bar(steps, col("straggler_rate"), width=0.8, color="tab:orange")
+  axes[1].bar(steps, col("group_straggler_rate"), width=0.8, color="tab:orange",
+              label="fraction of groups")
+  hit = col("step_straggler") > 0
+  axes[1].plot(steps[hit], np.full(hit.sum(), 1.02), "|", color="k",
+               label="step with a straggler (S_t = 1)")
   axes[1].set_ylabel("straggler rate")
+  axes[1].legend(fontsize=8)
   axes[2].plot(steps, col("reward_mean"), label="train reward")
   axes[2].plot(steps, col("accuracy"), label="train accuracy")
   if eval_history:

@@ -208,7 +208,7 @@ def _arms(config: Any) -> list[tuple[str, SAGCController | StaticController]]:
   section["kind"] = "sagc"
   arms = []
   shared = {k: section[k] for k in ("tau", "delta", "forgetting", "prior_alpha",
-                                    "prior_beta", "seed") if k in section}
+                                    "prior_beta", "seed", "event") if k in section}
   for g in sorted(section["candidates"]):
     arms.append((f"static_G{g}", StaticController(g, **shared)))
   arms.append(("sagc", controller_from_config(section)))
@@ -254,6 +254,8 @@ def _summarise(rows: list[dict[str, float]]) -> dict[str, float]:
   col = lambda key: np.array([r[key] for r in rows])
   return {
       "straggler_rate": float(col("straggler_rate").mean()),
+      "group_straggler_rate": float(col("group_straggler_rate").mean()),
+      "step_straggler_rate": float(col("step_straggler").mean()),
       "wall_clock_s": float(col("total_s").sum()),
       "rollout_s": float(col("rollout_s").sum()),
       "learner_s": float(col("learner_s").sum()),
@@ -270,17 +272,22 @@ def _columns(rows: list[dict[str, float]]) -> dict[str, list[float]]:
 
 def format_table(result: dict[str, Any]) -> str:
   """Human-readable comparison table (one line per arm)."""
-  header = (f"{'arm':<12} {'strag.rate':>10} {'wall_s':>10} {'rollout_s':>10} "
+  header = (f"{'arm':<12} {'groups':>7} {'steps':>7} {'wall_s':>10} {'rollout_s':>10} "
             f"{'speedup':>8} {'mean_G':>7} {'log2_G':>7} {'pad_eff':>8}")
-  lines = [header, "-" * len(header)]
+  lines = [f"straggler rates: 'groups' = fraction of groups, 'steps' = fraction of steps "
+           f"with a straggler; the constraint uses "
+           f"{result['config']['controller'].get('event', 'group')!r}", header,
+           "-" * len(header)]
   for name, row in result["summary"].items():
     lines.append(
-        f"{name:<12} {row['straggler_rate']:>10.3f} {row['wall_clock_s']:>10.1f} "
+        f"{name:<12} {row['group_straggler_rate']:>7.3f} {row['step_straggler_rate']:>7.3f} "
+        f"{row['wall_clock_s']:>10.1f} "
         f"{row['rollout_s']:>10.1f} {row['speedup_vs_largest_static']:>8.2f} "
         f"{row['mean_g']:>7.2f} {row['mean_log2_g']:>7.3f} {row['padding_efficiency']:>8.3f}")
   best = result["best_fixed_mixture_log2_g"]
   delta = result["config"]["controller"]["delta"]
-  lines.append(f"best fixed randomised G with straggler rate <= {delta}: mean log2 G = "
+  lines.append(f"best fixed randomised G with {result['config']['controller'].get('event', 'group')}"
+               f" straggler rate <= {delta}: mean log2 G = "
                + ("infeasible" if best is None else f"{best:.3f}"))
   return "\n".join(lines)
 

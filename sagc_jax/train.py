@@ -37,7 +37,8 @@ def format_summary(summary: dict) -> str:
     lines.append(f"  held-out accuracy, greedy: {summary['eval_accuracy_start']:.3f} -> "
                  f"{summary['eval_accuracy_end']:.3f}")
   if "straggler_rate" in summary:
-    lines.append(f"  straggler rate {summary['straggler_rate']:.3f}   mean G "
+    lines.append(f"  straggler rate: groups {summary['group_straggler_rate']:.3f}, steps "
+                 f"{summary['step_straggler_rate']:.3f}   mean G "
                  f"{summary['mean_g']:.2f}   mean log2 G {summary['mean_log2_g']:.2f}")
     lines.append(f"  wall-clock {summary['time_total_s']:.1f} s = rollout "
                  f"{summary['time_rollout_s']:.1f} + reward {summary['time_reward_s']:.1f} + "

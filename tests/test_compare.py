@@ -66,6 +66,10 @@ def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
     table = list(csv.DictReader(f))
   assert [r["arm"] for r in table] == sorted(arms) and set(table[0]) == set(
       compare.RESULT_COLUMNS)
+  for row in table:            # both straggler events, each a rate in [0, 1]
+    assert 0 <= float(row["group_straggler_rate"]) <= 1
+    assert 0 <= float(row["step_straggler_rate"]) <= 1
+    assert float(row["step_straggler_rate"]) >= float(row["group_straggler_rate"])
   assert "| grpo_sagc |" in (tmp_path / "results.md").read_text()
   for name in ("g_lambda.png", "stragglers.png", "reward_vs_time.png", "posterior.png"):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

@@ -24,6 +24,7 @@ from sagc_jax.trainer import Trainer, deterministic_view, load_history
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {"step", "g", "lambda", "p_mean/G2", "p_mean/G4", "straggler_rate",
+                 "group_straggler_rate", "step_straggler",
                  "time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
                  "generated_tokens", "padding_efficiency", "reward_mean", "accuracy",
                  "response_len_mean", "response_len_median", "response_len_max",
