@@ -34,6 +34,14 @@ def drive(ctrl, world):
   return np.array(gs), metrics
 
 
+def random_step(rng, max_groups, max_ratio, tau=2.0):
+  """Random per-group (max, median) of one step, its group count and stragglers."""
+  n = int(rng.integers(1, max_groups))
+  gmed = rng.integers(1, 100, n).astype(float)
+  gmax = gmed * rng.uniform(1, max_ratio, n)
+  return gmax, gmed, n, int((gmax > tau * gmed).sum())
+
+
 def static_rates(world, tau=2.0):
   """Straggler probability of each candidate G measured directly on the world."""
   rates = []
@@ -86,10 +94,7 @@ def test_posterior_update_with_forgetting_matches_numpy():
   f = np.zeros(3)
   for _ in range(60):
     g = ctrl.propose()
-    n = int(rng.integers(1, 20))
-    gmed = rng.integers(1, 100, n).astype(float)
-    gmax = gmed * rng.uniform(1, 3, n)
-    strag = int((gmax > 2.0 * gmed).sum())
+    gmax, gmed, n, strag = random_step(rng, max_groups=20, max_ratio=3.0)
     metrics = ctrl.observe(gmax, gmed)
     s *= gamma
     f *= gamma
@@ -348,10 +353,7 @@ def test_step_event_updates_match_numpy_and_both_events_are_reported():
   s, f, lam, hits = np.zeros(3), np.zeros(3), 0.0, 0
   for t in range(80):
     g = ctrl.propose()
-    n = int(rng.integers(1, 6))
-    gmed = rng.integers(1, 100, n).astype(float)
-    gmax = gmed * rng.uniform(1, 2.3, n)
-    strag = int((gmax > 2.0 * gmed).sum())
+    gmax, gmed, n, strag = random_step(rng, max_groups=6, max_ratio=2.3)
     event = float(strag > 0)
     metrics = ctrl.observe(gmax, gmed)
     s, f = s * gamma, f * gamma
