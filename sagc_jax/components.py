@@ -15,6 +15,7 @@ from typing import Sequence
 import ml_collections
 from jax.sharding import Mesh
 
+from sagc_jax import config_checks as checks
 from sagc_jax.config import learner_config
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
@@ -45,9 +46,8 @@ def candidate_group_sizes(config: ml_collections.ConfigDict) -> tuple[int, ...]:
 
 
 def prompts_for(config: ml_collections.ConfigDict, g: int) -> int:
-  """Prompts per sampling round at group size ``g``."""
-  r = config.rollout
-  return r.rollouts_per_step // g if r.mode == "hold_rollouts" else r.prompts_per_step
+  """Prompts per sampling round at group size ``g`` (``config_checks.prompts_per_round``)."""
+  return checks.prompts_per_round(config.rollout, g)
 
 
 def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, *,

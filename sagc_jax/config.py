@@ -17,6 +17,7 @@ from ml_collections import config_dict
 from sagc_jax import config_checks as checks
 from sagc_jax.controller import controller_from_config
 from sagc_jax.rl.learner import ALGORITHM_PRESETS, DERIVED_FIELDS, LearnerConfig
+from sagc_jax.sampling.sampler import SamplingParams
 from sagc_jax.storage import is_remote
 
 ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
@@ -146,26 +147,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
   candidates = tuple(config.controller.candidates) if config.controller.kind == "sagc" \
       else (config.controller.static_g,)
   checks.group_budget(config, "rollout", mode, candidates)
-  max_new = checks.positive_int(config, "rollout.max_new_tokens")
-  checks.number_in(config, "rollout.temperature", 0.0)
-  checks.number_in(config, "rollout.top_p", 0.0, 1.0, low_open=True)
+  r = config.rollout
+  try:
+    max_new = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                             top_p=r.top_p, top_k=r.top_k, stop_ids=(0,)).max_new_tokens
+  except ValueError as err:
+    raise ValueError(f"rollout.{err}") from None
   _tuple_of_positive_ints(config, "rollout.prompt_buckets")
   responses = _tuple_of_positive_ints(config, "rollout.response_buckets")
   if max(responses) != max_new:
     raise ValueError(f"rollout.response_buckets={responses}: the largest bucket must equal "
                      f"rollout.max_new_tokens={max_new} (every response must fit, and no "
                      "bucket can be wider than the sampler's output)")
-  top_k = checks.lookup(config, "rollout.top_k")
-  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-    raise ValueError(f"rollout.top_k={top_k!r} must be an int >= 0 (0 = off)")
-  split = config.learner.mini_batches * config.learner.grad_accum
-  for g in candidates:
-    rows = (config.rollout.rollouts_per_step if mode == "hold_rollouts"
-            else config.rollout.prompts_per_step * g)
-    if not isinstance(split, int) or rows % split:
-      raise ValueError(f"learner.mini_batches={config.learner.mini_batches} x "
-                       f"learner.grad_accum={config.learner.grad_accum} does not divide the "
-                       f"{rows} rollouts of a G={g} step")
   checks.positive_int(config, "rollout.eval_batch")
   limit = checks.lookup(config, "rollout.max_rows_per_call")
   if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
@@ -197,7 +190,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if is_remote(checks.lookup(config, key)):
       raise ValueError(f"{key}={checks.lookup(config, key)!r} must be a local folder "
                        "(TFDS builds and the staging cache need a real filesystem)")
-  learner_config(config)                  # raises "learner.<key>=..." on bad settings
+  learner = learner_config(config)        # raises "learner.<key>=..." on bad settings
+  for g in candidates:
+    rows = checks.prompts_per_round(config.rollout, g) * g
+    learner.check_split(rows, f"the {rows} rollouts of a G={g} step")
 
   sft_steps = checks.positive_int(config, "sft.steps")
   warmup = checks.lookup(config, "sft.warmup_steps")

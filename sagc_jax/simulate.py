@@ -173,10 +173,8 @@ def cost_model_from_config(config: Any) -> CostModel:
 
 
 def prompts_for(g: int, config: Any) -> int:
-  """Prompts per step for group size ``g`` under the configured mode."""
-  if config.sim.mode == "hold_rollouts":
-    return config.sim.rollouts_per_step // g
-  return config.sim.prompts_per_step
+  """Prompts per step for group size ``g`` (``config_checks.prompts_per_round``)."""
+  return checks.prompts_per_round(config.sim, g)
 
 
 def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],

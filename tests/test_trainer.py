@@ -225,7 +225,7 @@ def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
     ("rollout.response_buckets", (8,), "rollout.response_buckets=(8,): the largest bucket"),
     ("rollout.response_buckets", (8, 32), "must equal rollout.max_new_tokens=16"),
     ("rollout.top_k", -1, "rollout.top_k=-1"),
-    ("learner.mini_batches", 3, "learner.mini_batches=3 x learner.grad_accum=1 does not"),
+    ("learner.mini_batches", 3, "does not split into learner.mini_batches=3 x learner.grad_accum=1"),
     ("mesh.shape", (0, 1), "mesh.shape=(0, 1)"),
     ("controller.delta", 1.5, "controller: delta"),
     ("rollout.rollouts_per_step", 6, "rollout.rollouts_per_step=6 is not divisible"),

@@ -220,6 +220,18 @@ class LearnerConfig:
                        f"(allowed: {', '.join(sorted(fields))})")
     return presets[algorithm](**values)
 
+  def check_split(self, rows: int, what: str, data_ways: int = 1) -> None:
+    """``rows`` must split into ``mini_batches`` x ``grad_accum`` equal microbatches of
+    a multiple of ``data_ways`` rows (each minibatch a fixed set of whole rows, every
+    microbatch spread over the mesh's 'data' axis); ``what`` names the rows."""
+    micro, rem = divmod(rows, self.mini_batches * self.grad_accum)
+    if rem or micro % data_ways:
+      rows_of = (f" of a multiple of {data_ways} rows (the mesh 'data' axis)"
+                 if data_ways > 1 else "")
+      raise ValueError(
+          f"{what} does not split into learner.mini_batches={self.mini_batches} x "
+          f"learner.grad_accum={self.grad_accum} equal microbatches{rows_of}")
+
   def forward_options(self) -> ForwardOptions:
     """How the learner's forward passes are computed (remat, scan, attention)."""
     return ForwardOptions(attention=self.attention, attention_block=self.attention_block,
@@ -325,12 +337,7 @@ class Learner:
     self.response_buckets = tuple(sorted(set(response_buckets)))
     data = 1 if mesh is None else mesh.shape.get("data", 1)
     for rows in self.row_buckets:
-      micro, rem = divmod(rows, config.mini_batches * config.grad_accum)
-      if rem or micro % data:
-        raise ValueError(
-            f"row bucket {rows} does not split into mini_batches={config.mini_batches} x "
-            f"grad_accum={config.grad_accum} microbatches of a multiple of the 'data' axis "
-            f"({data}) rows")
+      config.check_split(rows, f"row bucket {rows}", data)
     self.graphdef, model_params, self.rest = nnx.split(model, nnx.Param, ...)
     self.abstract = _is_abstract(model_params)
     self.compute_dtype = jax.tree.leaves(model_params)[0].dtype

@@ -78,13 +78,21 @@ class SamplingParams:
   pad_id: int = 0
 
   def __post_init__(self):
-    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+    """The one check of these settings (the training config's ``rollout`` section
+    is validated by building one)."""
+    def is_int(v):
+      return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_number(v):
+      return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
       raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be a positive int")
-    if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+    if not is_number(self.temperature) or self.temperature < 0:
       raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
-    if not 0 < self.top_p <= 1:
+    if not is_number(self.top_p) or not 0 < self.top_p <= 1:
       raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
-    if not isinstance(self.top_k, int) or self.top_k < 0:
+    if not is_int(self.top_k) or self.top_k < 0:
       raise ValueError(f"top_k={self.top_k!r} must be an int >= 0 (0 = off)")
     object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
     if not self.stop_ids:
