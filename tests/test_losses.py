@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from sagc_jax.rl import losses
-from sagc_jax.rl.losses import (AGG_MODES, KL_KINDS, aggregate, dynamic_sampling_keep,
+from sagc_jax.rl.losses import (AGG_MODES, KL_KINDS, aggregate, aggregate_count,
+                                dynamic_sampling_keep,
                                 entropy_from_logits, group_advantages, kl_penalty,
                                 overlong_penalty, policy_loss, token_logprobs)
 
@@ -520,3 +521,23 @@ def test_public_api_is_exported():
   import sagc_jax.rl as rl
   for name in losses.__all__:
     assert getattr(rl, name) is getattr(losses, name)
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_aggregate_splits_by_aggregate_count(mode):
+  """What gradient accumulation relies on, for every mode: the aggregate of a batch is
+  the count-weighted sum of its row blocks' aggregates (a new mode that
+  ``aggregate_count`` does not describe fails here)."""
+  rng = np.random.default_rng(3)
+  loss = rng.normal(size=(6, 9)).astype(np.float32)
+  mask = rng.random((6, 9)) < 0.6
+  mask[2] = False                                   # a row with no real token
+  scale = 9.0 if mode == "seq-mean-token-sum-norm" else None
+  whole = float(aggregate(loss, mask, mode, scale))
+  total = float(aggregate_count(mask, mode))
+  parts = sum(float(aggregate(loss[rows], mask[rows], mode, scale))
+              * float(aggregate_count(mask[rows], mode)) / total
+              for rows in (slice(0, 2), slice(2, 6)))
+  assert parts == pytest.approx(whole, rel=1e-5, abs=1e-6)
+  expected = {"token-mean": mask.sum(), "token-sum": 1.0}.get(mode, (mask.sum(1) > 0).sum())
+  assert total == expected

@@ -255,16 +255,6 @@ class LearnerConfig:
                                    eps=self.eps, weight_decay=self.weight_decay))
 
 
-def _agg_count(mask: jax.Array, mode: str) -> jax.Array:
-  """The denominator ``aggregate`` uses for ``mode`` (1 for sums)."""
-  w = mask.astype(jnp.float32)
-  if mode == "token-mean":
-    return jnp.sum(w)
-  if mode == "token-sum":
-    return jnp.float32(1)
-  return jnp.sum((jnp.sum(w, axis=-1) > 0).astype(jnp.float32))
-
-
 def _is_abstract(tree) -> bool:
   return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
 
@@ -510,7 +500,8 @@ class Learner:
     def micro_loss(params, micro, mb_count):
       tokens, attn_mask, resp_mask, old_logp, adv, ref_logp = micro
       logp, entropy = self._forward_logprobs(params, tokens, attn_mask, resp_mask.shape[1])
-      fraction = jnp.where(mb_count > 0, _agg_count(resp_mask, cfg.agg) / mb_count, 0.0)
+      share = losses.aggregate_count(resp_mask, cfg.agg) / mb_count
+      fraction = jnp.where(mb_count > 0, share, 0.0)
       pg, metrics = losses.policy_loss(logp, old_logp, adv, resp_mask, clip_low=cfg.clip_low,
                                        clip_high=cfg.clip_high, clip_c=cfg.clip_c,
                                        agg=cfg.agg, scale=cfg.agg_scale)
@@ -527,7 +518,7 @@ class Learner:
 
     def learner_train_step(params, opt_state, tokens, attn_mask, resp_mask, old_logp, adv,
                            ref_logp):
-      mb_count = _agg_count(resp_mask, cfg.agg)
+      mb_count = losses.aggregate_count(resp_mask, cfg.agg)
       micro = jax.tree.map(interleave, (tokens, attn_mask, resp_mask, old_logp, adv, ref_logp))
       grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 

@@ -54,6 +54,7 @@ __all__ = [
     "AGG_MODES",
     "KL_KINDS",
     "aggregate",
+    "aggregate_count",
     "dynamic_sampling_keep",
     "entropy_from_logits",
     "group_advantages",
@@ -302,22 +303,37 @@ def aggregate(loss_mat: ArrayLike, mask: ArrayLike, mode: str,
   dtype = _float_dtype(loss_mat)
   w = mask.astype(dtype)
   weighted = jnp.where(w != 0, loss_mat.astype(dtype), 0) * w
+  count = aggregate_count(w, mode)
   if mode == "token-mean":
-    return _safe_div(jnp.sum(weighted), jnp.sum(w))
+    return _safe_div(jnp.sum(weighted), count)
   if mode == "token-sum":
     return jnp.sum(weighted)
   seq_sum = jnp.sum(weighted, axis=-1)
   n_tok = jnp.sum(w, axis=-1)
-  has_tokens = n_tok > 0
-  n_seq = jnp.sum(has_tokens.astype(dtype))
   if mode == "seq-mean-token-mean":
-    return _safe_div(jnp.sum(_safe_div(seq_sum, n_tok)), n_seq)
-  seq_mean = _safe_div(jnp.sum(jnp.where(has_tokens, seq_sum, 0)), n_seq)
+    return _safe_div(jnp.sum(_safe_div(seq_sum, n_tok)), count)
+  seq_mean = _safe_div(jnp.sum(jnp.where(n_tok > 0, seq_sum, 0)), count)
   if mode == "seq-mean-token-sum":
     return seq_mean
   if scale is None:
     scale = loss_mat.shape[-1]
   return seq_mean / scale
+
+
+def aggregate_count(mask: ArrayLike, mode: str) -> Array:
+  """What ``aggregate`` divides the masked loss sum by, for ``mode``: the real tokens
+  (``token-mean``), 1 (``token-sum``) or the sequences with a real token
+  (``seq-mean-*``). Gradient accumulation weights each microbatch by its share of
+  the minibatch's count, so the accumulated gradient is the minibatch's."""
+  if mode not in AGG_MODES:
+    raise ValueError(f"aggregate_count: unknown mode {mode!r}; expected one of {AGG_MODES}")
+  mask = jnp.asarray(mask)
+  w = mask.astype(mask.dtype if jnp.issubdtype(mask.dtype, jnp.floating) else jnp.float32)
+  if mode == "token-mean":
+    return jnp.sum(w)
+  if mode == "token-sum":
+    return jnp.ones((), w.dtype)
+  return jnp.sum((jnp.sum(w, axis=-1) > 0).astype(w.dtype))
 
 
 # -------------------------------------------------------------- policy loss
