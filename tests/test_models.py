@@ -586,3 +586,22 @@ def test_tiny_checkpoint_loads_here_and_in_transformers(tmp_path, family):
   assert diff <= ATOL
   n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert 5e5 < n_params < 2e6
+
+
+def test_init_follows_each_modules_declared_kind_and_refuses_an_undeclared_one():
+  """Random init reads each parameter's ``init`` metadata (set by its module), never
+  its name: norms start at 1, biases at 0, matrices normal(std); a parameter whose
+  module declares nothing is refused, not silently drawn from normal(0.02)."""
+  from flax import nnx
+
+  from sagc_jax.models.tiny import tiny_config
+  from sagc_jax.models.transformer import _init_value, init_model
+  model = init_model(tiny_config("qwen2"), seed=0, init_std=0.5)
+  flat = {".".join(map(str, p)): np.asarray(v.get_value())
+          for p, v in nnx.to_flat_state(nnx.state(model))}
+  assert all((v == 1).all() for k, v in flat.items() if k.endswith("norm.weight"))
+  assert all((v == 0).all() for k, v in flat.items() if k.endswith(".bias"))
+  kernel = flat["layers.0.mlp.up_proj.kernel"]
+  assert 0.4 < kernel.std() < 0.6
+  with pytest.raises(ValueError, match="extra.scale declares no init kind"):
+    _init_value(("extra", "scale"), nnx.Param(jnp.ones((3,))), np.random.default_rng(0), 0.02)

@@ -154,8 +154,9 @@ class Linear(nnx.Module):
                rngs: nnx.Rngs):
     init = nnx.initializers.normal(std)
     self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), dtype),
-                            out_sharding=axes)
-    self.bias = (nnx.Param(jnp.zeros((out_features,), dtype), out_sharding=(axes[1],))
+                            out_sharding=axes, init="normal")
+    self.bias = (nnx.Param(jnp.zeros((out_features,), dtype), out_sharding=(axes[1],),
+                           init="zeros")
                  if use_bias else None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -169,7 +170,7 @@ class RMSNorm(nnx.Module):
   """``weight * x / rms(x)``, normalised in float32 and cast back like transformers."""
 
   def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype):
-    self.weight = nnx.Param(jnp.ones((dim,), dtype), out_sharding=(None,))
+    self.weight = nnx.Param(jnp.ones((dim,), dtype), out_sharding=(None,), init="ones")
     self.eps = eps
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -184,7 +185,7 @@ class Embed(nnx.Module):
   def __init__(self, vocab: int, dim: int, *, dtype: jnp.dtype, std: float, rngs: nnx.Rngs):
     init = nnx.initializers.normal(std)
     self.weight = nnx.Param(init(rngs.params(), (vocab, dim), dtype),
-                            out_sharding=("model", None))
+                            out_sharding=("model", None), init="normal")
 
   def __call__(self, ids: jax.Array) -> jax.Array:
     return jnp.take(self.weight[...], ids, axis=0)
@@ -536,14 +537,19 @@ def place_state(state: nnx.State, mesh: Mesh | None) -> dict[tuple, jax.sharding
   return out
 
 
-def _init_value(path: tuple, shape: tuple[int, ...], rng: np.random.Generator,
+def _init_value(path: tuple, var: nnx.Variable, rng: np.random.Generator,
                 std: float) -> np.ndarray:
-  """Initial value of one parameter: unit RMSNorm scales, zero biases, normal(std) else."""
-  if path[-1] == "bias":
-    return np.zeros(shape, np.float32)
-  if path[-1] == "weight" and str(path[-2]).endswith("norm"):
-    return np.ones(shape, np.float32)
-  return rng.normal(0.0, std, shape).astype(np.float32)
+  """Initial value of one parameter, of the kind its module declared (``init``
+  metadata: ``normal`` (std), ``ones``, ``zeros``): the modules are the one place
+  that says how each parameter starts, here and in their own constructors."""
+  kind = var.get_metadata().get("init")
+  shape = tuple(var.shape)
+  if kind == "normal":
+    return rng.normal(0.0, std, shape).astype(np.float32)
+  if kind in ("ones", "zeros"):
+    return (np.ones if kind == "ones" else np.zeros)(shape, np.float32)
+  raise ValueError(f"parameter {'.'.join(map(str, path))} declares no init kind "
+                   f"(init={kind!r}; expected 'normal', 'ones' or 'zeros')")
 
 
 def init_model(cfg: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.float32,
@@ -559,7 +565,7 @@ def init_model(cfg: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.float3
   rng = np.random.default_rng(seed)
   np_dtype = np.dtype(jnp.dtype(dtype))
   for path, var in nnx.to_flat_state(state):
-    host = _init_value(path, tuple(var.shape), rng, init_std).astype(np_dtype)
+    host = _init_value(path, var, rng, init_std).astype(np_dtype)
     var.set_value(to_device(host, shardings[path]))
   return nnx.merge(graphdef, state)
 
