@@ -13,15 +13,19 @@ import dataclasses
 from typing import Sequence
 
 import ml_collections
+import numpy as np
 from jax.sharding import Mesh
 
 from sagc_jax import config_checks as checks
 from sagc_jax.config import learner_config
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
+from sagc_jax.rl.rollout import RolloutBatch
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
+from sagc_jax.sampling.sampler import SampleBatch
 
-__all__ = ["RLComponents", "build_components", "candidate_group_sizes", "prompts_for"]
+__all__ = ["RLComponents", "build_components", "candidate_group_sizes", "prompts_for",
+           "rollout_batch"]
 
 
 @dataclasses.dataclass
@@ -93,3 +97,21 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   learner = Learner(model, learner_cfg, row_buckets, r.prompt_buckets,
                     r.response_buckets, mesh=mesh)
   return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets)
+
+
+def rollout_batch(samples: SampleBatch, scores: np.ndarray) -> RolloutBatch:
+  """The learner's batch from a sampler result and the rewards of its real rows
+  (``[samples.num_rows]``): the one place the sampler's and the learner's batch
+  types meet."""
+  scores = np.asarray(scores, np.float32)
+  if scores.shape != (samples.num_rows,):
+    raise ValueError(f"scores has shape {scores.shape}, expected ({samples.num_rows},) "
+                     "(one reward per real row)")
+  padded = np.zeros(samples.row_valid.shape, np.float32)
+  padded[:samples.num_rows] = scores
+  return RolloutBatch(prompt_tokens=samples.prompt_tokens, prompt_mask=samples.prompt_mask,
+                      response_tokens=samples.response_tokens,
+                      response_mask=samples.response_mask,
+                      old_logprobs=samples.response_logprobs, lengths=samples.lengths,
+                      group_ids=samples.group_ids, row_valid=samples.row_valid,
+                      scores=padded, group_size=samples.group_size)

@@ -6,7 +6,7 @@ Every step::
     prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
     samples = sampler.generate(policy, prompts, G)          # in-jit length stats -> sink
     rewards = reward_fn(decoded responses, answers)         # host, worker pool
-    batch = RolloutBatch(samples, rewards)                  # DAPO: rounds of informative groups
+    batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
     learner.update(batch)                                   # advantages, loss, optax
     controller.observe(*sampler.sink.pop())                 # max / median per group
     metrics row -> metrics.jsonl + TensorBoard; checkpoint every N steps and on SIGTERM
@@ -37,7 +37,8 @@ import numpy as np
 
 from sagc_jax import compile_count, distributed
 from sagc_jax.checkpoint import Checkpointer
-from sagc_jax.components import build_components, candidate_group_sizes, prompts_for
+from sagc_jax.components import (build_components, candidate_group_sizes, prompts_for,
+                                 rollout_batch)
 from sagc_jax.config import validate
 from sagc_jax.controller import controller_from_config
 from sagc_jax.data import PromptLoader, load_split
@@ -287,7 +288,7 @@ class Trainer:
     stats["decode_steps"].append(samples.decode_steps)
     stats["decode_slots"].append(samples.decode_slots)
     stats["groups"].append(samples.num_prompts)
-    return RolloutBatch.from_samples(samples, result.scores)
+    return rollout_batch(samples, result.scores)
 
   def train_step(self) -> dict[str, Any]:
     """Runs one RL step and returns its metrics row."""

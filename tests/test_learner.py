@@ -13,7 +13,8 @@ from flax import nnx
 from sagc_jax import compile_count
 from sagc_jax.models import init_model, tiny_config
 from sagc_jax.rl.learner import Learner, LearnerConfig
-from sagc_jax.rl.rollout import RolloutBatch, concat_rollouts, select_groups
+from sagc_jax.components import rollout_batch
+from sagc_jax.rl.rollout import concat_rollouts, select_groups
 from sagc_jax.sampling import Sampler, SamplingParams
 
 N_NEW = 12
@@ -43,7 +44,7 @@ def samples():
     real = batch.response_tokens[:batch.num_rows]
     scores = (real == 50).sum(1) + rng.normal(0, 0.5, batch.num_rows)
     scores[:g] = 1.0            # one group with equal rewards (dropped by DAPO)
-    out.append(RolloutBatch.from_samples(batch, scores))
+    out.append(rollout_batch(batch, scores))
   return out
 
 

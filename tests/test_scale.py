@@ -24,7 +24,7 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
 from sagc_jax.rl.learner import Learner, LearnerConfig
-from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.components import rollout_batch
 from sagc_jax.sampling import Sampler, SamplingParams
 
 PROMPT, N_NEW = 8, 12
@@ -107,7 +107,7 @@ def rollouts():
   prompts = [rng.integers(5, 60, rng.integers(3, 9)).tolist() for _ in range(4)]
   batch = sampler.generate(model, prompts, 4, seed=0)
   scores = (batch.response_tokens[:16] % 3 == 0).sum(1) + rng.normal(0, 0.5, 16)
-  return RolloutBatch.from_samples(batch, scores)
+  return rollout_batch(batch, scores)
 
 
 def _mesh(shape=(2, 4)):

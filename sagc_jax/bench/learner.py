@@ -20,7 +20,7 @@ import numpy as np
 from sagc_jax import compile_count
 from sagc_jax.models import init_model, tiny_config
 from sagc_jax.rl.learner import Learner, LearnerConfig
-from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.components import rollout_batch
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 
 
@@ -50,7 +50,7 @@ def run(steps: int = 24, prompts: int = 4, candidates: tuple[int, ...] = (4, 8, 
     g = candidates[step % len(candidates)]
     samples = sampler.generate(model, prompt_ids, g, seed=step)
     scores = rng.normal(size=samples.num_rows)
-    batch = RolloutBatch.from_samples(samples, scores)
+    batch = rollout_batch(samples, scores)
     metrics = learner.update(batch, seed=step)
     records.append({"g": g, "rows": batch.num_rows, "bucket": int(metrics["response_bucket"]),
                     "real": metrics["response_tokens"], "padded": metrics["padded_tokens"],

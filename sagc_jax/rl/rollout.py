@@ -4,7 +4,9 @@ A ``RolloutBatch`` holds everything the train step needs for every row of a
 row bucket: prompt (left-padded) and response tokens, masks, the sampler's
 log-probs (PPO "old" log-probs), group ids, rewards and the response lengths.
 Padding rows have ``row_valid == False`` and an all-zero response mask, so they
-never reach a loss, a statistic or a gradient.
+never reach a loss, a statistic or a gradient. The learner side owns this type;
+``components.rollout_batch`` builds one from a sampler result (the sampler's
+``SampleBatch``) and the rewards.
 
 DAPO dynamic sampling needs several sampling rounds per step; ``select_groups``
 and ``concat_rollouts`` cut whole groups out of rounds and stitch them into one
@@ -18,8 +20,6 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
-
-from sagc_jax.sampling.sampler import SampleBatch
 
 
 @dataclasses.dataclass
@@ -42,21 +42,6 @@ class RolloutBatch:
   @property
   def num_groups(self) -> int:
     return int(np.unique(self.group_ids[self.row_valid]).size)
-
-  @classmethod
-  def from_samples(cls, samples: SampleBatch, scores: np.ndarray) -> "RolloutBatch":
-    """Wraps a sampler result with the rewards of its real rows (``[num_rows]``)."""
-    scores = np.asarray(scores, np.float32)
-    if scores.shape != (samples.num_rows,):
-      raise ValueError(f"scores has shape {scores.shape}, expected ({samples.num_rows},) "
-                       "(one reward per real row)")
-    padded = np.zeros(samples.row_valid.shape, np.float32)
-    padded[:samples.num_rows] = scores
-    return cls(prompt_tokens=samples.prompt_tokens, prompt_mask=samples.prompt_mask,
-               response_tokens=samples.response_tokens, response_mask=samples.response_mask,
-               old_logprobs=samples.response_logprobs, lengths=samples.lengths,
-               group_ids=samples.group_ids, row_valid=samples.row_valid, scores=padded,
-               group_size=samples.group_size)
 
 
 def _left_pad_to(x: np.ndarray, width: int, fill) -> np.ndarray:
