@@ -72,6 +72,7 @@ def test_report_covers_every_executable_and_projects_a_step(tmp_path):
   # one-slot cache write kept in place, not much more (toy size: fixed costs weigh
   # more; the #10 goal, x1.5, is checked at the Qwen layout below).
   print("decode step HBM / ideal:", report["decode_hbm_over_ideal"])
+  assert report["projected_step_s_hbm_estimate"] > report["projected_learner_s"]
   assert 0.9 <= report["decode_hbm_over_ideal"] <= 2.0
 
 

@@ -61,6 +61,12 @@ def format_table(report: dict) -> str:
         f"ms): XLA's bytes x{report['decode_bytes_over_ideal']:.2f}; estimated HBM traffic "
         f"{report['decode_step_hbm_ms']:.2f} ms, x{report['decode_hbm_over_ideal']:.2f} "
         "(XLA also counts on-chip VMEM reads of prefetched data)")
+    if report.get("projected_step_s_hbm_estimate") is not None:
+      lines.append(
+          f"with the estimated decode HBM traffic: rollout "
+          f"{report['projected_rollout_s_hbm_estimate']:.1f} s, RL step "
+          f"{report['projected_step_s_hbm_estimate']:.1f} s, {report['steps']} steps = "
+          f"{report['projected_hours_hbm_estimate']:.1f} h")
     lines.append(f"learner microbatch: roofline {report['microbatch_roofline_ms']:.0f} ms vs "
                  f"compute-only {report['microbatch_compute_ms']:.0f} ms "
                  f"(x{report['microbatch_roofline_over_compute']:.2f})")

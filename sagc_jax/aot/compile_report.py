@@ -389,11 +389,20 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
     per_call = bucket if call_rows == bucket else (call_rows // g) * g
     calls = max(calls, -(-prompts_for(config, g) * g // per_call))
   rollout_s = calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["roofline_ms"]) / 1e3
+  # The same with the decode step's estimated HBM traffic instead of XLA's byte count
+  # (which also counts on-chip reads of prefetched data: ``hbm_traffic``).
+  rollout_hbm_s = (calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["hbm_ms"]) / 1e3
+                   if step.get("hbm_ms") is not None else None)
   ref = train_rows[largest].get("ref")
   # Both figures are one microbatch (the loop body XLA counts once).
   per_minibatch_ms = lc.grad_accum * (train["roofline_ms"] + (ref["roofline_ms"] if ref else 0.0))
   learner_s = lc.mini_batches * lc.epochs * per_minibatch_ms / 1e3
   step_s = rollout_s + learner_s
+  if rollout_hbm_s is not None:
+    out.update(projected_rollout_s_hbm_estimate=rollout_hbm_s,
+               projected_step_s_hbm_estimate=rollout_hbm_s + learner_s,
+               projected_hours_hbm_estimate=(rollout_hbm_s + learner_s)
+               * config.train.steps / 3600)
   out.update(
       projected_rollout_s=rollout_s, projected_learner_s=learner_s, projected_step_s=step_s,
       projected_step_s_dapo_worst=rounds * rollout_s + learner_s, sampler_calls_per_round=calls,
