@@ -8,9 +8,10 @@ checkpoint folder and the GSM8K files (train.jsonl / test.jsonl), local or in a 
   python -m sagc_jax.train --config configs/llama3_2_3b.py --workdir gs://BUCKET/runs/llama3_2_3b \\
       --config.model.path=gs://BUCKET/models/Llama-3.2-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
 
-Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
-76.0 s per worst-case RL step, 10.6 h for 500 steps, a roofline from XLA's cost analysis
-+ the splash kernel's analytic cost):
+Sized for a v5e:4x4 slice without a TPU (every executable fits; projected per
+worst-case RL step 82.1 s, 11.4 h for 500 steps, from XLA's cost analysis + the splash
+kernel's analytic cost; 46.9 s, 6.5 h with the decode step's estimated HBM traffic,
+which XLA's byte count overstates; rooflines, not measurements):
 
   python -m sagc_jax.aot --config configs/llama3_2_3b.py --topology v5e:4x4 --largest_only
 

@@ -8,9 +8,10 @@ checkpoint folder and the GSM8K files (train.jsonl / test.jsonl), local or in a 
   python -m sagc_jax.train --config configs/qwen2_5_3b.py --workdir gs://BUCKET/runs/qwen2_5_3b \\
       --config.model.path=gs://BUCKET/models/Qwen2.5-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
 
-Sized for a v5e:4x4 slice without a TPU (every executable fits; projected
-111.6 s per worst-case RL step, 15.5 h for 500 steps, a roofline from XLA's cost analysis
-+ the splash kernel's analytic cost):
+Sized for a v5e:4x4 slice without a TPU (every executable fits; projected per
+worst-case RL step 101.1 s, 14.0 h for 500 steps, from XLA's cost analysis + the splash
+kernel's analytic cost; 32.8 s, 4.6 h with the decode step's estimated HBM traffic,
+which XLA's byte count overstates; rooflines, not measurements):
 
   python -m sagc_jax.aot --config configs/qwen2_5_3b.py --topology v5e:4x4 --largest_only
 

@@ -283,8 +283,11 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   chips with the run's resident state counted (largest: the train step, 12.6 GiB
   Llama-3.2-3B / 12.5 GiB Qwen2.5-3B). Projected from XLA's cost analysis plus the
   kernel's analytic cost (rooflines, not measurements): one RL step at the worst
-  case (every response 2048 tokens) 76.0 s Llama-3.2-3B / 111.6 s Qwen2.5-3B,
-  i.e. 10.6 h / 15.5 h for the 500 steps; decoding dominates (62 s / 96 s per step).
+  case (every response 2048 tokens) 82.1 s Llama-3.2-3B / 101.1 s Qwen2.5-3B,
+  i.e. 11.4 h / 14.0 h for the 500 steps; decoding dominates (68 s / 85 s per step).
+  With the decode step's HBM traffic estimated from the compiled program instead of
+  XLA's byte count (which also counts on-chip reads): 46.9 s / 32.8 s per step,
+  6.5 h / 4.6 h.
   """
   c = preset("grpo", "sagc")
   c.model.update(dict(path="", dtype="bfloat16", require_path=True))
