@@ -71,6 +71,11 @@ def main(argv: Sequence[str], flags) -> None:
       summary = trainer.run(max_steps=flags.max_steps)
     finally:
       trainer.close()
+  except KeyboardInterrupt:
+    # The second Ctrl-C (the first one checkpoints after the current step).
+    print("interrupted: steps since the last checkpoint are lost", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)
   except (CheckpointWriteError, MetricsWriteError) as err:
     # A full disk (or any write failure): every step up to the last checkpoint is kept.
     print(f"error: {err}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ Every step::
     learner.update(batch)                                   # advantages, loss, optax
     controller.observe(*sampler.sink.pop())                 # max / median per group
     metrics row -> metrics.jsonl + TensorBoard; checkpoint every N steps and on SIGTERM
+    or a first Ctrl-C
 
 Everything random is a function of ``(config.seed, step)`` and of restored
 state (controller RNG, loader position, learner step), so a run killed after
@@ -389,16 +390,23 @@ class Trainer:
              f"{tuple(self.config.rollout.response_buckets)} in {seconds:.1f} s")
     return seconds
 
-  def _on_sigterm(self, signum, frame) -> None:
-    del signum, frame
+  def _on_stop_signal(self, signum, frame) -> None:
+    """SIGTERM (preemption) or a first Ctrl-C: checkpoint after the current step and
+    exit 0. A second Ctrl-C interrupts at once (Python's own handler is back)."""
+    del frame
     self._stop_requested = True
-    self.log("SIGTERM received: checkpointing after the current step")
+    if signum == signal.SIGINT:
+      signal.signal(signal.SIGINT, signal.default_int_handler)
+      self.log("SIGINT received: checkpointing after the current step "
+               "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
+    else:
+      self.log("SIGTERM received: checkpointing after the current step")
 
   def run(self, max_steps: int | None = None) -> dict[str, Any]:
     """Trains until ``train.steps`` (or ``max_steps`` more steps); returns a summary."""
     c = self.config
-    previous = signal.signal(signal.SIGTERM, self._on_sigterm) \
-        if _in_main_thread() else None
+    previous = ({sig: signal.signal(sig, self._on_stop_signal)
+                 for sig in (signal.SIGTERM, signal.SIGINT)} if _in_main_thread() else {})
     try:
       self.warmup()
       if self.step == 0 and not self.eval_history:
@@ -427,8 +435,8 @@ class Trainer:
         self.save_checkpoint()
       self.checkpointer.wait()
     finally:
-      if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
     summary = self.summary()
     if self.is_primary:
       (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))

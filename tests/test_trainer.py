@@ -189,34 +189,67 @@ def write_config_file(path: Path, shared, steps: int, *overrides: str) -> Path:
   return path
 
 
-def sigterm_after_steps(proc: subprocess.Popen, run_dir: Path, steps: int) -> str:
-  """Waits until ``run_dir`` has logged ``steps`` steps, sends SIGTERM, expects exit 0."""
+def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int) -> None:
+  """Waits until ``run_dir`` has logged ``steps`` steps (the process still running)."""
   deadline = time.time() + 600
   while time.time() < deadline and proc.poll() is None:
     if (run_dir / "metrics.jsonl").exists() and len(load_history(run_dir)) >= steps:
       break
     time.sleep(0.5)
   assert proc.poll() is None, proc.stdout.read()
-  proc.send_signal(signal.SIGTERM)
+
+
+def sigterm_after_steps(proc: subprocess.Popen, run_dir: Path, steps: int,
+                        sig: int = signal.SIGTERM) -> str:
+  """Waits until ``run_dir`` has logged ``steps`` steps, sends ``sig``, expects exit 0."""
+  wait_for_steps(proc, run_dir, steps)
+  proc.send_signal(sig)
   output, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, output
   return output
 
 
-def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path):
+def _train_process(config_file: Path, workdir: Path) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
+                           f"--workdir={workdir}"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("sig, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
+def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path, sig, name):
+  """Preemption (SIGTERM) and a first Ctrl-C (SIGINT) both checkpoint after the current
+  step and exit 0: nothing trained is lost."""
   config_file = write_config_file(tmp_path / "cfg.py", shared, 200,
                                   "c.train.checkpoint_every = 100")
   workdir = tmp_path / "run"
-  proc = subprocess.Popen([sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
-                           f"--workdir={workdir}"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-  output = sigterm_after_steps(proc, workdir, steps=2)
-  assert "SIGTERM received" in output
+  proc = _train_process(config_file, workdir)
+  output = sigterm_after_steps(proc, workdir, steps=2, sig=sig)
+  assert f"{name} received" in output and "Traceback" not in output
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["preempted"] and summary["steps"] < 200
   steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
   assert steps == [summary["steps"]]
   assert len(load_history(workdir)) == summary["steps"]
+
+
+def test_second_ctrl_c_stops_at_once(shared, tmp_path):
+  config_file = write_config_file(tmp_path / "cfg.py", shared, 200,
+                                  "c.train.checkpoint_every = 100")
+  workdir = tmp_path / "run"
+  proc = _train_process(config_file, workdir)
+  wait_for_steps(proc, workdir, 2)
+  proc.send_signal(signal.SIGINT)
+  seen = []
+  for line in proc.stdout:                  # the first Ctrl-C has been handled ...
+    seen.append(line)
+    if "SIGINT received" in line:
+      break
+  proc.send_signal(signal.SIGINT)           # ... and the second one stops the run
+  output, _ = proc.communicate(timeout=300)
+  output = "".join(seen) + output
+  assert proc.returncode == 130, output
+  assert "interrupted: steps since the last checkpoint are lost" in output
+  assert "Traceback" not in output
 
 
 @pytest.mark.parametrize("key, value, match", [
