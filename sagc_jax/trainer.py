@@ -50,6 +50,7 @@ from sagc_jax.models.sharding import abstract_like
 from sagc_jax.rewards import make_reward_fn
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
 from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.run_lock import RunLock
 from sagc_jax.sampling import Sampler
 from sagc_jax.storage import cache_root, local_mirror, run_path, stage
 from sagc_jax.warm_start import prepare_policy
@@ -95,8 +96,23 @@ class Trainer:
     self.cache_root = cache_root(config.train.local_cache_dir)
     self.local_dir = local_mirror(workdir, self.cache_root)
     self.is_primary = jax.process_index() == 0
+    self._lock = None
     if not read_only:
       self.workdir.mkdir(parents=True, exist_ok=True)
+      if self.is_primary:         # before anything in the workdir is written
+        self._lock = RunLock(self.workdir, log=log or print)
+        self._lock.acquire()
+    try:
+      self._build(config, log, read_only, restore)
+    except BaseException:
+      # A refused start (a bad config, a checkpoint mismatch) leaves no lock behind.
+      if self._lock is not None:
+        self._lock.release()
+      raise
+
+  def _build(self, config: ml_collections.ConfigDict, log: Callable[[str], None] | None,
+             read_only: bool, restore: bool) -> None:
+    """The rest of ``__init__``, once the run directory is this trainer's."""
     self.metrics = MetricsWriter(self.workdir, config.train.steps,
                                  enabled=self.is_primary and not read_only,
                                  sync_secs=config.train.metrics_sync_secs,
@@ -484,11 +500,16 @@ class Trainer:
     return out
 
   def close(self) -> None:
-    self.checkpointer.close()
-    self.metrics.close()
-    close = getattr(self.reward_fn, "close", None)
-    if close:
-      close()
+    try:
+      self.checkpointer.close()
+      self.metrics.close()
+      close = getattr(self.reward_fn, "close", None)
+      if close:
+        close()
+    finally:
+      if self._lock is not None:
+        self._lock.release()
+        self._lock = None
 
 
 def _in_main_thread() -> bool:
