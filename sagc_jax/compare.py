@@ -96,7 +96,7 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
     if arm.train.compilation_cache and not arm.train.compilation_cache_dir:
       arm.train.compilation_cache_dir = str(workdir / "jax_cache")   # arms share programs
     if _train_arm(arm, arm_dir).get("preempted"):
-      log(f"{name}: stopped by SIGTERM after a checkpoint; rerun the same command to "
+      log(f"{name}: stopped by SIGTERM or Ctrl-C after a checkpoint; rerun the same command to "
           "resume this arm and the ones after it")
       raise SystemExit(0)
 
