@@ -284,8 +284,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"{row['mean_g']:>7.2f} {row['mean_log2_g']:>7.3f} {row['padding_efficiency']:>8.3f}")
   best = result["best_fixed_mixture_log2_g"]
   delta = result["config"]["controller"]["delta"]
-  lines.append(f"best fixed randomised G with {result['config']['controller'].get('event', 'group')}"
-               f" straggler rate <= {delta}: mean log2 G = "
+  event = result["config"]["controller"].get("event", "group")
+  lines.append(f"best fixed randomised G with {event} straggler rate <= {delta}: mean log2 G = "
                + ("infeasible" if best is None else f"{best:.3f}"))
   return "\n".join(lines)
 

@@ -104,7 +104,8 @@ def main(argv: Sequence[str], flags) -> None:
   logging.set_verbosity(logging.WARNING)
   from sagc_jax.aot.compile_report import compile_report
 
-  report = compile_report(config_with_algorithm_override(flags), flags.topology, model_config=flags.model_config,
+  report = compile_report(config_with_algorithm_override(flags), flags.topology,
+                          model_config=flags.model_config,
                           largest_only=flags.largest_only, only=flags.only,
                           log=lambda m: print(m, flush=True))
   print(format_table(report), flush=True)
