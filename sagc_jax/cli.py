@@ -23,6 +23,7 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   from absl import flags as absl_flags
 
   flags = define_flags()
+  app.define_help_flags()       # --help / --helpfull, which app.run would define
   argv = list(sys.argv)
   try:
     remaining = flags(argv)     # config files load and overrides apply here

@@ -90,3 +90,12 @@ def test_bad_override_is_one_line_and_exit_2(tmp_path, arg, expected):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
   assert not (tmp_path / "run").exists()                 # nothing was started
+
+
+def test_help_still_works():
+  """The flags are parsed before absl.app runs (for one-line errors): --help too."""
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train", "--helpshort"],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stderr          # absl's help flags exit with 1
+  assert "--workdir" in proc.stdout and "one training run" in proc.stdout
+  assert "Traceback" not in proc.stderr
