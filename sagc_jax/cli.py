@@ -27,10 +27,9 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   argv = list(sys.argv)
   try:
     remaining = flags(argv)     # config files load and overrides apply here
-  except absl_flags.Error as err:
-    _fail(_override_message(str(err), argv))
-  except (AttributeError, KeyError, TypeError) as err:
-    # ml_collections raises these for an unknown key or a type it cannot override.
+  # ml_collections raises AttributeError / KeyError / TypeError for an unknown key or a
+  # type it cannot override.
+  except (absl_flags.Error, AttributeError, KeyError, TypeError) as err:
     _fail(_override_message(str(err), argv))
   try:
     app.run(lambda args: main(args, flags), argv=argv, flags_parser=lambda _: remaining)

@@ -192,7 +192,6 @@ class _GroupSizeController:
     self._index = 0                          # index of the current G
     self._pending = False                    # propose() called, observe() not yet
     self._steps = 0
-    self._rate_sum = 0.0                     # sum of the steps' constraint signals
     self._group_rate_sum = 0.0               # sum of the steps' group straggler rates
     self._step_event_sum = 0.0               # number of steps with a straggler (S_t = 1)
 
@@ -257,7 +256,6 @@ class _GroupSizeController:
     self._update_dual(signal)
     self._pending = False
     self._steps += 1
-    self._rate_sum += signal
     self._group_rate_sum += group_rate
     self._step_event_sum += step_straggler
     metrics = {
@@ -269,7 +267,8 @@ class _GroupSizeController:
         "step_straggler": step_straggler,
         "straggler_rate": signal,
         "lambda": self._lambda,
-        "mean_straggler_rate": self._rate_sum / self._steps,
+        "mean_straggler_rate": (self._step_event_sum if self.params.event == "step"
+                                else self._group_rate_sum) / self._steps,
         "mean_group_straggler_rate": self._group_rate_sum / self._steps,
         "mean_step_straggler_rate": self._step_event_sum / self._steps,
     }
@@ -295,7 +294,6 @@ class _GroupSizeController:
         "g": self.g,
         "pending": self._pending,
         "steps": self._steps,
-        "rate_sum": self._rate_sum,
         "group_rate_sum": self._group_rate_sum,
         "step_event_sum": self._step_event_sum,
         "rng": {
@@ -344,11 +342,10 @@ class _GroupSizeController:
     self._index = self.candidates.index(int(state["g"]))
     self._pending = bool(state["pending"])
     self._steps = int(state["steps"])
-    self._rate_sum = float(state["rate_sum"])
-    # States written before both events existed are "group" states: their rate sum is
+    # States written before both events existed are "group" states: their "rate_sum" is
     # the group one, and the step-event count is unknown (its running mean is NaN
     # rather than a mean over part of the run).
-    self._group_rate_sum = float(state.get("group_rate_sum", self._rate_sum))
+    self._group_rate_sum = float(state.get("group_rate_sum", state.get("rate_sum")))
     self._step_event_sum = float(state.get("step_event_sum", math.nan))
 
   # ---------------------------------------------------------- subclass hooks

@@ -164,16 +164,19 @@ class MetricsWriter:
 
   def close(self) -> None:
     """Closes both files; the first failure is raised after both were tried."""
+    pending = []
+    if self._jsonl is not None:
+      pending.append((self._jsonl.close, self.path))
+    if self._tb is not None:
+      tb, upload = self._tb, self._tb_upload
+      pending.append((lambda: (tb.close(), upload.sync()), tb.path))
+    self._jsonl = self._tb = None
     failures = []
-    for name, action in (("jsonl", lambda: self._jsonl.close()),
-                         ("tb", lambda: (self._tb.close(), self._tb_upload.sync()))):
-      if getattr(self, f"_{name}") is None:
-        continue
+    for action, path in pending:
       try:
-        self._guarded(action, self.path if name == "jsonl" else self._tb.path)
+        self._guarded(action, path)
       except MetricsWriteError as err:
         failures.append(err)
-    self._jsonl = self._tb = None
     if failures:
       raise failures[0]
 

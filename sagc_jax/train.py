@@ -73,16 +73,10 @@ def main(argv: Sequence[str], flags) -> None:
       trainer.close()
   except KeyboardInterrupt:
     # The second Ctrl-C (the first one checkpoints after the current step).
-    print("interrupted: steps since the last checkpoint are lost", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(130)
+    _exit_now("interrupted: steps since the last checkpoint are lost", 130)
   except (CheckpointWriteError, MetricsWriteError) as err:
     # A full disk (or any write failure): every step up to the last checkpoint is kept.
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    # Orbax leaves non-daemon threads waiting forever for a failed save's signals:
-    # a normal interpreter exit would hang (the run must end so a supervisor sees it).
-    os._exit(1)
+    _exit_now(f"error: {err}", 1)
   if trainer.is_primary:
     print(format_summary(summary))
     if trainer.history:
@@ -90,6 +84,15 @@ def main(argv: Sequence[str], flags) -> None:
       plot_run(trainer.history, trainer.eval_history, path,
                title=f"{trainer.config.learner.algorithm} + {trainer.config.controller.kind}")
       print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
+
+
+def _exit_now(message: str, status: int) -> None:
+  """Prints ``message`` and ends the process at once: orbax leaves non-daemon threads
+  waiting forever for a failed or abandoned save's signals, so a normal interpreter
+  exit would hang (the run must end so a supervisor sees it)."""
+  print(message, file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(status)
 
 
 def run() -> None:

@@ -229,7 +229,7 @@ class _Compiler:
              f"  roofline {row['roofline_ms']:9.2f} ms" + ("" if row["fits"] else "  DOES NOT FIT"))
     if hbm:
       row["hbm_bytes"] = hbm_traffic(compiled.as_text())["bytes"]
-      row["hbm_ms"] = row["hbm_bytes"] / (self.chip.hbm_gbps * 1e9) * 1e3
+      row["hbm_ms"] = _times(0.0, row["hbm_bytes"], self.chip)["memory_ms"]
       self.log(f"    HBM traffic (estimated from the compiled HLO): "
                f"{row['hbm_bytes'] / 1e9:.2f} GB, {row['hbm_ms']:.2f} ms")
     self.rows.append(row)
@@ -329,7 +329,7 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
                + _per_device_bytes(sampler.abstract_cache(r, p)))
       if decode[kind] and decode[kind].get("bytes"):
         decode[kind]["ideal_bytes"] = ideal
-        decode[kind]["ideal_ms"] = ideal / (chip.hbm_gbps * 1e9) * 1e3
+        decode[kind]["ideal_ms"] = _times(0.0, ideal, chip)["memory_ms"]
         decode[kind]["bytes_over_ideal"] = decode[kind]["bytes"] / ideal
         decode[kind]["hbm_over_ideal"] = decode[kind]["hbm_bytes"] / ideal
 
@@ -388,11 +388,14 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
     call_rows = sampler.call_rows(bucket)
     per_call = bucket if call_rows == bucket else (call_rows // g) * g
     calls = max(calls, -(-prompts_for(config, g) * g // per_call))
-  rollout_s = calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["roofline_ms"]) / 1e3
+  def rollout_seconds(decode_step_ms: float) -> float:
+    return calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * decode_step_ms) / 1e3
+
+  rollout_s = rollout_seconds(step["roofline_ms"])
   # The same with the decode step's estimated HBM traffic instead of XLA's byte count
   # (which also counts on-chip reads of prefetched data: ``hbm_traffic``).
-  rollout_hbm_s = (calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * step["hbm_ms"]) / 1e3
-                   if step.get("hbm_ms") is not None else None)
+  rollout_hbm_s = (rollout_seconds(step["hbm_ms"]) if step.get("hbm_ms") is not None
+                   else None)
   ref = train_rows[largest].get("ref")
   # Both figures are one microbatch (the loop body XLA counts once).
   per_minibatch_ms = lc.grad_accum * (train["roofline_ms"] + (ref["roofline_ms"] if ref else 0.0))
