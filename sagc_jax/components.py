@@ -10,7 +10,7 @@ the executables it sizes are exactly the ones a run compiles.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import ml_collections
 import numpy as np
@@ -21,6 +21,7 @@ from sagc_jax.config import learner_config
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.programs import warm
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.sampler import SampleBatch
 
@@ -36,10 +37,11 @@ class RLComponents:
   learner: Learner
   row_buckets: tuple[int, ...]
 
-  def warmup(self, model: Transformer) -> int:
-    """Compiles every executable of the run; returns how many were new."""
-    return (self.sampler.warmup(model) + self.eval_sampler.warmup(model)
-            + self.eval_sampled_sampler.warmup(model) + self.learner.warmup())
+  def warmup(self, model: Transformer, log: Callable[[str], None] | None = None) -> int:
+    """Compiles every executable of the run in one pool; returns how many were new."""
+    return warm(self.sampler.warmup_jobs(model) + self.eval_sampler.warmup_jobs(model)
+                + self.eval_sampled_sampler.warmup_jobs(model) + self.learner.warmup_jobs(),
+                log=log)
 
 
 def candidate_group_sizes(config: ml_collections.ConfigDict) -> tuple[int, ...]:
@@ -74,7 +76,8 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets,
-      group_sizes=candidate_group_sizes(config), **common)
+      group_sizes=candidate_group_sizes(config), prompts_for=lambda g: prompts_for(config, g),
+      **common)
   eval_rows = -(-r.eval_batch // data_axis) * data_axis
   eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
   # Evaluation runs a few times per run: by default it uses the fused sampler, whose

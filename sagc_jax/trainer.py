@@ -399,7 +399,7 @@ class Trainer:
   def warmup(self) -> float:
     """Compiles every sampler / learner shape ahead of time; returns seconds."""
     start = time.perf_counter()
-    n = self.components.warmup(self.model)
+    n = self.components.warmup(self.model, log=self.log)
     seconds = time.perf_counter() - start
     self.log(f"warm-up: {n} executables for row buckets {self.row_buckets}, prompt buckets "
              f"{tuple(self.config.rollout.prompt_buckets)}, response buckets "

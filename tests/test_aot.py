@@ -62,10 +62,10 @@ def test_report_covers_every_executable_and_projects_a_step(tmp_path):
     assert 0 <= e["peak_gib"] < 1 and e["compile_s"] >= 0 and e["roofline_ms"] >= 0
     if e["name"].startswith(("learner_train", "sampler")):
       assert e["peak_gib"] > 0 and e["bytes"] > 0
-      # A transition only pads and gathers the cache: no floating-point work.
-      assert e["flops"] > 0 or "_segmented_transition" in e["name"]
+      # A compaction only gathers rows: no floating-point work.
+      assert e["flops"] > 0 or "_segmented_compact" in e["name"]
   # The segmented rollout sampler's largest programs are fit-checked too.
-  for kind in ("start", "segment", "transition"):
+  for kind in ("start", "segment", "compact"):
     assert any(n.startswith(f"sampler_segmented_{kind}") for n in names), names
   assert report["projected_step_s"] > 0 and report["decode_bytes_over_ideal"] > 0
   # A decode step reads at least the weights and the cache (the ideal), and, with the

@@ -18,6 +18,9 @@ from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 torch = pytest.importorskip("torch")
 
 PAD = 0
+# Several decode segments per call (the default, auto_segment, is >= 32 tokens): the
+# segmented sampler's segment boundaries are inside every comparison below.
+SEGMENT = 8
 
 
 def load_case(tmp_path_factory, name):
@@ -79,7 +82,7 @@ def test_greedy_matches_transformers_generate(case, request):
   eos = int(free_run[0, 9])
   expected = hf_greedy(ref.torch, prompts, max_new, eos=eos)
   sampler = Sampler(ref.model, SamplingParams(max_new, temperature=0.0, stop_ids=(eos,)),
-                    row_buckets=(8,), prompt_buckets=(16,))
+                    row_buckets=(8,), prompt_buckets=(16,), decode_segment=SEGMENT)
   batch = sampler.generate(ref.model, prompts, group_size=2, seed=0)
   matches = 0
   for row in range(8):
@@ -97,7 +100,8 @@ def test_stop_ids_and_lengths(llama):
   free_run = hf_greedy(llama.torch, prompts, max_new, eos=None)
   stop_ids = {int(free_run[0, 4]), int(free_run[1, 12])}
   params = SamplingParams(max_new, temperature=0.0, stop_ids=tuple(stop_ids), pad_id=PAD)
-  sampler = Sampler(llama.model, params, row_buckets=(4,), prompt_buckets=(16,))
+  sampler = Sampler(llama.model, params, row_buckets=(4,), prompt_buckets=(16,),
+                    decode_segment=SEGMENT)
   batch = sampler.generate(llama.model, prompts, group_size=1, seed=0)
   for row in range(3):
     length = first_stop_length(free_run[row].tolist(), stop_ids, max_new)
@@ -115,7 +119,8 @@ def test_logprobs_equal_forward_log_softmax(llama):
   temperature, max_new = 0.8, 16
   params = SamplingParams(max_new, temperature=temperature, top_k=50, top_p=0.95,
                           stop_ids=(7,))
-  sampler = Sampler(llama.model, params, row_buckets=(6,), prompt_buckets=(12,))
+  sampler = Sampler(llama.model, params, row_buckets=(6,), prompt_buckets=(12,),
+                    decode_segment=SEGMENT)
   batch = sampler.generate(llama.model, prompts, group_size=2, seed=4)
   ids = np.concatenate([batch.prompt_tokens, batch.response_tokens], axis=1)
   mask = np.concatenate([batch.prompt_mask, batch.response_mask], axis=1)
@@ -176,7 +181,8 @@ def test_sampled_tokens_follow_the_filtered_distribution(llama, temperature, top
 def test_callback_stats_equal_numpy_and_padding_rows_never_leak(llama):
   prompts = random_prompts(3, 4, 9, seed=7)
   params = SamplingParams(24, temperature=1.5, stop_ids=tuple(range(4, 40)))
-  sampler = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,))
+  sampler = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
+                    decode_segment=SEGMENT)
   sampler.sink.pop()
   batch = sampler.generate(llama.model, prompts, group_size=4, seed=8)
   gmax, gmed = sampler.sink.pop()
@@ -201,14 +207,20 @@ def test_zero_compilations_after_warmup_across_random_group_sizes(llama, segment
   # this test short (the fused case covers two).
   prompt_buckets = (16,) if segment else (8, 16)
   sampler = Sampler(llama.model, params, row_buckets=buckets, prompt_buckets=prompt_buckets,
-                    decode_segment=segment, min_compact_rows=1, group_sizes=candidates)
+                    decode_segment=segment, min_compact_rows=1, group_sizes=candidates,
+                    prompts_for=lambda g: 2)
+  # Two prompts per call: each row bucket serves one group size.
+  assert [sampler.group_sizes_for(r) for r in buckets] == [(2,), (4,), (8,)]
   if segment:
-    # Per (rows, prompt bucket): a shared prefill per distinct prompt-row count, a
-    # segment per (ladder rows, span), a transition per (ladder pair, span pair), the
-    # stats program.
+    # Per (rows, prompt bucket): a shared prefill for the group size served, a
+    # segment per (ladder rows, span), a compaction per (ladder pair, span but the
+    # last), the stats program.
     seg = sampler.segmented
     assert seg.row_ladder(16) == (16, 4, 1) and seg.spans(16) == (18, 20, 22)
-    expected = len(set().union(*(seg.executable_keys(r, 16, candidates) for r in buckets)))
+    expected = len(set().union(*(seg.executable_keys(r, 16, sampler.group_sizes_for(r))
+                                 for r in buckets)))
+    # Ladders (4, 1), (8, 2), (16, 4, 1): 5 row counts x 3 spans, 4 compactions x 2.
+    assert expected == 3 + 5 * 3 + 4 * 2 + 3
   else:
     expected = 6
   assert sampler.warmup(llama.model) == expected

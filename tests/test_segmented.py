@@ -99,13 +99,13 @@ def test_decode_cost_grows_with_the_span_and_prefill_with_the_prompts(llama):
   seg, state = sampler.segmented, nnx.state(model)
   spans = seg.spans(128)
   assert spans == (256, 384, 512, 640)
-  # A segment's loop body is counted once: the bytes of one decode step, which read
-  # only the filled span of the cache.
-  step_bytes = [cost(seg._executable(("segment", 16, 128, s), state), "bytes accessed")
+  # A segment's loop body is counted once: the bytes of one decode step, which reads
+  # only the filled span of the cache, plus the one copy that grows the cache to it.
+  step_bytes = [cost(seg.compile(("segment", 16, 128, s), state), "bytes accessed")
                 for s in spans]
   assert all(a < b for a, b in zip(step_bytes, step_bytes[1:])), step_bytes
   # Prefill once per prompt: G = 8 prefills 4 prompt rows (2 prompts, whole over the
   # 4-way 'data' axis), G = 1 all 16 rows.
-  start = lambda g: seg._executable(("start", seg.prompt_rows(16, g), 16, 128), state)
+  start = lambda g: seg.compile(("start", seg.prompt_rows(16, g), 16, 128), state)
   shared, every_row = cost(start(8), "flops"), cost(start(1), "flops")
   assert seg.prompt_rows(16, 8) == 4 and every_row > 3 * shared, (every_row, shared)

@@ -316,7 +316,7 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
     seg = sampler.segmented
     if seg is not None and r == sampler.call_rows(sampler.row_buckets[-1]) \
         and p == sampler.prompt_buckets[-1]:
-      for key in seg.peak_keys(r, p, sampler.group_sizes):
+      for key in seg.peak_keys(r, p, sampler.group_sizes_for(r)):
         compile_one(f"{kind}_segmented_{key[0]}{list(key[1:])}",
                     lambda key=key: seg.compile(key, nnx.state(model)))
     if (r == sampler.call_rows(sampler.row_buckets[-1]) and p == sampler.prompt_buckets[-1]

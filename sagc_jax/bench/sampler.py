@@ -10,6 +10,16 @@ one warm-up call each, for 4 to 64 rows. ``greedy_match`` is the fraction of row
 whose tokens and length equal transformers'. ``min_speedup`` is the worst row of
 the table, not a chosen one.
 
+What bounds the speedup: each row also reports the matmul FLOPs per generated
+token (``gflop_per_token``: 2 x the weights a token multiplies, plus its attention
+over the average context), the FLOP rate both stacks reach (``gflops``,
+``hf_gflops``), and ``matmul_ceiling_gflops``, the rate XLA:CPU reaches on this
+host for the model's projections alone at that row count (a jitted chain of the
+layers' q/k/v/o, MLP and output-head matmuls on random weights, no attention,
+no sampling, median of timed calls). ``speedup_bound`` = ceiling / transformers'
+rate: no JAX sampler on this host decodes faster than that, whatever its
+scheduling.
+
 Part 2 (straggler). A 64-row greedy call in which one row runs to
 ``straggler_tokens`` and the 63 others stop within 16 tokens, built without
 changing the model: greedy continuations of a pool of random prompts are
@@ -75,6 +85,44 @@ def _hf_generate(torch_model, rows: list[list[int]], max_new: int) -> tuple[np.n
   return np.pad(new, ((0, 0), (0, max_new - new.shape[1]))), seconds
 
 
+def _projection_shapes(cfg) -> list[tuple[int, int]]:
+  """(in, out) of every matmul one token's forward pass multiplies, output head included."""
+  h, q, kv, m = (cfg.hidden_size, cfg.num_heads * cfg.head_dim,
+                 cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size)
+  layer = [(h, q), (h, kv), (h, kv), (q, h), (h, m), (h, m), (m, h)]
+  return layer * cfg.num_layers + [(h, cfg.vocab_size)]
+
+
+def _gflop_per_token(cfg, context: float) -> float:
+  """Matmul FLOPs of one decoded token: projections plus attention over ``context``."""
+  weights = sum(a * b for a, b in _projection_shapes(cfg))
+  attention = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+  return (2 * weights + attention) / 1e9
+
+
+def _matmul_ceiling_gflops(cfg, rows: int, runs: int = 20) -> float:
+  """The FLOP rate XLA:CPU reaches for one decode step's projections at ``rows`` rows."""
+  import jax.numpy as jnp
+
+  shapes = _projection_shapes(cfg)
+  rng = np.random.default_rng(0)
+  weights = [jnp.asarray(rng.standard_normal(s, np.float32) * 0.02) for s in shapes]
+  inputs = {a: jnp.asarray(rng.standard_normal((rows, a), np.float32)) for a, _ in shapes}
+
+  @jax.jit
+  def projections(inputs, weights):      # every product is an output: none is elided
+    return [inputs[w.shape[0]] @ w for w in weights]
+
+  jax.block_until_ready(projections(inputs, weights))
+  times = []
+  for _ in range(runs):
+    start = time.perf_counter()
+    jax.block_until_ready(projections(inputs, weights))
+    times.append(time.perf_counter() - start)
+  flops = 2 * rows * sum(a * b for a, b in shapes)
+  return flops / float(np.median(times)) / 1e9
+
+
 def _hf_lengths(tokens: np.ndarray) -> np.ndarray:
   hit = tokens == EOS
   return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, tokens.shape[1])
@@ -111,11 +159,18 @@ def _throughput(name, model, cfg, torch_model, rows: int, max_new_tokens: int, r
            for r in range(rows)]
   tokens_per_s = int(batch.lengths.sum()) / ours_s
   hf_tokens_per_s = int(hf_len.sum()) / hf_s
+  # Average context of a decoded token: its prompt plus half its response so far.
+  context = float(np.mean([len(p) for p in prompt_ids])) + float(batch.lengths.mean()) / 2
+  per_token = _gflop_per_token(cfg, context)
+  ceiling = _matmul_ceiling_gflops(cfg, rows)
   return {"model": name, "rows": rows, "generated_tokens": int(batch.lengths.sum()),
           "seconds": ours_s, "hf_seconds": hf_s, "tokens_per_s": tokens_per_s,
           "hf_tokens_per_s": hf_tokens_per_s, "speedup": tokens_per_s / hf_tokens_per_s,
           "greedy_match": float(np.mean(match)), "compiles_after_warmup": int(compiles),
-          "executables": sampler.num_executables, "warmup_seconds": warmup_s}
+          "executables": sampler.num_executables, "warmup_seconds": warmup_s,
+          "gflop_per_token": per_token, "gflops": tokens_per_s * per_token,
+          "hf_gflops": hf_tokens_per_s * per_token, "matmul_ceiling_gflops": ceiling,
+          "speedup_bound": ceiling / (hf_tokens_per_s * per_token)}
 
 
 def _straggler_batch(model, cfg, tokens: int, seed: int, pool: int = 256
@@ -183,7 +238,9 @@ def run(steps: int = 3, max_new_tokens: int = 128, straggler_tokens: int = 256,
       row = _throughput(name, model, cfg, torch_model, rows, max_new_tokens, steps, seed)
       print(f"  {name:>9} rows {rows:>3}: ours {row['tokens_per_s']:7.0f} tok/s  transformers "
             f"{row['hf_tokens_per_s']:7.0f} tok/s  speedup {row['speedup']:5.2f}x  "
-            f"greedy_match {row['greedy_match']:.3f}", flush=True)
+            f"greedy_match {row['greedy_match']:.3f}  GFLOP/s ours {row['gflops']:.0f} "
+            f"hf {row['hf_gflops']:.0f} matmul ceiling {row['matmul_ceiling_gflops']:.0f} "
+            f"(bound {row['speedup_bound']:.2f}x)", flush=True)
       table.append(row)
     if name == "tiny":
       straggler = _straggler(model, cfg, straggler_tokens, steps, seed, straggler_segment)
@@ -193,6 +250,7 @@ def run(steps: int = 3, max_new_tokens: int = 128, straggler_tokens: int = 256,
           "torch_threads": torch.get_num_threads(), "rows_table": table,
           "min_speedup": min(r["speedup"] for r in table),
           "max_speedup": max(r["speedup"] for r in table),
+          "min_speedup_bound": min(r["speedup_bound"] for r in table),
           "greedy_match": min(r["greedy_match"] for r in table),
           "compiles_after_warmup": sum(r["compiles_after_warmup"] for r in table),
           "executables": max(r["executables"] for r in table), **straggler}
@@ -202,11 +260,14 @@ def report(results: dict[str, Any]) -> str:
   lines = [f"sampler vs transformers generate (greedy, G={GROUP}, max_new_tokens="
            f"{results['max_new_tokens']}, median of {results['runs']} calls)",
            f"{'model':>10} {'rows':>5} {'ours tok/s':>11} {'hf tok/s':>9} {'speedup':>8} "
-           f"{'greedy_match':>13}"]
+           f"{'greedy_match':>13} {'GFLOP/s':>8} {'hf GFLOP/s':>11} {'ceiling':>8} "
+           f"{'bound':>6}"]
   for row in results["rows_table"]:
     lines.append(f"{row['model']:>10} {row['rows']:>5} {row['tokens_per_s']:>11.0f} "
                  f"{row['hf_tokens_per_s']:>9.0f} {row['speedup']:>8.2f} "
-                 f"{row['greedy_match']:>13.3f}")
+                 f"{row['greedy_match']:>13.3f} {row['gflops']:>8.1f} "
+                 f"{row['hf_gflops']:>11.1f} {row['matmul_ceiling_gflops']:>8.1f} "
+                 f"{row['speedup_bound']:>6.2f}")
   lines.append(f"speedup min {results['min_speedup']:.2f}x / max {results['max_speedup']:.2f}x, "
                f"greedy_match (worst row) {results['greedy_match']:.3f}, compiles after "
                f"warm-up {results['compiles_after_warmup']}, executables (largest sampler) "

@@ -48,6 +48,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sagc_jax.distributed import put_global, to_host
 from sagc_jax.models import sharding as shd
 from sagc_jax.models.transformer import ForwardOptions, Transformer
+from sagc_jax.programs import ProgramCache, WarmupJob, warm
 from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
 from sagc_jax.rl.rollout import RolloutBatch
@@ -362,7 +363,7 @@ class Learner:
                                **self._jit_shardings(state_sh))
     self._ref_logprobs = jax.jit(self._make_ref_logprobs())
     self._prepare = jax.jit(self._make_prepare())
-    self._compiled: dict[tuple, Any] = {}
+    self.programs = ProgramCache(self._lower)
 
   # ------------------------------------------------------------- weights
   def _master_shardings(self, model_params):
@@ -414,10 +415,7 @@ class Learner:
     """The compiled master -> model cast (None when the model shares the master)."""
     if self._shares_master:
       return None
-    if "sync" not in self._compiled:
-      cast = self._cast_fn(self.compute_dtype, self._model_shardings)
-      self._compiled["sync"] = cast.lower(self._abstract(self.params)).compile()
-    return self._compiled["sync"]
+    return self.programs.get(("sync",))
 
   def sync_model(self) -> None:
     """Writes the current master weights into the model (its dtype and layout)."""
@@ -580,25 +578,34 @@ class Learner:
   def _abstract(tree):
     return shd.abstract_like(tree)
 
+  def _lower(self, key: tuple):
+    """The lowered program of ``key``: ``("sync",)``, ``("prepare", rows)``, or
+    ``("train" | "ref", minibatch rows, prompt bucket, response bucket)``."""
+    kind, *shape = key
+    if kind == "sync":
+      cast = self._cast_fn(self.compute_dtype, self._model_shardings)
+      return cast.lower(self._abstract(self.params))
+    if kind == "prepare":
+      (rows,) = shape
+      return self._prepare.lower(jax.ShapeDtypeStruct((rows,), jnp.float32),
+                                 jax.ShapeDtypeStruct((rows,), jnp.int32),
+                                 jax.ShapeDtypeStruct((rows,), jnp.int32),
+                                 jax.ShapeDtypeStruct((rows,), jnp.bool_))
+    batch = self._abstract_batch(*shape)
+    if kind == "train":
+      return self._train_step.lower(self._abstract(self.params),
+                                    self._abstract(self.opt_state), *batch)
+    return self._ref_logprobs.lower(self._abstract(self.reference), *batch[:3])
+
   def compile_train(self, rows: int, prompt_len: int, n_resp: int):
     """The train step for minibatches of ``rows`` rows (cached)."""
-    key = ("train", rows, prompt_len, n_resp)
-    if key not in self._compiled:
-      batch = self._abstract_batch(rows, prompt_len, n_resp)
-      self._compiled[key] = self._train_step.lower(
-          self._abstract(self.params), self._abstract(self.opt_state), *batch).compile()
-    return self._compiled[key]
+    return self.programs.get(("train", rows, prompt_len, n_resp))
 
   def compile_reference(self, rows: int, prompt_len: int, n_resp: int):
     """The reference log-prob pass (None without a KL term), cached."""
     if self.reference is None:
       return None
-    key = ("ref", rows, prompt_len, n_resp)
-    if key not in self._compiled:
-      batch = self._abstract_batch(rows, prompt_len, n_resp)
-      self._compiled[key] = self._ref_logprobs.lower(self._abstract(self.reference), batch[0],
-                                                     batch[1], batch[2]).compile()
-    return self._compiled[key]
+    return self.programs.get(("ref", rows, prompt_len, n_resp))
 
   def compile_prepare(self, rows: int):
     return self._prepare_executable(rows)
@@ -613,35 +620,34 @@ class Learner:
             self.compile_reference(rows, prompt_len, n_resp))
 
   def _prepare_executable(self, rows: int):
-    key = ("prepare", rows)
-    if key not in self._compiled:
-      abstract = (jax.ShapeDtypeStruct((rows,), jnp.float32),
-                  jax.ShapeDtypeStruct((rows,), jnp.int32),
-                  jax.ShapeDtypeStruct((rows,), jnp.int32),
-                  jax.ShapeDtypeStruct((rows,), jnp.bool_))
-      self._compiled[key] = self._prepare.lower(*abstract).compile()
-    return self._compiled[key]
+    return self.programs.get(("prepare", rows))
 
   def minibatch_rows(self, rows: int) -> int:
     return rows // self.config.mini_batches
 
   def warmup(self) -> int:
     """Compiles every shape a batch from the buckets can take; returns how many."""
-    before = len(self._compiled)
-    self._sync_executable()
+    return warm(self.warmup_jobs())
+
+  def warmup_jobs(self) -> list[WarmupJob]:
+    """The programs ``warmup`` compiles, for ``programs.warm``."""
     # The logged learning rate evaluates the optax schedule eagerly: its scalar ops
     # compile on first use, so that happens here and not in the first step.
     self._learning_rate()
+    keys = [] if self._shares_master else [("sync",)]
     for rows in self.row_buckets:
-      self._prepare_executable(rows)
+      keys.append(("prepare", rows))
       for prompt_len in self.prompt_buckets:
         for n_resp in self.response_buckets:
-          self._executables(self.minibatch_rows(rows), prompt_len, n_resp)
-    return len(self._compiled) - before
+          shape = (self.minibatch_rows(rows), prompt_len, n_resp)
+          keys.append(("train", *shape))
+          if self.reference is not None:
+            keys.append(("ref", *shape))
+    return [WarmupJob(self.programs, keys)]
 
   @property
   def num_executables(self) -> int:
-    return len(self._compiled)
+    return len(self.programs)
 
   def response_bucket(self, longest: int) -> int:
     for bucket in self.response_buckets:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +52,7 @@ from sagc_jax.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
                                          cache_sharding, init_cache)
+from sagc_jax.programs import ProgramCache, WarmupJob, warm
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
@@ -278,6 +279,11 @@ class Sampler:
     min_compact_rows: the smallest row count compaction goes down to.
     group_sizes: the group sizes ``warmup`` compiles a shared prefill for (the
       controller's candidates; other sizes compile on first use).
+    prompts_for: optional prompts per ``generate`` call at each group size (a mapping
+      or callable, the trainer's P(G)). With it ``warmup`` compiles a group size's
+      shared prefill only for the call rows of ``P(G) * G`` prompts (in
+      ``hold_prompts`` mode one G per row bucket, not every G in every bucket); a
+      call with another prompt count compiles its prefill on first use.
 
   The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
   then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
@@ -288,7 +294,8 @@ class Sampler:
                sink: LengthStatsSink | None = None, cache_dtype: Any = None,
                options: ForwardOptions | None = None, max_rows_per_call: int | None = None,
                decode_segment: int | None = None, compaction: bool = True,
-               min_compact_rows: int = 8, group_sizes: Sequence[int] = (1,)):
+               min_compact_rows: int = 8, group_sizes: Sequence[int] = (1,),
+               prompts_for: Mapping[int, int] | Callable[[int], int] | None = None):
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
@@ -322,11 +329,12 @@ class Sampler:
       # 12.1k tok/s on our 2-core VM; equal at ~25M parameters).
       options = ForwardOptions(attention="blocked", decode_attention="einsum")
     self.options = options
-    self._compiled: dict[tuple[int, int], Any] = {}
+    self.programs = ProgramCache(self._lower_fused)       # (rows, prompt_len) -> program
     self._jitted = jax.jit(self._make_core(), **self._shardings(state))
     self.group_sizes = tuple(sorted(set(int(g) for g in group_sizes)))
     if not self.group_sizes or min(self.group_sizes) <= 0:
       raise ValueError(f"group_sizes={tuple(group_sizes)} must be positive ints")
+    self.prompts_for = prompts_for
     if decode_segment is None:
       decode_segment = auto_segment(params.max_new_tokens)
     if isinstance(decode_segment, bool) or not isinstance(decode_segment, int) \
@@ -401,13 +409,12 @@ class Sampler:
             spec((rows,), jnp.int32, ("data",)),
             spec((), jnp.uint32, ()))
 
+  def _lower_fused(self, key: tuple[int, int], state):
+    rows, prompt_len = key
+    return self._jitted.lower(abstract_like(state), *self._abstract_inputs(rows, prompt_len))
+
   def _executable(self, state, rows: int, prompt_len: int):
-    key = (rows, prompt_len)
-    if key not in self._compiled:
-      lowered = self._jitted.lower(abstract_like(state),
-                                   *self._abstract_inputs(rows, prompt_len))
-      self._compiled[key] = lowered.compile()
-    return self._compiled[key]
+    return self.programs.get((rows, prompt_len), state)
 
   def compile(self, model: Transformer, rows: int, prompt_len: int):
     """The compiled executable of one (row bucket, prompt bucket) (cached)."""
@@ -459,15 +466,32 @@ class Sampler:
     bucket) a shared prefill per group size, a segment per (ladder rows, span), a
     compaction per ladder pair and the stats program (``SegmentedDecoder``).
     """
+    return warm(self.warmup_jobs(model))
+
+  def warmup_jobs(self, model: Transformer) -> list[WarmupJob]:
+    """The programs ``warmup`` compiles, for ``programs.warm`` (one pool for a run's
+    components)."""
     state = nnx.state(model)
-    before = self.num_executables
+    jobs = []
     for rows in sorted({self.call_rows(r) for r in self.row_buckets}):
+      if not self.group_sizes_for(rows):
+        continue                                  # no call of ``prompts_for`` lands here
       for prompt_len in self.prompt_buckets:
         if self.segmented is None:
-          self._executable(state, rows, prompt_len)
+          jobs.append(WarmupJob(self.programs, [(rows, prompt_len)], (state,)))
         else:
-          self.segmented.warmup(state, rows, prompt_len, self.group_sizes)
-    return self.num_executables - before
+          jobs.append(self.segmented.warmup_job(state, rows, prompt_len,
+                                                self.group_sizes_for(rows)))
+    return jobs
+
+  def group_sizes_for(self, call_rows: int) -> tuple[int, ...]:
+    """The group sizes whose calls run on ``call_rows`` rows: every candidate, or with
+    ``prompts_for`` those whose ``P(G) * G`` rows are served by calls of this size."""
+    if self.prompts_for is None:
+      return self.group_sizes
+    count = self.prompts_for if callable(self.prompts_for) else self.prompts_for.__getitem__
+    return tuple(g for g in self.group_sizes
+                 if self.call_rows(self.row_bucket_for(count(g) * g)) == call_rows)
 
   # ------------------------------------------------------------- generate
   def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
@@ -575,5 +599,5 @@ class Sampler:
 
   @property
   def num_executables(self) -> int:
-    return len(self._compiled) + (0 if self.segmented is None
-                                  else self.segmented.num_executables)
+    return len(self.programs) + (0 if self.segmented is None
+                                 else self.segmented.num_executables)

@@ -12,30 +12,30 @@ sampling the same tokens (same per-row keys, same arithmetic up to float roundin
 2. **Span buckets.** Decoding runs in segments of ``L`` tokens. Segment j produces
    tokens ``[L(j-1), Lj)``, whose keys lie in cache slots ``< prompt + Lj`` (its
    *span*), and the cache it carries is exactly that long: a decode step reads
-   (and costs) the filled span, not ``prompt + max_new_tokens``. Between segments
-   a ``transition`` executable grows the cache to the next span (one copy per
-   segment, not per step: slicing a full-size cache every step costs a copy per
-   step on XLA:CPU).
+   (and costs) the filled span, not ``prompt + max_new_tokens``. Each segment
+   program first grows the cache it receives (the previous span) to its own span:
+   one copy per segment, not per step (slicing a full-size cache every step costs
+   a copy per step on XLA:CPU).
 3. **Live-row compaction.** Between segments the host reads which rows are done
    (R booleans). When the running rows fit a smaller size of the row ladder
-   (``row_ladder``: the call's rows divided by 4 down to ``min_rows``), the
-   transition also gathers them (cache, tokens, log-probs, lengths, keys' row
-   ids, output slots) into it; rows are scattered back to their original order on
-   the host by ``slot``. A lone straggler finishes at ``min_rows`` rows, not at
+   (``row_ladder``: the call's rows divided by 4 down to ``min_rows``), a
+   ``compact`` executable gathers them (cache, tokens, log-probs, lengths, keys'
+   row ids, output slots) into it; rows are scattered back to their original order
+   on the host by ``slot``. A lone straggler finishes at ``min_rows`` rows, not at
    the full batch.
 
 The per-group max / median host callback stays one in-jit ``io_callback`` per
 call (``stats`` executable on the lengths in original row order). Every
 executable is compiled by ``warmup`` (``executable_keys``): per (call rows, prompt
-bucket) one ``start`` per prompt-row count, a ``segment`` per (ladder rows, span),
-a ``transition`` per (ladder pair incl. equal rows, consecutive spans), and one
-``stats``; the model runs only in ``start`` and ``segment``.
+bucket) one ``start`` per prompt-row count of the group sizes served, a
+``segment`` per (ladder rows, span), a ``compact`` per (larger, smaller ladder
+rows, span before the last), and one ``stats``; the model runs only in ``start``
+and ``segment``. The main job (``configs/tiny_cpu.py``: 3 row buckets, ladders of
+2-3 sizes, 2 spans) has 20 of them, 13 with the model.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import time
 from typing import Any, Sequence
 
@@ -49,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from sagc_jax.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import cache_sharding, init_cache
+from sagc_jax.programs import ProgramCache, WarmupJob
 from sagc_jax.sampling.group_stats import GroupLengthStats, group_length_stats
 
 # Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"
@@ -64,8 +65,16 @@ def _take_rows(cache, index: jax.Array):
 
 
 def auto_segment(max_new_tokens: int) -> int:
-  """Default segment length: 4 span buckets (at least 8 tokens each)."""
-  return max(8, -(-max_new_tokens // 4))
+  """Default segment length: 4 span buckets of at least 32 tokens each.
+
+  Each segment boundary costs a host sync, the cache growth copy and, per ladder
+  row count, two more compiled programs (segment and compaction). Below ~32 tokens
+  those costs outweigh the reads they save: the main job (``configs/tiny_cpu.py``,
+  64 new tokens, 2-core CPU) spent the same rollout time with 16- and 32-token
+  segments (14.0 s vs 14.2 s), but the 16-token ones compiled 18 more programs
+  (warm-up 60.3 s vs 50.0 s).
+  """
+  return max(32, -(-max_new_tokens // 4))
 
 
 class SegmentedDecoder:
@@ -82,7 +91,7 @@ class SegmentedDecoder:
     self.mesh = sampler.mesh
     self.data = 1 if self.mesh is None else self.mesh.shape.get("data", 1)
     self.min_rows = -(-min_rows // self.data) * self.data
-    self._compiled: dict[tuple, Any] = {}
+    self.programs = ProgramCache(self._lower)
 
   # ----------------------------------------------------------------- shapes
   def spans(self, prompt_len: int) -> tuple[int, ...]:
@@ -110,32 +119,34 @@ class SegmentedDecoder:
                       ) -> set[tuple]:
     """Every executable a call on ``rows`` rows may use (``warmup`` compiles them).
 
-    A shared prefill per distinct prompt-row count, a segment per (ladder rows, span),
-    a compaction per ladder pair, and the stats program. Buckets share the entries
-    of their common ladder sizes.
+    A shared prefill per distinct prompt-row count of ``group_sizes``, a segment per
+    (ladder rows, span), a compaction per (larger, smaller ladder rows, span after
+    which it may run), and the stats program. Buckets share the entries of their
+    common ladder sizes.
     """
     ladder, spans = self.row_ladder(rows), self.spans(prompt_len)
     keys = {("start", self.prompt_rows(rows, g), rows, prompt_len) for g in group_sizes}
     keys |= {("segment", r, prompt_len, span) for r in ladder for span in spans}
-    keys |= {("transition", a, b, prompt_len, s0, s1) for i, a in enumerate(ladder)
-             for b in ladder[i:] for s0, s1 in zip(spans, spans[1:])}
+    keys |= {("compact", a, b, prompt_len, span) for i, a in enumerate(ladder)
+             for b in ladder[i + 1:] for span in spans[:-1]}
     keys.add(("stats", rows))
     return keys
 
   def peak_keys(self, rows: int, prompt_len: int, group_sizes: Sequence[int]) -> list[tuple]:
     """The executables holding the most memory (for the AOT fit check): the shared
-    prefill with the most prompt rows, the full-row segment at the last span, and the
-    full-row transition into it."""
-    spans = self.spans(prompt_len)
+    prefill with the most prompt rows, the full-row segment at the last span (it
+    holds the previous span's cache while growing it), and the first compaction out
+    of the full rows at the longest span it runs at."""
+    spans, ladder = self.spans(prompt_len), self.row_ladder(rows)
     keys = [("start", max(self.prompt_rows(rows, g) for g in group_sizes), rows, prompt_len),
             ("segment", rows, prompt_len, spans[-1])]
-    if len(spans) > 1:
-      keys.append(("transition", rows, rows, prompt_len, spans[-2], spans[-1]))
+    if len(spans) > 1 and len(ladder) > 1:
+      keys.append(("compact", rows, ladder[1], prompt_len, spans[-2]))
     return keys
 
   def compile(self, key: tuple, state):
     """The compiled executable of ``key`` (cached)."""
-    return self._executable(key, state)
+    return self.programs.get(key, state)
 
   # ------------------------------------------------------------ shardings
   def _spec(self, shape, dtype, names):
@@ -164,13 +175,7 @@ class SegmentedDecoder:
     return jax.jit(fn, **kwargs).lower(*in_specs)
 
   # ----------------------------------------------------------- executables
-  def _executable(self, key: tuple, state=None):
-    """The compiled program of ``key`` (see ``executable_keys``), compiled on first use."""
-    if key not in self._compiled:
-      self._compiled[key] = self._lower(key, state).compile()
-    return self._compiled[key]
-
-  def _lower(self, key: tuple, state):
+  def _lower(self, key: tuple, state=None):
     kind, *shape = key
     if kind in ("start", "segment"):
       return getattr(self, f"_lower_{kind}")(state, *shape)
@@ -212,45 +217,53 @@ class SegmentedDecoder:
             self._spec((rows,), jnp.bool_, ("data",)),
             self._spec((rows,), jnp.int32, ("data",)))
 
+  def _input_span(self, prompt_len: int, span: int) -> int:
+    """Cache slots a segment receives: the previous segment's span (the start
+    program's for the first)."""
+    spans = self.spans(prompt_len)
+    return spans[max(spans.index(span) - 1, 0)]
+
   def _lower_segment(self, state, rows: int, prompt_len: int, span: int):
+    """Grows the received cache to ``span`` slots, then decodes to token
+    ``span - prompt_len``. The cache is passed apart from the other carry leaves so
+    that it is donated exactly when its size stays (the first segment)."""
     from sagc_jax.sampling.sampler import decode_until
     s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
     options = s._options_for(rows)
-
-    def sampler_segment(state, carry, seed):
-      model = nnx.merge(graphdef, state)
-      return decode_until(model, carry, seed, params, options, t_end=span - prompt_len)
-
-    carry = self._abstract_carry(rows, span)
-    return self._jit(
-        sampler_segment, (abstract_like(state), carry, self._spec((), jnp.uint32, ())),
-        carry, donate=(1,))
-
-  def _lower_transition(self, rows_from: int, rows_to: int, prompt_len: int, span_from: int,
-                        span_to: int):
-    """Grows the cache from one span to the next and, with fewer rows, gathers the
-    running ones (``index``; ``keep`` False marks padding rows, done from then on)."""
-    extra = span_to - span_from
+    extra = span - self._input_span(prompt_len, span)
     grow_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))   # [B, KV, S, D]
 
-    def sampler_transition(carry, index, keep):
-      cache = carry["cache"]
-      cache = cache._replace(k=tuple(map(grow_kv, cache.k)), v=tuple(map(grow_kv, cache.v)),
-                             valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
-      out = dict(carry, cache=cache)
-      if rows_to < rows_from:
-        take = lambda x: jnp.take(x, index, axis=0)
-        out.update({k: take(carry[k]) for k in _ROW_LEAVES})
-        out["done"] = out["done"] | ~keep
-        out["slot"] = jnp.where(keep, out["slot"], -1)
-        out["cache"] = _take_rows(cache, index)
+    def sampler_segment(state, rest, cache, seed):
+      if extra:
+        cache = cache._replace(k=tuple(map(grow_kv, cache.k)), v=tuple(map(grow_kv, cache.v)),
+                               valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
+      model = nnx.merge(graphdef, state)
+      return decode_until(model, dict(rest, cache=cache), seed, params, options,
+                          t_end=span - prompt_len)
+
+    rest = self._abstract_carry(rows, span - extra)
+    cache = rest.pop("cache")
+    return self._jit(
+        sampler_segment,
+        (abstract_like(state), rest, cache, self._spec((), jnp.uint32, ())),
+        self._abstract_carry(rows, span), donate=(1,) if extra else (1, 2))
+
+  def _lower_compact(self, rows_from: int, rows_to: int, prompt_len: int, span: int):
+    """Gathers the running rows (``index``) into ``rows_to`` rows; ``keep`` False
+    marks padding rows, done from then on."""
+    def sampler_compact(carry, index, keep):
+      take = lambda x: jnp.take(x, index, axis=0)
+      out = dict(carry, **{k: take(carry[k]) for k in _ROW_LEAVES})
+      out["done"] = out["done"] | ~keep
+      out["slot"] = jnp.where(keep, out["slot"], -1)
+      out["cache"] = _take_rows(carry["cache"], index)
       return out
 
     return self._jit(
-        sampler_transition, (self._abstract_carry(rows_from, span_from),
-                             self._spec((rows_to,), jnp.int32, ("data",)),
-                             self._spec((rows_to,), jnp.bool_, ("data",))),
-        self._abstract_carry(rows_to, span_to))
+        sampler_compact, (self._abstract_carry(rows_from, span),
+                          self._spec((rows_to,), jnp.int32, ("data",)),
+                          self._spec((rows_to,), jnp.bool_, ("data",))),
+        self._abstract_carry(rows_to, span))
 
   def _lower_stats(self, rows: int):
     sink = self.sampler.sink
@@ -266,19 +279,15 @@ class SegmentedDecoder:
     out = GroupLengthStats(*(self._spec(x.shape, x.dtype, ()) for x in shapes))
     return self._jit(sampler_stats, inputs, out)
 
-  def warmup(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]) -> None:
-    """Compiles every missing executable of ``executable_keys``: traced and lowered one
-    by one, then compiled on a thread per core (XLA compiles outside the GIL)."""
-    missing = sorted(self.executable_keys(rows, prompt_len, group_sizes) - set(self._compiled))
-    lowered = [self._lower(key, state) for key in missing]
-    workers = max(1, min(len(lowered), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-      for key, executable in zip(missing, pool.map(lambda low: low.compile(), lowered)):
-        self._compiled[key] = executable
+  def warmup_job(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]
+                 ) -> WarmupJob:
+    """The programs of ``executable_keys`` (for ``programs.warm``)."""
+    return WarmupJob(self.programs,
+                     sorted(self.executable_keys(rows, prompt_len, group_sizes)), (state,))
 
   @property
   def num_executables(self) -> int:
-    return len(self._compiled)
+    return len(self.programs)
 
   # ------------------------------------------------------------- host loop
   def _put(self, value: np.ndarray, spec: jax.ShapeDtypeStruct):
@@ -301,7 +310,7 @@ class SegmentedDecoder:
     p_mask = np.zeros((prompt_rows, prompt_len), bool)
     p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
     row_prompt = np.minimum(np.arange(rows) // group_size, prompt_rows - 1).astype(np.int32)
-    start_exe = self._executable(("start", prompt_rows, rows, prompt_len), state)
+    start_exe = self.programs.get(("start", prompt_rows, rows, prompt_len), state)
     args = [self._put(x, sp) for x, sp in zip(
         (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)),
         self._start_inputs(prompt_rows, rows, prompt_len))]
@@ -324,9 +333,11 @@ class SegmentedDecoder:
     current, t, slots_used = rows, 1, rows          # token 0 came from the prefill
     spans = self.spans(prompt_len)
     ladder = self.row_ladder(rows)
-    for j, span in enumerate(spans):
-      carry = self._executable(("segment", current, prompt_len, span), state)(
-          state, carry, seed_arr)
+    for span in spans:
+      rest = dict(carry)
+      cache = rest.pop("cache")
+      carry = self.programs.get(("segment", current, prompt_len, span), state)(
+          state, rest, cache, seed_arr)
       info = to_host({"t": carry["t"], "done": carry["done"]})
       t_now = int(info["t"])
       slots_used += current * (t_now - t)
@@ -335,22 +346,19 @@ class SegmentedDecoder:
       if live == 0 or t >= n_new:
         break
       target = min((r for r in ladder if r >= live), default=current)
-      keep = np.zeros((target,), bool)
-      if target < current:
-        harvest(carry)                       # finished rows leave the batch here
-        index = np.flatnonzero(~info["done"])
-        keep[:len(index)] = True
-        index = np.concatenate([index, np.full(target - len(index), index[0])])
-      else:
-        index = np.arange(target)
-      carry = self._executable(("transition", current, target, prompt_len, span,
-                                spans[j + 1]))(
+      if target == current:
+        continue
+      harvest(carry)                         # finished rows leave the batch here
+      index = np.flatnonzero(~info["done"])
+      keep = np.arange(target) < len(index)
+      index = np.concatenate([index, np.full(target - len(index), index[0])])
+      carry = self.programs.get(("compact", current, target, prompt_len, span))(
           carry, self._put(index.astype(np.int32), self._spec((target,), jnp.int32, ("data",))),
           self._put(keep, self._spec((target,), jnp.bool_, ("data",))))
       current = target
     harvest(carry)
     row1 = lambda x, dtype: self._put(x, self._spec((rows,), dtype, ("data",)))
-    stats = self._executable(("stats", rows))(
+    stats = self.programs.get(("stats", rows))(
         row1(out_lengths, jnp.int32), row1(group_ids, jnp.int32), row1(row_valid, jnp.bool_))
     stats = to_host(stats)
     seconds = time.perf_counter() - start

@@ -1,0 +1,91 @@
+"""Ahead-of-time compiled programs by shape key, warmed on a thread per core.
+
+A run compiles tens of XLA programs before its first step (the sampler's shared
+prefills and decode segments, the learner's steps per bucket, the eval samplers).
+Compiling them one after another leaves all but one core idle: XLA compiles
+outside the GIL, so a thread pool compiles several at once. Tracing and lowering
+stay on the calling thread, one program after another (``flax.nnx`` graph merges
+and JAX tracing are not made thread-safe here), and are the cheap part.
+
+Every component keeps its programs in a ``ProgramCache`` and says which keys its
+warm-up needs (``WarmupJob``); ``warm`` then compiles the missing ones of several
+components in one pool, so short and long compilations of different components
+share the cores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Hashable, Iterable, Sequence
+
+__all__ = ["ProgramCache", "WarmupJob", "warm"]
+
+
+class ProgramCache:
+  """Compiled programs keyed by shape; ``lower(key, *args)`` lowers a missing one.
+
+  ``get`` compiles on first use (after warm-up that is a recompilation, which the
+  components' tests forbid); ``warm`` fills many keys at once.
+  """
+
+  def __init__(self, lower: Callable[..., Any]):
+    self._lower = lower
+    self._compiled: dict[Hashable, Any] = {}
+
+  def get(self, key: Hashable, *args) -> Any:
+    if key not in self._compiled:
+      self._compiled[key] = self._lower(key, *args).compile()
+    return self._compiled[key]
+
+  def lower(self, key: Hashable, *args) -> Any:
+    """The lowered (not compiled) program of ``key``, e.g. for a cost report."""
+    return self._lower(key, *args)
+
+  def __contains__(self, key: Hashable) -> bool:
+    return key in self._compiled
+
+  def __len__(self) -> int:
+    return len(self._compiled)
+
+  def keys(self) -> list[Hashable]:
+    return list(self._compiled)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupJob:
+  """Keys of one ``ProgramCache`` to compile, with the extra arguments of its lowering."""
+  cache: ProgramCache
+  keys: Sequence[Hashable]
+  args: tuple = ()
+
+
+def warm(jobs: Iterable[WarmupJob], workers: int | None = None,
+         log: Callable[[str], None] | None = None) -> int:
+  """Compiles every missing key of ``jobs``; returns how many programs were new.
+
+  Lowered one by one on this thread, compiled on ``workers`` threads (default:
+  one per core); ``log`` gets one line with the time of each phase.
+  """
+  start = time.perf_counter()
+  pending: list[tuple[ProgramCache, Hashable, Any]] = []
+  seen: set[tuple[int, Hashable]] = set()
+  for job in jobs:
+    for key in job.keys:
+      if key not in job.cache and (id(job.cache), key) not in seen:
+        seen.add((id(job.cache), key))
+        pending.append((job.cache, key, job.cache.lower(key, *job.args)))
+  if not pending:
+    return 0
+  workers = max(1, min(len(pending), workers or os.cpu_count() or 1))
+  lowered = time.perf_counter()
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    compiled = list(pool.map(lambda item: item[2].compile(), pending))
+  for (cache, key, _), program in zip(pending, compiled):
+    cache._compiled[key] = program
+  if log is not None:
+    log(f"  {len(pending)} programs: traced and lowered in {lowered - start:.1f} s, "
+        f"compiled in {time.perf_counter() - lowered:.1f} s on {workers} threads")
+  return len(pending)
