@@ -68,6 +68,7 @@ from sagc_jax.models.rope import apply_rope, rope_cos_sin
 
 __all__ = [
     "ForwardOptions",
+    "decode_cache_read_for",
     "KVCache",
     "Transformer",
     "cache_sharding",
@@ -77,6 +78,7 @@ __all__ = [
 ]
 
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+DECODE_CACHE_READS = ("before_write", "after_write")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,15 @@ class ForwardOptions:
     attention_block: query block size of ``"blocked"``, tile size of ``"splash"``.
     decode_attention: one-token (decode) attention, ``"reduce"`` (XLA:CPU) or
       ``"einsum"`` (bf16 cache reads with float32 accumulation, TPU/GPU).
+    decode_cache_read: which cache a decode step's attention reads. ``"before_write"``:
+      the cache before the step's one-slot write, plus the step's own key and value
+      (``decode_attend``'s ``new_kv``); XLA:TPU then keeps the write in place, where
+      reading the written cache made it stage and rewrite whole layer caches
+      (Qwen2.5-3B, v5e:4x4: 1.5 GB more HBM traffic per step). ``"after_write"``:
+      the written cache; XLA:CPU keeps *this* order in place, and copies every
+      layer's cache twice per step for ``"before_write"`` (the old value is read
+      while the loop carries the new one). ``Sampler`` picks by its devices'
+      platform (``decode_cache_read_for``).
     remat: per-layer rematerialisation: ``"none"``, ``"full"`` (keep only each layer's
       input) or a ``jax.checkpoint_policies`` name that also keeps matmul outputs.
     scan_layers: run the (cache-free) layer stack as one ``lax.scan`` over stacked
@@ -113,6 +124,7 @@ class ForwardOptions:
   attention: str = "dense"
   attention_block: int = 512
   decode_attention: str = "reduce"
+  decode_cache_read: str = "before_write"
   remat: str = "none"
   scan_layers: bool = False
   kv_sharding: Any = None
@@ -129,9 +141,18 @@ class ForwardOptions:
                        f"{DECODE_KINDS}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat={self.remat!r} is not one of {REMAT_POLICIES}")
+    if self.decode_cache_read not in DECODE_CACHE_READS:
+      raise ValueError(f"decode_cache_read={self.decode_cache_read!r} is not one of "
+                       f"{DECODE_CACHE_READS}")
     if (isinstance(self.attention_block, bool) or not isinstance(self.attention_block, int)
         or self.attention_block <= 0):
       raise ValueError(f"attention_block={self.attention_block!r} must be a positive int")
+
+
+def decode_cache_read_for(platform: str) -> str:
+  """The ``decode_cache_read`` whose one-slot cache write XLA keeps in place on
+  ``platform`` (measured on XLA:TPU, v5e AOT, and XLA:CPU; GPU follows CPU, unmeasured)."""
+  return "before_write" if platform == "tpu" else "after_write"
 
 
 def _remat(fn, policy: str):
@@ -244,17 +265,20 @@ class Attention(nnx.Module):
                    block=options.attention_block, decode_kind=options.decode_attention,
                    mesh=options.mesh)
     elif t == 1:
-      # The cache as it was before this step's write, plus the step's own key and value
-      # (``decode_attend``'s ``new_kv``): the one-slot write then stays an in-place
-      # update, where reading the updated cache made XLA:TPU stage and rewrite whole
-      # layer caches (Qwen2.5-3B, v5e:4x4: 1.5 GB more HBM traffic per step).
+      # Which cache the step reads decides whether XLA keeps the one-slot write in
+      # place, and the answer differs by backend (``ForwardOptions.decode_cache_read``).
       q = _constrain(_constrain(q, options.head_sharding), options.query_sharding)
-      slots = jnp.arange(mask.key_valid.shape[1])
-      old_valid = mask.key_valid & (slots != index)[None, :]
-      new_valid = jax.lax.dynamic_index_in_dim(mask.key_valid, index, axis=1, keepdims=False)
-      out = decode_attend(q, old_kv[0].astype(q.dtype), old_kv[1].astype(q.dtype), old_valid,
-                          self.num_groups, options.decode_attention,
-                          new_kv=(k_new.astype(q.dtype), v_new.astype(q.dtype), new_valid))
+      if options.decode_cache_read == "before_write":
+        slots = jnp.arange(mask.key_valid.shape[1])
+        old_valid = mask.key_valid & (slots != index)[None, :]
+        new_valid = jax.lax.dynamic_index_in_dim(mask.key_valid, index, axis=1,
+                                                 keepdims=False)
+        out = decode_attend(q, old_kv[0].astype(q.dtype), old_kv[1].astype(q.dtype),
+                            old_valid, self.num_groups, options.decode_attention,
+                            new_kv=(k_new.astype(q.dtype), v_new.astype(q.dtype), new_valid))
+      else:
+        out = decode_attend(q, kv[0].astype(q.dtype), kv[1].astype(q.dtype), mask.key_valid,
+                            self.num_groups, options.decode_attention)
       out = _constrain(_constrain(out, options.query_sharding), options.head_sharding)
     else:                       # several tokens after earlier ones: dense over the cache
       out = attend(q, kv[0].swapaxes(1, 2).astype(q.dtype), kv[1].swapaxes(1, 2).astype(q.dtype),

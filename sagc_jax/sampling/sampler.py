@@ -51,7 +51,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sagc_jax.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
-                                         cache_sharding, init_cache)
+                                         cache_sharding, decode_cache_read_for, init_cache)
 from sagc_jax.programs import ProgramCache, WarmupJob, warm
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
@@ -326,8 +326,12 @@ class Sampler:
     if options is None:
       # einsum decode attention everywhere: with the segmented sampler's span-sized
       # caches it is also the faster one on XLA:CPU (tiny Llama, 64 rows: 16.6k vs
-      # 12.1k tok/s on our 2-core VM; equal at ~25M parameters).
-      options = ForwardOptions(attention="blocked", decode_attention="einsum")
+      # 12.1k tok/s on our 2-core VM; equal at ~25M parameters). The cache a decode
+      # step reads is the one whose write this platform's XLA keeps in place.
+      platform = (jax.default_backend() if mesh is None
+                  else mesh.devices.flat[0].platform)
+      options = ForwardOptions(attention="blocked", decode_attention="einsum",
+                               decode_cache_read=decode_cache_read_for(platform))
     self.options = options
     self.programs = ProgramCache(self._lower_fused)       # (rows, prompt_len) -> program
     self._jitted = jax.jit(self._make_core(), **self._shardings(state))
