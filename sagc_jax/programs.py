@@ -50,9 +50,6 @@ class ProgramCache:
   def __len__(self) -> int:
     return len(self._compiled)
 
-  def keys(self) -> list[Hashable]:
-    return list(self._compiled)
-
 
 @dataclasses.dataclass(frozen=True)
 class WarmupJob:

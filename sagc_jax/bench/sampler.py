@@ -119,8 +119,8 @@ def _matmul_ceiling_gflops(cfg, rows: int, runs: int = 20) -> float:
     start = time.perf_counter()
     jax.block_until_ready(projections(inputs, weights))
     times.append(time.perf_counter() - start)
-  flops = 2 * rows * sum(a * b for a, b in shapes)
-  return flops / float(np.median(times)) / 1e9
+  gflop = rows * _gflop_per_token(cfg, context=0)        # the projections only
+  return gflop / float(np.median(times))
 
 
 def _hf_lengths(tokens: np.ndarray) -> np.ndarray:

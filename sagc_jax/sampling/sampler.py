@@ -139,11 +139,16 @@ def row_buckets_for(candidates: Sequence[int], prompts_for: Any, multiple_of: in
   """
   buckets = set()
   for g in candidates:
-    p = prompts_for(g) if callable(prompts_for) else prompts_for[g]
+    p = _prompts_at(prompts_for, g)
     if p <= 0:
       raise ValueError(f"prompts_for({g})={p}: need at least one prompt per round")
     buckets.add(-(-p * g // multiple_of) * multiple_of)
   return tuple(sorted(buckets))
+
+
+def _prompts_at(prompts_for: Mapping[int, int] | Callable[[int], int], g: int) -> int:
+  """P(G) from a ``prompts_for`` given as a callable or a mapping."""
+  return prompts_for(g) if callable(prompts_for) else prompts_for[g]
 
 
 def _smallest_bucket(value: int, buckets: Sequence[int], what: str) -> int:
@@ -261,8 +266,10 @@ class Sampler:
       ``self.sink``).
     cache_dtype: KV cache dtype (default: the model's parameter dtype).
     options: ``ForwardOptions`` of the prefill and decode passes. Default: query-blocked
-      prefill attention, and decode attention that reads the cache in its own dtype
-      (``einsum``, see ``models/attention.py``).
+      prefill attention, decode attention that reads the cache in its own dtype
+      (``einsum``, see ``models/attention.py``), and the cache read order whose
+      one-slot write XLA keeps in place on the devices' platform
+      (``decode_cache_read_for``; options passed here are used as given).
       The cache layout (rows on 'data', KV heads on 'model', or rows over both axes
       when the heads do not divide 'model') is set per row bucket
       (``cache_row_axes``) and pinned with sharding constraints.
@@ -478,14 +485,14 @@ class Sampler:
     state = nnx.state(model)
     jobs = []
     for rows in sorted({self.call_rows(r) for r in self.row_buckets}):
-      if not self.group_sizes_for(rows):
+      group_sizes = self.group_sizes_for(rows)
+      if not group_sizes:
         continue                                  # no call of ``prompts_for`` lands here
       for prompt_len in self.prompt_buckets:
         if self.segmented is None:
           jobs.append(WarmupJob(self.programs, [(rows, prompt_len)], (state,)))
         else:
-          jobs.append(self.segmented.warmup_job(state, rows, prompt_len,
-                                                self.group_sizes_for(rows)))
+          jobs.append(self.segmented.warmup_job(state, rows, prompt_len, group_sizes))
     return jobs
 
   def group_sizes_for(self, call_rows: int) -> tuple[int, ...]:
@@ -493,9 +500,8 @@ class Sampler:
     ``prompts_for`` those whose ``P(G) * G`` rows are served by calls of this size."""
     if self.prompts_for is None:
       return self.group_sizes
-    count = self.prompts_for if callable(self.prompts_for) else self.prompts_for.__getitem__
-    return tuple(g for g in self.group_sizes
-                 if self.call_rows(self.row_bucket_for(count(g) * g)) == call_rows)
+    return tuple(g for g in self.group_sizes if self.call_rows(
+        self.row_bucket_for(_prompts_at(self.prompts_for, g) * g)) == call_rows)
 
   # ------------------------------------------------------------- generate
   def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
