@@ -46,11 +46,14 @@ def test_report_covers_every_executable_and_projects_a_step(tmp_path):
   path = _model_json(tmp_path, "small", **SMALL)
   report = compile_report(_config(), "v5e:2x2", model_config=str(path), log=lambda m: None)
   names = [e["name"] for e in report["executables"]]
-  # two row buckets (4 x 4, 4 x 8) -> prepare + train + reference each; rollout sampler
-  # per bucket; greedy and sampled eval; decode steps of rollout and greedy eval.
-  assert sum(n.startswith("learner_train[") for n in names) == 2
-  assert sum(n.startswith("learner_ref[") for n in names) == 2
+  # two row buckets (4 x 4, 4 x 8) -> prepare each; one pack length (64 + 128) -> the
+  # gradient step and the reference pass of its largest packed microbatch (16 rows);
+  # rollout sampler per bucket; greedy and sampled eval; decode steps.
+  assert [n for n in names if n.startswith("learner_train[")] == [
+      "learner_train[rows=16,seq=192,targets=191]"]
+  assert sum(n.startswith("learner_ref[") for n in names) == 1
   assert sum(n.startswith("learner_prepare[") for n in names) == 2
+  assert "learner_apply" in names
   assert sum(n.startswith("sampler[") for n in names) == 2
   assert any(n.startswith("eval_greedy[") for n in names)
   assert any(n.startswith("eval_sampled[") for n in names)

@@ -184,25 +184,30 @@ def test_minibatches_without_real_tokens_are_not_updated(samples):
   assert metrics["empty_minibatches"] >= 1 and learner.step == metrics["updates"]
 
 
-def test_zero_compilations_after_warmup_across_group_sizes(samples):
+@pytest.mark.parametrize("packing", [True, False])
+def test_zero_compilations_after_warmup_across_group_sizes(samples, packing):
   model = new_model()
-  cfg = LearnerConfig.grpo(lr=1e-3, mini_batches=2)
+  cfg = LearnerConfig.grpo(lr=1e-3, mini_batches=2, packing=packing)
   learner = Learner(model, cfg, (16,), (PROMPT_BUCKET,), (6, N_NEW))
-  # prepare + (train step, reference pass) x 2 response buckets
-  assert learner.warmup() == 5
+  # prepare, zeros, apply + (gradient step, reference pass) per microbatch shape:
+  # packed, 2 pack lengths (8 + 6, 8 + 12) x row ladder (8, 4, 2, 1 rows); padded, one
+  # 8-row microbatch per response bucket.
+  expected = 3 + 2 * (2 * 4 if packing else 2)
+  assert learner.warmup() == expected
   before = compile_count.compile_count()
   rng = np.random.default_rng(1)
   for step in range(10):
     batch = samples[int(rng.integers(0, 2))]
-    cut = int(rng.choice([4, 6, N_NEW]))       # responses short enough for a smaller bucket
+    cut = int(rng.choice([1, 4, 6, N_NEW]))    # responses short enough for a smaller bucket
     lengths = np.minimum(batch.lengths, cut)
     trimmed = dataclasses.replace(
         batch, lengths=lengths,
         response_mask=np.arange(N_NEW)[None, :] < lengths[:, None])
     metrics = learner.update(trimmed, seed=step)
     assert metrics["response_bucket"] == (6 if cut <= 6 else N_NEW)
+    assert metrics["updates"] == 2
   assert compile_count.compile_count() == before
-  assert learner.num_executables == 5
+  assert learner.num_executables == expected
 
 
 def test_sharded_update_equals_single_device(samples):

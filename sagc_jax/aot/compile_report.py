@@ -125,7 +125,8 @@ def _resident_bytes(model, learner) -> dict[str, float]:
   return {
       "learner_sync": total - master_b,       # + the new model copy it outputs
       "learner_prepare": total,
-      "learner_train": total - (master_b or model_b) - opt_b,
+      "learner_train": total - (master_b or model_b),
+      "learner_apply": total - (master_b or model_b) - opt_b,
       "learner_ref": total - ref_b,
       "": total - model_b,                     # samplers and decode steps
   }
@@ -169,7 +170,7 @@ def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: Model
     return
   _, repeats = head_layout(cfg.num_heads, cfg.num_kv_heads, mesh.shape.get("model", 1))
   layers = 1 if lc.scan_layers else cfg.num_layers
-  cost = kernel_cost(rows=rows // lc.grad_accum, seq_len=seq_len, num_heads=cfg.num_heads,
+  cost = kernel_cost(rows=rows, seq_len=seq_len, num_heads=cfg.num_heads,
                      num_kv_heads=cfg.num_kv_heads * repeats, head_dim=cfg.head_dim,
                      block=lc.attention_block, itemsize=jnp.dtype(learner.compute_dtype).itemsize,
                      backward=backward, recompute_forward=backward and lc.remat != "none",
@@ -236,6 +237,17 @@ class _Compiler:
     return row
 
 
+def _learner_shapes(learner, largest_only: bool) -> list[tuple[int, int, int]]:
+  """The learner microbatch shapes to compile: the largest; or, per sequence length, the
+  largest row count (packed microbatches of fewer rows need less of everything)."""
+  shapes = learner.batch_shapes()
+  if largest_only:
+    return [max(shapes, key=lambda s: (s[0] * s[1], s))]
+  if learner.config.packing:
+    return [max(s for s in shapes if s[1] == t) for t in sorted({s[1] for s in shapes})]
+  return shapes
+
+
 def _sampler_kinds(parts: RLComponents, largest_only: bool):
   kinds = [("sampler", parts.sampler), ("eval_greedy", parts.eval_sampler),
            ("eval_sampled", parts.eval_sampled_sampler)]
@@ -282,28 +294,22 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   learner_side = only in (None, "learner")
   if learner_side:
     compile_one("learner_sync", learner.compile_sync)
+    compile_one("learner_apply", learner.compile_apply)
   row_buckets = learner.row_buckets[-1:] if largest_only else learner.row_buckets
-  row_buckets = row_buckets if learner_side else ()
-  prompts = learner.prompt_buckets[-1:] if largest_only else learner.prompt_buckets
-  responses = learner.response_buckets[-1:] if largest_only else learner.response_buckets
-  train_rows: dict[tuple, dict] = {}
-  for rows in row_buckets:
+  for rows in (row_buckets if learner_side else ()):
     compile_one(f"learner_prepare[rows={rows}]", lambda: learner.compile_prepare(rows))
-    mb = learner.minibatch_rows(rows)
-    for p in prompts:
-      for n in responses:
-        tag = f"rows={mb},prompt={p},response={n}"
-        pair: dict[str, Any] = {}
-        pair["train"] = compile_one(f"learner_train[{tag}]",
-                                    lambda: learner.compile_train(mb, p, n))
-        _add_attention_kernel(pair["train"], chip, cfg, learner, mesh, mb, p + n,
-                              backward=True, log=log)
-        if learner.reference is not None:
-          pair["ref"] = compile_one(f"learner_ref[{tag}]",
-                                    lambda: learner.compile_reference(mb, p, n))
-          _add_attention_kernel(pair["ref"], chip, cfg, learner, mesh, mb, p + n,
-                                backward=False, log=log)
-        train_rows[(mb, p, n)] = pair
+  train_rows: dict[tuple, dict] = {}
+  for r, t, n in (_learner_shapes(learner, largest_only) if learner_side else ()):
+    tag = f"rows={r},seq={t},targets={n}"
+    pair: dict[str, Any] = {}
+    pair["train"] = compile_one(f"learner_train[{tag}]", lambda: learner.compile_train(r, t, n))
+    _add_attention_kernel(pair["train"], chip, cfg, learner, mesh, r, t, backward=True, log=log)
+    if learner.reference is not None:
+      pair["ref"] = compile_one(f"learner_ref[{tag}]",
+                                lambda: learner.compile_reference(r, t, n))
+      _add_attention_kernel(pair["ref"], chip, cfg, learner, mesh, r, t, backward=False,
+                            log=log)
+    train_rows[(r, t, n)] = pair
 
   decode: dict[str, dict] = {}
   generate: dict[str, dict] = {}
@@ -350,30 +356,30 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       compile_s_total=round(sum(e["compile_s"] for e in executables), 1),
       cost_is_per_loop_body=bool(lc.scan_layers),
       # The LM-head chunk loop is a loop too: 1 of this many chunks is in the figures.
-      logits_chunks_counted_once=-(-max(learner.response_buckets) // lc.logits_chunk))
+      logits_chunks_counted_once=-(-max(s[2] for s in learner.batch_shapes())
+                                   // lc.logits_chunk))
   if lc.scan_layers:
     # The learner's costs count one layer (a loop body): no honest projection.
     report["projected_step_s"] = None
   else:
-    report.update(_projection(config, parts, train_rows, generate, decode))
+    report.update(_projection(config, parts, train_rows, generate, decode, executables))
   return report
 
 
-def _projection(config, parts: RLComponents, train_rows, generate, decode) -> dict[str, Any]:
+def _projection(config, parts: RLComponents, train_rows, generate, decode,
+                compile_one_rows: list[dict[str, Any]]) -> dict[str, Any]:
   """Projected RL step: rollout at the worst-case length plus the learner's updates.
 
   Rollout = per sampler call of the largest bucket (several when
   ``rollout.max_rows_per_call`` splits it): prefill + first step (the generate
   executable) + (max_new_tokens - 1) decode steps.
-  Learner = per minibatch: grad_accum x (reference pass (GRPO) + train microbatch);
-  both executables loop over microbatches and XLA counts one (the train step's figure
-  also holds the optimizer update, which is thus counted grad_accum times: an upper
-  bound).
+  Learner = per minibatch: grad_accum x (reference pass (GRPO) + gradient step of one
+  microbatch) + one optimizer update (``learner_apply``).
   """
   lc = parts.learner.config
   out: dict[str, Any] = {}
   gen, step = generate.get("sampler"), decode.get("sampler")
-  largest = max(train_rows) if train_rows else None
+  largest = max(train_rows, key=lambda s: (s[0] * s[1], s)) if train_rows else None
   train = train_rows[largest].get("train") if largest else None
   if not (gen and step and train) or None in (gen.get("roofline_ms"), step.get("roofline_ms"),
                                              train.get("roofline_ms")):
@@ -397,8 +403,12 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode) -> di
   rollout_hbm_s = (rollout_seconds(step["hbm_ms"]) if step.get("hbm_ms") is not None
                    else None)
   ref = train_rows[largest].get("ref")
-  # Both figures are one microbatch (the loop body XLA counts once).
-  per_minibatch_ms = lc.grad_accum * (train["roofline_ms"] + (ref["roofline_ms"] if ref else 0.0))
+  apply = next((e for e in compile_one_rows if e["name"] == "learner_apply"), None)
+  # At the worst case (every response at the cap) a minibatch is grad_accum microbatches
+  # of the largest shape, packed or not, then one optimizer update.
+  per_minibatch_ms = (lc.grad_accum * (train["roofline_ms"] + (ref["roofline_ms"] if ref
+                                                              else 0.0))
+                      + (apply["roofline_ms"] if apply and apply.get("roofline_ms") else 0.0))
   learner_s = lc.mini_batches * lc.epochs * per_minibatch_ms / 1e3
   step_s = rollout_s + learner_s
   if rollout_hbm_s is not None:

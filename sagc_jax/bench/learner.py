@@ -1,17 +1,30 @@
-"""Learner train-step throughput, padding efficiency per response bucket, compiles.
+"""Learner throughput, packed vs padded, on the same rollout batches; padding; compiles.
 
-Rollouts come from the real sampler on the built-in tiny model (temperature 1,
-~5% of the vocabulary are stop tokens, so response lengths vary like a real
-run's), with G cycling through the candidate set on hold-prompts row buckets.
-Each ``Learner.update`` (GRPO preset: reference forward + 2 minibatch updates)
-is timed after warm-up. Reported: real response tokens/s, padded tokens/s
-(prompt + response bucket, every row of the row bucket), padding efficiency
-(real response tokens / rows x response bucket) per response bucket, and XLA
-compilations after warm-up (must be 0).
+Two learners (GRPO preset: reference pass + 2 minibatch updates per step) start from
+the same weights of the main job's model (the built-in tiny Llama) and train on the same
+rollout batches, one step each in turn: ``learner.packing=True`` (sequences packed into
+rows) and ``False`` (today's reference layout, one left-padded row per sequence, cut to
+the response bucket of the longest response).
+
+The batches are drawn for their lengths, which is all the learner's cost depends on:
+G cycles through (4, 8, 16) with 8 prompts per step (the main job's row buckets 32, 64,
+128), prompts of 6-24 tokens, and responses from one of two mixes:
+
+* ``heavy`` (the top-level keys): 85% short (log-normal, median 12 tokens), 15% near
+  the 128-token cap (96-128), the shape of reasoning rollouts where a few chains run long;
+* ``main_job`` (``main_job_mix``): log-normal with median 20 tokens capped at 64, like
+  the tiny main job's responses.
+
+Reported per mix: padding efficiency (real prompt + response tokens of the trained
+sequences / token slots the train steps computed) of both layouts, trained response
+tokens per second of both and their ratio ``speedup`` (total over the timed steps; the
+per-step minimum and maximum next to it), executables and XLA compilations after
+warm-up (must be 0). The first pass over the three G values is not timed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -19,80 +32,132 @@ import numpy as np
 
 from sagc_jax import compile_count
 from sagc_jax.models import init_model, tiny_config
+from sagc_jax.programs import warm
 from sagc_jax.rl.learner import Learner, LearnerConfig
-from sagc_jax.components import rollout_batch
-from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
+from sagc_jax.rl.rollout import RolloutBatch
+
+CANDIDATES = (4, 8, 16)
+PROMPTS = 8
+PROMPT_BUCKET = 32
+RESPONSE_BUCKETS = (32, 64, 128)
+MIXES = ("heavy", "main_job")
 
 
-def run(steps: int = 24, prompts: int = 4, candidates: tuple[int, ...] = (4, 8, 16),
-        max_new_tokens: int = 128, response_buckets: tuple[int, ...] = (32, 64, 128),
-        seed: int = 0) -> dict[str, Any]:
-  compile_count.install()
+def response_lengths(mix: str, n: int, rng: np.random.Generator) -> np.ndarray:
+  if mix == "heavy":
+    short = np.clip(np.round(rng.lognormal(np.log(12), 0.5, n)), 1, 95)
+    long = rng.integers(96, RESPONSE_BUCKETS[-1] + 1, n)
+    return np.where(rng.random(n) < 0.85, short, long).astype(np.int32)
+  if mix == "main_job":
+    return np.clip(np.round(rng.lognormal(np.log(20), 0.45, n)), 1, 64).astype(np.int32)
+  raise ValueError(f"mix={mix!r} is not one of {MIXES}")
+
+
+def rollout(mix: str, g: int, vocab: int, rng: np.random.Generator) -> RolloutBatch:
+  """One step's batch: 8 prompts x G rows (a row bucket exactly), random tokens."""
+  rows = PROMPTS * g
+  n_max = RESPONSE_BUCKETS[-1]
+  prompt_len = rng.integers(6, 25, PROMPTS).repeat(g)
+  resp = response_lengths(mix, rows, rng)
+  prompt_mask = np.arange(PROMPT_BUCKET)[None, :] >= (PROMPT_BUCKET - prompt_len)[:, None]
+  response_mask = np.arange(n_max)[None, :] < resp[:, None]
+  return RolloutBatch(
+      prompt_tokens=np.where(prompt_mask, rng.integers(10, vocab, prompt_mask.shape), 0
+                             ).astype(np.int32),
+      prompt_mask=prompt_mask,
+      response_tokens=np.where(response_mask, rng.integers(10, vocab, response_mask.shape),
+                               0).astype(np.int32),
+      response_mask=response_mask,
+      old_logprobs=np.where(response_mask, -np.log(vocab), 0).astype(np.float32),
+      lengths=resp, group_ids=np.arange(rows, dtype=np.int32) // g,
+      row_valid=np.ones(rows, bool), scores=rng.normal(size=rows).astype(np.float32),
+      group_size=g)
+
+
+def _learners(seed: int) -> dict[bool, Learner]:
   cfg = tiny_config()
-  model = init_model(cfg, seed=seed, init_std=0.05)
-  row_buckets = row_buckets_for(candidates, lambda g: prompts)
-  sampler = Sampler(model, SamplingParams(max_new_tokens, temperature=1.0,
-                                          stop_ids=tuple(range(5, 10))),
-                    row_buckets=row_buckets, prompt_buckets=(32,))
-  learner = Learner(model, LearnerConfig.grpo(lr=1e-4, mini_batches=2,
-                                              max_response_len=max_new_tokens),
-                    row_buckets, (32,), response_buckets)
+  row_buckets = tuple(PROMPTS * g for g in CANDIDATES)
+  out = {}
+  for packing in (True, False):
+    model = init_model(cfg, seed=seed, init_std=0.05)
+    config = LearnerConfig.grpo(lr=1e-4, mini_batches=2, packing=packing,
+                                max_response_len=RESPONSE_BUCKETS[-1])
+    out[packing] = Learner(model, config, row_buckets, (PROMPT_BUCKET,), RESPONSE_BUCKETS)
+  return out
+
+
+def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
+  learners = _learners(seed)
   start = time.perf_counter()
-  sampler.warmup(model)
-  executables = learner.warmup()
+  executables = {k: 0 for k in learners}
+  for packing, learner in learners.items():
+    executables[packing] = warm(learner.warmup_jobs())
   warmup_s = time.perf_counter() - start
+  vocab = tiny_config().vocab_size
   rng = np.random.default_rng(seed)
-  prompt_ids = [rng.integers(10, cfg.vocab_size, rng.integers(8, 31)).tolist()
-                for _ in range(prompts)]
   before = compile_count.compile_count()
   records = []
   for step in range(steps):
-    g = candidates[step % len(candidates)]
-    samples = sampler.generate(model, prompt_ids, g, seed=step)
-    scores = rng.normal(size=samples.num_rows)
-    batch = rollout_batch(samples, scores)
-    metrics = learner.update(batch, seed=step)
-    records.append({"g": g, "rows": batch.num_rows, "bucket": int(metrics["response_bucket"]),
-                    "real": metrics["response_tokens"], "padded": metrics["padded_tokens"],
-                    "seconds": metrics["learner_seconds"]})
-  sampler.sink.pop()
+    g = CANDIDATES[step % len(CANDIDATES)]
+    batch = rollout(mix, g, vocab, rng)
+    row = {"g": g, "rows": batch.num_rows, "lengths": batch.lengths}
+    for packing, learner in learners.items():
+      m = learner.update(dataclasses.replace(batch), seed=step)
+      tag = "packed" if packing else "padded"
+      row.update({f"{tag}_seconds": m["learner_seconds"], f"{tag}_slots": m["padded_tokens"],
+                  f"{tag}_sequence_tokens": m["sequence_tokens"],
+                  "response_tokens": m["response_tokens"]})
+    records.append(row)
+    log(f"  [{mix}] step {step + 1}/{steps}: G={g} packed {row['packed_seconds']:.2f} s, "
+        f"padded {row['padded_seconds']:.2f} s")
   compiles = compile_count.compile_count() - before
-  timed = records[len(candidates):]            # the first pass over G touches caches
-  seconds = sum(r["seconds"] for r in timed)
-  per_bucket = []
-  for bucket in response_buckets:
-    rows = [r for r in records if r["bucket"] == bucket]
-    if rows:
-      per_bucket.append({
-          "response_bucket": bucket, "updates": len(rows),
-          "padding_efficiency": sum(r["real"] for r in rows)
-          / sum(r["rows"] * bucket for r in rows),
-          "tokens_per_s": sum(r["real"] for r in rows) / sum(r["seconds"] for r in rows)})
+  timed = records[len(CANDIDATES):]
+  lengths = np.concatenate([r.pop("lengths") for r in records])
+
+  def total(key, rows=records):
+    return float(sum(r[key] for r in rows))
+  per_step = [r["padded_seconds"] / r["packed_seconds"] for r in timed]
   return {
-      "model": {"family": cfg.model_type, "hidden": cfg.hidden_size, "layers": cfg.num_layers},
-      "row_buckets": list(row_buckets), "response_buckets": list(response_buckets),
-      "steps": steps, "warmup_seconds": warmup_s, "executables": executables,
-      "real_tokens_per_s": sum(r["real"] for r in timed) / seconds,
-      "padded_tokens_per_s": sum(r["padded"] for r in timed) / seconds,
-      "padding_efficiency": sum(r["real"] for r in records)
-      / sum(r["rows"] * r["bucket"] for r in records),
-      "per_bucket": per_bucket,
+      "mix": mix, "steps": steps, "timed_steps": len(timed), "warmup_seconds": warmup_s,
+      "response_length": {"mean": float(lengths.mean()), "p50": float(np.median(lengths)),
+                          "p90": float(np.percentile(lengths, 90)), "max": int(lengths.max())},
+      "padding_efficiency": total("packed_sequence_tokens") / total("packed_slots"),
+      "unpacked_padding_efficiency": total("padded_sequence_tokens") / total("padded_slots"),
+      "real_tokens_per_s": total("response_tokens", timed) / total("packed_seconds", timed),
+      "unpacked_real_tokens_per_s": (total("response_tokens", timed)
+                                     / total("padded_seconds", timed)),
+      "speedup": total("padded_seconds", timed) / total("packed_seconds", timed),
+      "speedup_per_step_min": min(per_step), "speedup_per_step_max": max(per_step),
+      "executables": executables[True], "unpacked_executables": executables[False],
+      "pack_lengths": list(learners[True].pack_lengths),
+      "row_ladder": list(learners[True].row_ladder),
       "compiles_after_warmup": int(compiles),
   }
 
 
+def run(steps: int = 15, seed: int = 0, log=print) -> dict[str, Any]:
+  compile_count.install()
+  heavy = run_mix("heavy", steps, seed, log)
+  main = run_mix("main_job", steps, seed, log)
+  cfg = tiny_config()
+  return {"model": {"family": cfg.model_type, "hidden": cfg.hidden_size,
+                    "layers": cfg.num_layers},
+          "row_buckets": [PROMPTS * g for g in CANDIDATES], "prompt_bucket": PROMPT_BUCKET,
+          "response_buckets": list(RESPONSE_BUCKETS), **heavy, "main_job_mix": main,
+          "compiles_after_warmup": heavy["compiles_after_warmup"]
+          + main["compiles_after_warmup"]}
+
+
 def report(results: dict[str, Any]) -> str:
-  lines = [
-      f"learner (GRPO preset, tiny {results['model']['family']}): row buckets "
-      f"{results['row_buckets']}, response buckets {results['response_buckets']}, "
-      f"{results['steps']} updates after {results['executables']} AOT compiles "
-      f"({results['warmup_seconds']:.1f} s)",
-      f"  real response tokens/s {results['real_tokens_per_s']:.0f}   padded tokens/s "
-      f"{results['padded_tokens_per_s']:.0f}   padding efficiency "
-      f"{results['padding_efficiency']:.3f}   compiles_after_warmup "
-      f"{results['compiles_after_warmup']}",
-      f"  {'bucket':>6} {'updates':>7} {'pad_eff':>8} {'real tok/s':>10}"]
-  for row in results["per_bucket"]:
-    lines.append(f"  {row['response_bucket']:>6} {row['updates']:>7} "
-                 f"{row['padding_efficiency']:>8.3f} {row['tokens_per_s']:>10.0f}")
+  lines = [f"learner, packed vs padded (GRPO preset, tiny {results['model']['family']}, row "
+           f"buckets {results['row_buckets']}, prompt bucket {results['prompt_bucket']}, "
+           f"response buckets {results['response_buckets']})",
+           f"  {'mix':>9} {'pad_eff':>8} {'unpacked':>8} {'tok/s':>8} {'unpacked':>8} "
+           f"{'speedup':>8} {'min':>6} {'max':>6} {'execs':>6} {'compiles':>8}"]
+  for r in (results, results["main_job_mix"]):
+    lines.append(f"  {r['mix']:>9} {r['padding_efficiency']:>8.3f} "
+                 f"{r['unpacked_padding_efficiency']:>8.3f} {r['real_tokens_per_s']:>8.0f} "
+                 f"{r['unpacked_real_tokens_per_s']:>8.0f} {r['speedup']:>8.2f} "
+                 f"{r['speedup_per_step_min']:>6.2f} {r['speedup_per_step_max']:>6.2f} "
+                 f"{r['executables']:>6} {r['compiles_after_warmup']:>8}")
   return "\n".join(lines)

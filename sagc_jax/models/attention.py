@@ -48,18 +48,22 @@ _MASKED = float(jnp.finfo(jnp.float32).min)
 
 class AttentionMask(NamedTuple):
   """What a query may see, without materialising [B, T, S]: key ``s`` is visible to
-  query ``t`` iff ``key_valid[b, s]`` and ``s <= query_slots[t]``."""
+  query ``t`` iff ``key_valid[b, s]`` and ``s <= query_slots[t]`` and, for packed rows
+  (``segment_ids`` given; self-attention only, query t is column t), key ``s`` belongs
+  to query ``t``'s own sequence: attention never crosses packed sequences."""
 
   key_valid: jax.Array     # [B, S] bool
   query_slots: jax.Array   # [T] int32: the cache slot (or column) of each query
+  segment_ids: jax.Array | None = None   # [B, S] int32, 0 = padding (packed rows)
 
-  def dense(self, key_start: int = 0, key_end: int | None = None,
-            query_slots: jax.Array | None = None) -> jax.Array:
-    """[B, T, S'] bool mask for the keys ``[key_start, key_end)``."""
-    valid = self.key_valid[:, key_start:key_end]
-    slots = key_start + jnp.arange(valid.shape[1])
-    q = self.query_slots if query_slots is None else query_slots
-    return valid[:, None, :] & (slots[None, None, :] <= q[None, :, None])
+  def dense(self) -> jax.Array:
+    """[B, T, S] bool mask."""
+    slots = jnp.arange(self.key_valid.shape[1])
+    mask = self.key_valid[:, None, :] & (slots[None, None, :] <= self.query_slots[None, :, None])
+    if self.segment_ids is not None:
+      own = jnp.take(self.segment_ids, self.query_slots, axis=1)        # [B, T]
+      mask = mask & (self.segment_ids[:, None, :] == own[:, :, None])
+    return mask
 
 
 def _dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -89,11 +93,13 @@ def _blocked(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, num_
     # Full k / v in, causal prefix sliced inside: autodiff saves the shared inputs
     # once, not one prefix copy per block.
     @jax.checkpoint
-    def one_block(q_blk, k_all, v_all, valid_all, slots_blk, hi=hi):
-      blk_mask = AttentionMask(valid_all[:, :hi], slots_blk).dense()
+    def one_block(q_blk, k_all, v_all, valid_all, slots_blk, seg_all, hi=hi):
+      blk_mask = AttentionMask(valid_all[:, :hi], slots_blk,
+                               None if seg_all is None else seg_all[:, :hi]).dense()
       return _dense(q_blk, k_all[:, :hi], v_all[:, :hi], blk_mask, num_groups)
 
-    outs.append(one_block(q[:, lo:hi], k, v, mask.key_valid, mask.query_slots[lo:hi]))
+    outs.append(one_block(q[:, lo:hi], k, v, mask.key_valid, mask.query_slots[lo:hi],
+                          mask.segment_ids))
   return jnp.concatenate(outs, axis=1)
 
 
@@ -154,8 +160,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, num_gr
     return decode_attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask.dense()[:, 0],
                          num_groups, decode_kind)
   if kind == "splash" and k.shape[1] == q.shape[1]:
-    return splash_attend(q, k, v, segment_ids_from_mask(mask.key_valid), num_groups,
-                         mesh=mesh, block=block)
+    segments = (segment_ids_from_mask(mask.key_valid) if mask.segment_ids is None
+                else mask.segment_ids)
+    return splash_attend(q, k, v, segments, num_groups, mesh=mesh, block=block)
   if kind == "blocked" and k.shape[1] == q.shape[1]:
     return _blocked(q, k, v, mask, num_groups, block)
   return _dense(q, k, v, mask.dense(), num_groups)

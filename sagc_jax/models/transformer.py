@@ -431,13 +431,26 @@ class Transformer(nnx.Module):
 
   def hidden_states(self, input_ids: jax.Array, *, attention_mask: jax.Array | None = None,
                     positions: jax.Array | None = None, cache: KVCache | None = None,
-                    fresh_cache: bool = False, options: ForwardOptions = ForwardOptions()
+                    fresh_cache: bool = False, options: ForwardOptions = ForwardOptions(),
+                    segment_ids: jax.Array | None = None
                     ) -> tuple[jax.Array, KVCache | None]:
-    """Final-norm hidden states [B, T, hidden] (and the updated cache, or None)."""
+    """Final-norm hidden states [B, T, hidden] (and the updated cache, or None).
+
+    ``segment_ids`` [B, T] int (no cache): packed rows, several sequences per row
+    (id > 0; 0 = padding). Attention stays inside a sequence and ``positions`` (then
+    required) restart at 0 for each one, so every sequence is computed exactly as if
+    it were alone in its row.
+    """
     input_ids = jnp.asarray(input_ids)
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
     b, t = input_ids.shape
+    if segment_ids is not None:
+      if cache is not None or positions is None or attention_mask is not None:
+        raise ValueError("segment_ids (packed rows) need positions, and take no cache and "
+                         "no attention_mask")
+      segment_ids = jnp.asarray(segment_ids).astype(jnp.int32)
+      attention_mask = segment_ids > 0
     mask = (jnp.ones((b, t), bool) if attention_mask is None
             else jnp.asarray(attention_mask).astype(bool))
     if mask.shape != (b, t):
@@ -455,7 +468,7 @@ class Transformer(nnx.Module):
       offset = cache.next_pos[:, None]
     if positions is None:
       positions = offset + real_token_positions(mask)
-    attn_mask = AttentionMask(key_valid, query_slots)
+    attn_mask = AttentionMask(key_valid, query_slots, segment_ids)
 
     x = self.embed_tokens(input_ids)
     cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)

@@ -2,7 +2,8 @@
 
 from sagc_jax.rl.losses import (AGG_MODES, KL_KINDS, aggregate, aggregate_count,
                                 dynamic_sampling_keep, entropy_from_logits, group_advantages,
-                                kl_penalty, overlong_penalty, policy_loss, token_logprobs)
+                                kl_penalty, overlong_penalty, policy_loss, ppo_token_terms,
+                                token_logprobs)
 
 __all__ = [
     "AGG_MODES",
@@ -15,5 +16,6 @@ __all__ = [
     "kl_penalty",
     "overlong_penalty",
     "policy_loss",
+    "ppo_token_terms",
     "token_logprobs",
 ]

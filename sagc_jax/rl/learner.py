@@ -7,25 +7,34 @@ One ``Learner.update(batch)`` consumes a step's rollouts:
    rewards), optional DAPO soft overlong punishment added to the rewards, and
    group-relative advantages (GRPO std normalisation or Dr. GRPO centring).
    Minibatches left with no real token are not updated at all.
-2. GRPO only: log-probs of the frozen reference policy, once per batch.
-3. ``epochs`` passes over the batch in ``mini_batches`` shuffled minibatches;
-   each minibatch is one optimizer update, its gradient accumulated over
-   ``grad_accum`` microbatches with ``lax.scan`` (the per-microbatch loss is
-   rescaled so the accumulated gradient equals the full-minibatch gradient for
-   every aggregation mode).
+2. Before the first update: log-probs of the frozen reference policy (GRPO's KL) and,
+   with ``recompute_old_logprobs``, the current policy's own (the PPO "old" log-probs,
+   instead of the sampler's), each in one forward pass per microbatch before the
+   first update.
+3. ``epochs`` passes over the batch in ``mini_batches`` shuffled minibatches (sets of
+   whole sequences); each minibatch is one optimizer update, its gradient accumulated
+   over its microbatches by the host (one compiled gradient step per microbatch shape,
+   summing into a donated float32 buffer, then one compiled update). Each token carries
+   its sequence's aggregation weight (``packing.sequence_weights``), so the accumulated
+   loss and gradient are the minibatch's exactly, for every aggregation mode.
 4. The update is applied only if the loss and the gradient norm are finite;
    otherwise the parameters and optimizer state are left untouched and the
    skip is counted.
 
 Log-probs use ``logits / temperature``, the sampler's distribution, so the
-sampler's log-probs are the PPO "old" log-probs.
+sampler's log-probs are the PPO "old" log-probs (``logprob_mismatch_mean`` /
+``_max`` report how far the learner's forward pass is from them, every step).
 
-Shapes: batches come padded to the sampler's row buckets; responses are cut
-to the smallest *response bucket* that holds the longest response; the train
-step is compiled ahead of time (``warmup``) for every (minibatch rows, prompt
-bucket, response bucket), so whatever G the controller picks, no compilation
-happens after warm-up. Parameters keep their nnx shardings; batch rows are
-sharded on the mesh's ``'data'`` axis.
+Layouts (``rl/packing.py``). Packed (default): each minibatch's sequences are packed
+first-fit-decreasing into rows of the smallest pack length (largest prompt bucket +
+a response bucket) holding its longest sequence, attention stays inside a sequence
+(segment ids) and RoPE positions restart per sequence; the rows run as microbatches of
+row counts from a halving ladder. Padded (``packing=False``, the reference): one
+left-padded row per sequence, responses cut to the smallest response bucket holding
+the longest response, ``grad_accum`` microbatches per minibatch. Every shape is
+compiled ahead of time (``warmup``), so whatever G the controller picks and whatever
+the lengths, no compilation happens after warm-up. Parameters keep their nnx
+shardings; batch rows are sharded on the mesh's ``'data'`` axis.
 
 References: GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 2025),
 Dr. GRPO (Liu et al. 2025); see ``losses`` for the per-function citations.
@@ -51,6 +60,8 @@ from sagc_jax.models.transformer import ForwardOptions, Transformer
 from sagc_jax.programs import ProgramCache, WarmupJob, warm
 from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
+from sagc_jax.rl.packing import (LearnerBatch, StepSequences, pack_minibatch, pad_minibatch,
+                                 row_ladder)
 from sagc_jax.rl.rollout import RolloutBatch
 
 __all__ = ["ALGORITHM_PRESETS", "DERIVED_FIELDS", "Learner", "LearnerConfig"]
@@ -99,7 +110,17 @@ class LearnerConfig:
   (``dynamic_max_rounds`` sampling rounds at most to refill the batch).
 
   Batching: ``mini_batches`` updates per pass, ``epochs`` passes per rollout
-  batch, ``grad_accum`` microbatches per update.
+  batch, ``grad_accum`` microbatches per update (padded layout; packed, the largest
+  packed microbatch holds as many rows as a padded one). ``packing`` (default on)
+  packs whole sequences into rows (``rl/packing.py``); off, each sequence has its own
+  padded row (the reference layout). ``recompute_old_logprobs``: the PPO "old"
+  log-probs come from a learner forward pass before the step's first update instead of
+  the sampler (the sampler's incremental decode and the learner's full forward differ
+  in bfloat16, which biases the ratio; verl always recomputes).
+
+  ``agg_scale`` (``seq-mean-token-sum-norm``, Dr. GRPO) defaults to
+  ``max_response_len`` (else the largest response bucket): a constant, the same in both
+  layouts.
 
   Memory and compile knobs (they change how, never what, is computed):
   ``remat`` (per-layer rematerialisation policy), ``scan_layers`` (one ``lax.scan``
@@ -145,6 +166,8 @@ class LearnerConfig:
   attention_block: int = 512
   logits_chunk: int = 512
   fsdp: bool = False
+  packing: bool = True
+  recompute_old_logprobs: bool = False
 
   @classmethod
   def grpo(cls, **overrides) -> "LearnerConfig":
@@ -195,7 +218,7 @@ class LearnerConfig:
     if isinstance(self.logits_chunk, bool) or not isinstance(self.logits_chunk, int) \
         or self.logits_chunk < 1:
       fail("logits_chunk", "must be a positive int")
-    for key in ("scan_layers", "fsdp"):
+    for key in ("scan_layers", "fsdp", "packing", "recompute_old_logprobs"):
       if not isinstance(getattr(self, key), bool):
         fail(key, "must be True or False")
     try:
@@ -274,6 +297,28 @@ def _fsdp_names(names: tuple, shape: tuple[int, ...], mesh: Mesh) -> tuple:
     return names
   i = max(free, key=lambda j: shape[j])
   return tuple("data" if j == i else n for j, n in enumerate(names))
+
+
+# Microbatch sums combined with max, not +, across a minibatch's microbatches.
+_MAX_SUMS = ("ratio_max", "mismatch_max")
+# Sums that are already the minibatch's value (the loss and its parts); the rest are
+# per-token sums, divided by the minibatch's real tokens.
+_EXACT_SUMS = ("loss", "pg_loss", "kl") + _MAX_SUMS
+
+
+def _update_metrics(history: list) -> dict[str, list[float]]:
+  """Per-update metrics from (sums, apply info) pairs: exact minibatch values (a
+  token-mean over the minibatch, not a mean of microbatch means)."""
+  out: dict[str, list[float]] = {}
+  for sums, info in history:
+    tokens = max(float(sums["tokens"]), 1.0)
+    for key, value in sums.items():
+      if key in ("tokens", "mismatch_sum", "mismatch_max"):
+        continue
+      out.setdefault(key, []).append(float(value) if key in _EXACT_SUMS
+                                     else float(value) / tokens)
+    out.setdefault("grad_norm", []).append(float(info["grad_norm"]))
+  return out
 
 
 class Learner:
@@ -357,12 +402,14 @@ class Learner:
                                      copy=True) if config.kl_coef > 0 else None)
     self.step = 0
     self.skipped_updates = 0
-    state_sh = (None if mesh is None else (self._param_shardings, self._opt_shardings))
-    self._state_shardings = state_sh
-    self._train_step = jax.jit(self._make_train_step(), donate_argnums=(0, 1),
-                               **self._jit_shardings(state_sh))
-    self._ref_logprobs = jax.jit(self._make_ref_logprobs())
-    self._prepare = jax.jit(self._make_prepare())
+    # Packed microbatches: rows of a pack length holding a prompt bucket plus a response
+    # bucket; row counts from halving the padded layout's microbatch down to the 'data'
+    # axis (so a packed microbatch never holds more tokens than a padded one).
+    self.pack_lengths = tuple(sorted({self.prompt_buckets[-1] + n
+                                      for n in self.response_buckets}))
+    self.row_ladder = row_ladder(
+        self.minibatch_rows(self.row_buckets[-1]) // config.grad_accum, data)
+    self._build_programs()
     self.programs = ProgramCache(self._lower)
 
   # ------------------------------------------------------------- weights
@@ -442,102 +489,91 @@ class Learner:
 
     return learner_prepare
 
-  def _forward_logprobs(self, params, tokens, attn_mask, n_resp):
-    """(log-probs [b, N], entropy [b, N]) of the response tokens.
+  def _forward_logprobs(self, params, batch: LearnerBatch):
+    """(log-probs [rows, N], entropy [rows, N]) of the batch's N target columns.
 
     ``params`` may be the float32 master weights: they are cast to the model's
     dtype here, inside the differentiated function.
     """
     params = jax.tree.map(lambda x: x.astype(self.compute_dtype), params)
     model = nnx.merge(self.graphdef, params, self.rest)
-    hidden, _ = model.hidden_states(tokens, attention_mask=attn_mask, options=self.options)
-    prompt_len = tokens.shape[1] - n_resp
+    hidden, _ = model.hidden_states(batch.tokens, positions=batch.positions,
+                                    segment_ids=batch.segment_ids, options=self.options)
+    _, t, n = batch.shape
     weight, transposed = model.head_weight()
-    return chunked_logprobs_entropy(hidden[:, prompt_len - 1:-1], weight, transposed,
-                                    tokens[:, prompt_len:],
+    return chunked_logprobs_entropy(hidden[:, t - n - 1:-1], weight, transposed,
+                                    batch.tokens[:, t - n:],
                                     temperature=self.config.temperature,
                                     chunk=self.config.logits_chunk)
 
-  def _make_ref_logprobs(self):
-    accum = self.config.grad_accum
-    interleave = self._interleave
+  def _make_logprobs(self):
+    def learner_logprobs(params, batch: LearnerBatch):
+      logp, _ = self._forward_logprobs(params, batch)
+      return jnp.where(batch.loss_mask, logp, 0.0)
+    return learner_logprobs
 
-    def learner_ref_logprobs(ref_params, tokens, attn_mask, resp_mask):
-      # Microbatches of the train step's size, one at a time (lax.map), so the
-      # reference pass never holds more activations than a training microbatch.
-      def one(micro):
-        tok, am, rm = micro
-        logp, _ = self._forward_logprobs(ref_params, tok, am, rm.shape[1])
-        return jnp.where(rm, logp, 0.0)
-      out = jax.lax.map(one, tuple(interleave(x) for x in (tokens, attn_mask, resp_mask)))
-      return out.swapaxes(0, 1).reshape((-1,) + out.shape[2:]) if accum > 1 else out[0]
-    return learner_ref_logprobs
+  def _pin_like_params(self, tree):
+    """Float32 gradients keep the master weights' (FSDP) sharding."""
+    if self._param_shardings is None:
+      return tree
+    return jax.lax.with_sharding_constraint(tree, self._param_shardings)
 
-  def _interleave(self, x: jax.Array) -> jax.Array:
-    """[rows, ...] -> [grad_accum, rows / grad_accum, ...], row i in microbatch
-    i mod grad_accum: each microbatch keeps its share of every 'data' shard."""
-    a = self.config.grad_accum
-    x = x.reshape((x.shape[0] // a, a) + x.shape[1:]).swapaxes(0, 1)
-    if self.mesh is not None and x.ndim >= 2:
-      x = jax.lax.with_sharding_constraint(
-          x, NamedSharding(self.mesh, P(None, "data", *([None] * (x.ndim - 2)))))
-    return x
-
-  def _make_train_step(self):
+  def _microbatch_loss(self, params, batch: LearnerBatch):
+    """(loss, token sums) of one microbatch: ``loss`` is its exact share of the
+    minibatch objective (``loss_weight`` carries the aggregation, ``packing``)."""
     cfg = self.config
+    logp, entropy = self._forward_logprobs(params, batch)
+    real = batch.loss_mask
+    t = losses.ppo_token_terms(logp, batch.old_logp, batch.advantages, real, cfg.clip_low,
+                               cfg.clip_high, cfg.clip_c)
+    w = jnp.where(real, batch.loss_weight, 0.0)
+    pg = jnp.sum(t["pg"] * w)
+    loss = pg
+    sg = jax.lax.stop_gradient
+    f = real.astype(jnp.float32)
+    ratio = sg(t["ratio"])
+    sums = {"pg_loss": sg(pg), "tokens": jnp.sum(f),
+            "entropy": jnp.sum(entropy * f),
+            "clipfrac": jnp.sum(t["clipped"] * f), "clipfrac_lower": jnp.sum(t["dual"] * f),
+            "clipfrac_ratio_high": jnp.sum((t["clipped"] & (t["adv"] > 0)) * f),
+            "clipfrac_ratio_low": jnp.sum((t["clipped"] & (t["adv"] < 0)) * f),
+            "approx_kl": sg(jnp.sum((t["old_logp"] - t["logp"]) * f)),
+            "ratio_mean": jnp.sum(ratio * f),
+            "mismatch_sum": sg(jnp.sum(jnp.abs(t["logp"] - t["old_logp"]) * f)),
+            "ratio_max": jnp.max(jnp.where(real, ratio, 0.0)),
+            "mismatch_max": sg(jnp.max(jnp.where(real, jnp.abs(t["logp"] - t["old_logp"]),
+                                                 0.0)))}
+    if cfg.kl_coef > 0:
+      ref = jnp.where(real, batch.ref_logp, 0.0)
+      kl = jnp.sum(losses.kl_penalty(t["logp"], ref, cfg.kl_kind) * w)
+      loss = loss + cfg.kl_coef * kl
+      sums["kl"] = sg(kl)
+    sums["loss"] = sg(loss)
+    return loss, sums
+
+  def _zero_state(self):
+    """(float32 zero gradients, zero sums): what a minibatch's accumulation starts from."""
+    sums = jax.eval_shape(self._microbatch_loss, self._abstract(self.params),
+                          LearnerBatch.abstract(1, 2, 1))[1]
+    return (self._pin_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                                               self.params)),
+            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums))
+
+  def _make_grad_step(self):
+    grad_fn = jax.value_and_grad(self._microbatch_loss, has_aux=True)
+
+    def learner_grad(params, grads, sums, batch: LearnerBatch):
+      (_, micro), g = grad_fn(params, batch)
+      g = self._pin_like_params(jax.tree.map(lambda x: x.astype(jnp.float32), g))
+      merged = {k: (jnp.maximum(sums[k], v) if k in _MAX_SUMS else sums[k] + v)
+                for k, v in micro.items()}
+      return jax.tree.map(jnp.add, grads, g), merged
+    return learner_grad
+
+  def _make_apply(self):
     tx = self.tx
-    interleave = self._interleave
-    param_shardings = self._param_shardings
 
-    def pin_like_params(tree):
-      """The float32 gradient sum keeps the master weights' (FSDP) sharding."""
-      if param_shardings is None:
-        return tree
-      return jax.lax.with_sharding_constraint(tree, param_shardings)
-
-    def micro_loss(params, micro, mb_count):
-      tokens, attn_mask, resp_mask, old_logp, adv, ref_logp = micro
-      logp, entropy = self._forward_logprobs(params, tokens, attn_mask, resp_mask.shape[1])
-      share = losses.aggregate_count(resp_mask, cfg.agg) / mb_count
-      fraction = jnp.where(mb_count > 0, share, 0.0)
-      pg, metrics = losses.policy_loss(logp, old_logp, adv, resp_mask, clip_low=cfg.clip_low,
-                                       clip_high=cfg.clip_high, clip_c=cfg.clip_c,
-                                       agg=cfg.agg, scale=cfg.agg_scale)
-      loss = pg * fraction
-      if cfg.kl_coef > 0:
-        kl = losses.aggregate(losses.kl_penalty(logp, ref_logp, cfg.kl_kind), resp_mask,
-                              cfg.agg, cfg.agg_scale)
-        loss = loss + cfg.kl_coef * kl * fraction
-        metrics["kl"] = jax.lax.stop_gradient(kl)
-      w = resp_mask.astype(jnp.float32)
-      metrics["entropy"] = jnp.sum(entropy * w) / jnp.maximum(jnp.sum(w), 1.0)
-      metrics["tokens"] = jnp.sum(w)
-      return loss, metrics
-
-    def learner_train_step(params, opt_state, tokens, attn_mask, resp_mask, old_logp, adv,
-                           ref_logp):
-      mb_count = losses.aggregate_count(resp_mask, cfg.agg)
-      micro = jax.tree.map(interleave, (tokens, attn_mask, resp_mask, old_logp, adv, ref_logp))
-      grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
-      def accumulate(carry, batch):
-        (loss, metrics), grads = grad_fn(params, batch, mb_count)
-        carry_grads, carry_loss, carry_metrics = carry
-        weight = metrics["tokens"]
-        metrics = {k: v * weight for k, v in metrics.items() if k != "tokens"}
-        grads = pin_like_params(jax.tree.map(lambda g: g.astype(jnp.float32), grads))
-        return (jax.tree.map(jnp.add, carry_grads, grads), carry_loss + loss,
-                jax.tree.map(jnp.add, carry_metrics, {**metrics, "tokens": weight})), None
-
-      zero_metrics = jax.eval_shape(lambda: micro_loss(params, jax.tree.map(
-          lambda x: x[0], micro), mb_count)[1])
-      zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
-      zero_grads = pin_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
-                                                params))
-      init = (zero_grads, jnp.float32(0), zero_metrics)
-      (grads, loss, sums), _ = jax.lax.scan(accumulate, init, micro)
-      tokens_total = sums.pop("tokens")
-      metrics = {k: v / jnp.maximum(tokens_total, 1.0) for k, v in sums.items()}
+    def learner_apply(params, opt_state, grads, loss):
       grad_norm = optax.tree.norm(grads)
       finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -546,11 +582,9 @@ class Learner:
         return optax.apply_updates(params, updates), new_opt
 
       new_params, new_opt = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
-      metrics.update(loss=loss, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
-                     tokens=tokens_total)
-      return new_params, new_opt, metrics
-
-    return learner_train_step
+      return new_params, new_opt, {"grad_norm": grad_norm,
+                                   "skipped": (~finite).astype(jnp.float32)}
+    return learner_apply
 
   # --------------------------------------------------------- shapes, compile
   def _row_sharding(self, ndim: int):
@@ -558,29 +592,38 @@ class Learner:
       return None
     return NamedSharding(self.mesh, P("data", *([None] * (ndim - 1))))
 
-  def _jit_shardings(self, state_sh) -> dict[str, Any]:
-    if state_sh is None:
-      return {}
-    rows = [self._row_sharding(n) for n in (2, 2, 2, 2, 1, 2)]
-    repl = NamedSharding(self.mesh, P())
-    return dict(in_shardings=(state_sh[0], state_sh[1], *rows),
-                out_shardings=(state_sh[0], state_sh[1], repl))
+  def _batch_shardings(self):
+    if self.mesh is None:
+      return None
+    return jax.tree.map(lambda _: self._row_sharding(2), LearnerBatch.abstract(1, 2, 1))
 
-  def _abstract_batch(self, rows: int, prompt_len: int, n_resp: int) -> tuple:
-    seq = prompt_len + n_resp
-    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype,
-                                                     sharding=self._row_sharding(len(shape)))
-    return (spec((rows, seq), jnp.int32), spec((rows, seq), jnp.bool_),
-            spec((rows, n_resp), jnp.bool_), spec((rows, n_resp), jnp.float32),
-            spec((rows,), jnp.float32), spec((rows, n_resp), jnp.float32))
+  def _build_programs(self) -> None:
+    repl = None if self.mesh is None else NamedSharding(self.mesh, P())
+    params_sh = self._param_shardings
+    batch_sh = self._batch_shardings()
+
+    def shardings(ins, outs):
+      return {} if self.mesh is None else dict(in_shardings=ins, out_shardings=outs)
+    self._zeros = jax.jit(self._zero_state, **shardings((), (params_sh, repl)))
+    self._grad_step = jax.jit(self._make_grad_step(), donate_argnums=(1, 2),
+                              **shardings((params_sh, params_sh, repl, batch_sh),
+                                          (params_sh, repl)))
+    self._apply = jax.jit(self._make_apply(), donate_argnums=(0, 1),
+                          **shardings((params_sh, self._opt_shardings, params_sh, repl),
+                                      (params_sh, self._opt_shardings, repl)))
+    self._logprobs = jax.jit(self._make_logprobs())
+    self._prepare = jax.jit(self._make_prepare())
+
+  def _abstract_batch(self, rows: int, seq_len: int, targets: int) -> LearnerBatch:
+    return LearnerBatch.abstract(rows, seq_len, targets, self._row_sharding)
 
   @staticmethod
   def _abstract(tree):
     return shd.abstract_like(tree)
 
   def _lower(self, key: tuple):
-    """The lowered program of ``key``: ``("sync",)``, ``("prepare", rows)``, or
-    ``("train" | "ref", minibatch rows, prompt bucket, response bucket)``."""
+    """The lowered program of ``key``: ``("sync",)``, ``("prepare", rows)``, ``("zeros",)``,
+    ``("apply",)``, ``("grad", rows, T, N)`` or ``("logp", "ref" | "policy", rows, T, N)``."""
     kind, *shape = key
     if kind == "sync":
       cast = self._cast_fn(self.compute_dtype, self._model_shardings)
@@ -591,36 +634,50 @@ class Learner:
                                  jax.ShapeDtypeStruct((rows,), jnp.int32),
                                  jax.ShapeDtypeStruct((rows,), jnp.int32),
                                  jax.ShapeDtypeStruct((rows,), jnp.bool_))
-    batch = self._abstract_batch(*shape)
-    if kind == "train":
-      return self._train_step.lower(self._abstract(self.params),
-                                    self._abstract(self.opt_state), *batch)
-    return self._ref_logprobs.lower(self._abstract(self.reference), *batch[:3])
+    if kind == "zeros":
+      return self._zeros.lower()
+    grads, sums = jax.eval_shape(self._zero_state)
+    if kind == "apply":
+      return self._apply.lower(self._abstract(self.params), self._abstract(self.opt_state),
+                               self._abstract(self.params), sums["loss"])
+    if kind == "grad":
+      return self._grad_step.lower(self._abstract(self.params), self._abstract(self.params),
+                                   sums, self._abstract_batch(*shape))
+    source, *shape = shape
+    params = self.reference if source == "ref" else self.params
+    return self._logprobs.lower(self._abstract(params), self._abstract_batch(*shape))
 
-  def compile_train(self, rows: int, prompt_len: int, n_resp: int):
-    """The train step for minibatches of ``rows`` rows (cached)."""
-    return self.programs.get(("train", rows, prompt_len, n_resp))
+  def batch_shapes(self) -> list[tuple[int, int, int]]:
+    """Every (rows, T, N) a microbatch can have: with packing, each pack length with
+    each rung of the row ladder; without, each (row bucket, prompt bucket, response
+    bucket)'s microbatch."""
+    if self.config.packing:
+      return [(rows, length, length - 1) for length in self.pack_lengths
+              for rows in self.row_ladder]
+    return [(self.minibatch_rows(rows) // self.config.grad_accum, p + n, n)
+            for rows in self.row_buckets for p in self.prompt_buckets
+            for n in self.response_buckets]
 
-  def compile_reference(self, rows: int, prompt_len: int, n_resp: int):
-    """The reference log-prob pass (None without a KL term), cached."""
+  def compile_train(self, rows: int, seq_len: int, targets: int):
+    """The gradient step of one (rows, T, N) microbatch (cached)."""
+    return self.programs.get(("grad", rows, seq_len, targets))
+
+  def compile_reference(self, rows: int, seq_len: int, targets: int):
+    """The reference log-prob pass of one microbatch (None without a KL term), cached."""
     if self.reference is None:
       return None
-    return self.programs.get(("ref", rows, prompt_len, n_resp))
+    return self.programs.get(("logp", "ref", rows, seq_len, targets))
+
+  def compile_apply(self):
+    """The optimizer update (gradient norm, finite check, AdamW), cached."""
+    return self.programs.get(("apply",))
 
   def compile_prepare(self, rows: int):
-    return self._prepare_executable(rows)
+    return self.programs.get(("prepare", rows))
 
   def compile_sync(self):
     """The master -> model weight cast (None when the model shares the master)."""
     return self._sync_executable()
-
-  def _executables(self, rows: int, prompt_len: int, n_resp: int):
-    """(train step, reference log-probs) compiled for one minibatch shape."""
-    return (self.compile_train(rows, prompt_len, n_resp),
-            self.compile_reference(rows, prompt_len, n_resp))
-
-  def _prepare_executable(self, rows: int):
-    return self.programs.get(("prepare", rows))
 
   def minibatch_rows(self, rows: int) -> int:
     return rows // self.config.mini_batches
@@ -635,14 +692,13 @@ class Learner:
     # compile on first use, so that happens here and not in the first step.
     self._learning_rate()
     keys = [] if self._shares_master else [("sync",)]
-    for rows in self.row_buckets:
-      keys.append(("prepare", rows))
-      for prompt_len in self.prompt_buckets:
-        for n_resp in self.response_buckets:
-          shape = (self.minibatch_rows(rows), prompt_len, n_resp)
-          keys.append(("train", *shape))
-          if self.reference is not None:
-            keys.append(("ref", *shape))
+    keys += [("prepare", rows) for rows in self.row_buckets] + [("zeros",), ("apply",)]
+    for shape in self.batch_shapes():
+      keys.append(("grad", *shape))
+      if self.reference is not None:
+        keys.append(("logp", "ref", *shape))
+      if self.config.recompute_old_logprobs:
+        keys.append(("logp", "policy", *shape))
     return [WarmupJob(self.programs, keys)]
 
   @property
@@ -656,88 +712,167 @@ class Learner:
     raise ValueError(f"longest response {longest} exceeds the largest response bucket "
                      f"{self.response_buckets[-1]}")
 
+  def pack_length(self, longest_sequence: int) -> int:
+    """The smallest pack length holding a sequence of ``longest_sequence`` tokens."""
+    for length in self.pack_lengths:
+      if longest_sequence <= length:
+        return length
+    raise ValueError(f"a sequence of {longest_sequence} tokens exceeds the largest pack "
+                     f"length {self.pack_lengths[-1]}")
+
   # ---------------------------------------------------------------- update
   def prepare(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(advantages, keep mask, shaped rewards) per row, computed in the jitted prepare."""
     rows = batch.num_rows
     if rows not in self.row_buckets:
       raise ValueError(f"batch has {rows} rows; learner row buckets are {self.row_buckets}")
-    adv, keep, shaped = self._prepare_executable(rows)(
+    adv, keep, shaped = self.programs.get(("prepare", rows))(
         batch.scores.astype(np.float32), batch.lengths.astype(np.int32),
         batch.group_ids.astype(np.int32), batch.row_valid)
     return np.asarray(adv), np.asarray(keep), np.asarray(shaped)
 
-  def _device(self, arrays: tuple) -> tuple:
+  def _device(self, batch: LearnerBatch) -> LearnerBatch:
     if self.mesh is None:
-      return arrays
-    return tuple(put_global(a, self._row_sharding(a.ndim)) for a in arrays)
+      return batch
+    return jax.tree.map(lambda a: put_global(a, self._row_sharding(a.ndim)), batch)
+
+  def _layout(self, seqs: StepSequences, n_resp: int):
+    """rows of a minibatch -> its microbatches, in the configured layout."""
+    cfg = self.config
+    scale = (cfg.agg_scale if cfg.agg_scale is not None
+             else float(cfg.max_response_len or self.response_buckets[-1]))
+    if not cfg.packing:
+      return lambda rows: pad_minibatch(seqs, rows, n_resp, cfg.grad_accum, cfg.agg, scale)
+    lengths = seqs.sequence_lengths()
+
+    def packed(rows):
+      trained = seqs.trained(rows)
+      longest = int(lengths[trained].max()) if trained.size else 1
+      return pack_minibatch(seqs, rows, self.pack_length(longest), self.row_ladder, cfg.agg,
+                            scale)
+    return packed
+
+  def _logprob_passes(self, seqs: StepSequences, minibatches: list) -> None:
+    """Reference log-probs (KL) and, with ``recompute_old_logprobs``, the current
+    policy's log-probs of every trained token, one forward pass per microbatch, before
+    the first update; written into ``seqs`` in response positions."""
+    recompute = self.config.recompute_old_logprobs
+    if self.reference is None and not recompute:
+      return
+    policy = np.zeros_like(seqs.old_logp)
+    for micro in minibatches:
+      for m in micro:
+        batch = self._device(m.batch)
+        if self.reference is not None:
+          ref = self.programs.get(("logp", "ref", *m.batch.shape))
+          m.scatter(to_host(ref(self.reference, batch)), seqs.ref_logp)
+        if recompute:
+          current = self.programs.get(("logp", "policy", *m.batch.shape))
+          m.scatter(to_host(current(self.params, batch)), policy)
+    if recompute:
+      seqs.old_logp = policy
+
+  def _step_sequences(self, batch: RolloutBatch):
+    """(prepare's outputs, the step's sequences, response bucket, layout function)."""
+    adv, keep, shaped = self.prepare(batch)
+    longest = int(batch.lengths.max()) if batch.row_valid.any() else 1
+    n_resp = self.response_bucket(max(longest, 1))
+    seqs = StepSequences.of(batch, adv, keep)
+    return (adv, keep, shaped), seqs, n_resp, self._layout(seqs, n_resp)
+
+  def _accumulate(self, micro: list) -> tuple[Any, dict, int]:
+    """(float32 gradient, sums, token slots computed) of one minibatch's microbatches."""
+    grads, sums = self.programs.get(("zeros",))()
+    computed = 0
+    for m in micro:
+      grads, sums = self.programs.get(("grad", *m.batch.shape))(
+          self.params, grads, sums, self._device(m.batch))
+      computed += int(np.prod(m.batch.tokens.shape))
+    return grads, sums, computed
+
+  def gradients(self, batch: RolloutBatch, rows: np.ndarray | None = None
+                ) -> tuple[Any, dict[str, float]]:
+    """(float32 gradient, metrics) of the minibatch ``rows`` (default: every row) of
+    ``batch`` at the current weights, without updating anything: what one update of
+    that minibatch would apply before clipping (for checks and debugging)."""
+    _, seqs, _, layout = self._step_sequences(batch)
+    rows = np.arange(batch.num_rows) if rows is None else np.asarray(rows)
+    self._logprob_passes(seqs, [layout(rows)])
+    grads, sums, _ = self._accumulate(layout(rows))
+    grads, sums = to_host((grads, sums))
+    norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in jax.tree.leaves(grads))))
+    metrics = _update_metrics([(sums, {"grad_norm": norm})])
+    return grads, {k: v[0] for k, v in metrics.items()}
 
   def update(self, batch: RolloutBatch, seed: int = 0) -> dict[str, float]:
     """Trains on one rollout batch; returns metrics averaged over its updates."""
     start = time.perf_counter()
     cfg = self.config
-    adv, keep, shaped = self.prepare(batch)
-    longest = int(batch.lengths.max()) if batch.row_valid.any() else 1
-    n_resp = self.response_bucket(max(longest, 1))
-    prompt_len = batch.prompt_tokens.shape[1]
-    resp_mask = batch.response_mask[:, :n_resp] & keep[:, None]
-    tokens = np.concatenate([batch.prompt_tokens, batch.response_tokens[:, :n_resp]], axis=1)
-    attn_mask = np.concatenate([batch.prompt_mask, batch.response_mask[:, :n_resp]], axis=1)
-    old_logp = batch.old_logprobs[:, :n_resp].astype(np.float32)
+    (adv, keep, shaped), seqs, n_resp, layout = self._step_sequences(batch)
+    sampler_logp = seqs.old_logp
     mb_rows = self.minibatch_rows(batch.num_rows)
-    train, ref = self._executables(mb_rows, prompt_len, n_resp)
-
-    ref_logp = np.zeros_like(old_logp)
-    if ref is not None:
-      for lo in range(0, batch.num_rows, mb_rows):
-        sl = slice(lo, lo + mb_rows)
-        ref_logp[sl] = to_host(ref(self.reference, *self._device(
-            (tokens[sl], attn_mask[sl], resp_mask[sl]))))
-
     rng = np.random.default_rng([seed, self.step])
-    history = []
+    orders = [rng.permutation(batch.num_rows) for _ in range(cfg.epochs)]
+    minibatches = [[order[lo:lo + mb_rows] for lo in range(0, batch.num_rows, mb_rows)]
+                   for order in orders]
+    self._logprob_passes(seqs, [layout(rows) for rows in minibatches[0]])
+
+    history, mismatch = [], None
     empty_minibatches = 0
-    for _ in range(cfg.epochs):
-      order = rng.permutation(batch.num_rows)
-      for lo in range(0, batch.num_rows, mb_rows):
-        idx = order[lo:lo + mb_rows]
-        if not resp_mask[idx].any():
-          # Only padding / filtered rows: no gradient, and an AdamW step would still
-          # move the weights (momentum, decay), so there is no update at all.
-          empty_minibatches += 1
-          continue
-        inputs = self._device((tokens[idx], attn_mask[idx], resp_mask[idx], old_logp[idx],
-                               adv[idx].astype(np.float32), ref_logp[idx]))
-        self.params, self.opt_state, metrics = train(self.params, self.opt_state, *inputs)
-        history.append(metrics)
-        self.step += 1
+    computed = sequence_tokens = 0
+    lengths = seqs.sequence_lengths()
+    for rows in (rows for epoch in minibatches for rows in epoch):
+      trained = seqs.trained(rows)
+      if not trained.size:
+        # Only padding / filtered rows: no gradient, and an AdamW step would still
+        # move the weights (momentum, decay), so there is no update at all.
+        empty_minibatches += 1
+        continue
+      grads, sums, slots = self._accumulate(layout(rows))
+      computed += slots
+      sequence_tokens += int(lengths[trained].sum())
+      if mismatch is None:
+        mismatch = sums        # the first update's forward: the policy that sampled
+      self.params, self.opt_state, info = self.programs.get(("apply",))(
+          self.params, self.opt_state, grads, sums["loss"])
+      history.append((sums, info))
+      self.step += 1
     history = to_host(history)
-    if not history:
-      self.sync_model()
-      return {"updates": 0.0, "skipped_updates": 0.0, "empty_minibatches": float(
-          empty_minibatches), "total_skipped_updates": float(self.skipped_updates),
-              "kept_rows": float(keep.sum()), "real_rows": float(batch.row_valid.sum()),
-              "learner_seconds": time.perf_counter() - start,
-              "lr": float(self._learning_rate())}
-    skipped = int(sum(m["skipped"] for m in history))
+    real_tokens = float(seqs.loss_mask.sum())
+    out = {"empty_minibatches": float(empty_minibatches), "kept_rows": float(keep.sum()),
+           "real_rows": float(batch.row_valid.sum()), "response_tokens": real_tokens,
+           "response_bucket": float(n_resp), "padded_tokens": float(computed),
+           "sequence_tokens": float(sequence_tokens),
+           "padding_efficiency": sequence_tokens / computed if computed else 0.0}
+    out.update(self._mismatch(seqs, sampler_logp, mismatch))
+    skipped = int(sum(info["skipped"] for _, info in history))
     self.skipped_updates += skipped
     self.sync_model()
-    out = {k: float(np.mean([m[k] for m in history])) for k in history[0]
-           if k not in ("skipped", "tokens")}
-    real_tokens = float(resp_mask.sum())
-    out.update(
-        updates=float(len(history)), skipped_updates=float(skipped),
-        empty_minibatches=float(empty_minibatches),
-        total_skipped_updates=float(self.skipped_updates),
-        kept_rows=float(keep.sum()), real_rows=float(batch.row_valid.sum()),
-        adv_abs_mean=float(np.abs(adv[keep]).mean()) if keep.any() else 0.0,
-        shaped_reward_mean=float(shaped[batch.row_valid].mean()) if batch.row_valid.any()
-        else 0.0,
-        response_tokens=real_tokens,
-        padded_tokens=float(tokens.shape[0] * tokens.shape[1]),
-        response_bucket=float(n_resp), learner_seconds=time.perf_counter() - start,
-        lr=float(self._learning_rate()))
+    out.update(updates=float(len(history)), skipped_updates=float(skipped),
+               total_skipped_updates=float(self.skipped_updates))
+    if history:
+      out.update({k: float(np.mean(v)) for k, v in _update_metrics(history).items()})
+      out.update(adv_abs_mean=float(np.abs(adv[keep]).mean()) if keep.any() else 0.0,
+                 shaped_reward_mean=float(shaped[batch.row_valid].mean())
+                 if batch.row_valid.any() else 0.0)
+    out.update(learner_seconds=time.perf_counter() - start, lr=float(self._learning_rate()))
     return out
+
+  def _mismatch(self, seqs: StepSequences, sampler_logp: np.ndarray,
+                first_update) -> dict[str, float]:
+    """|sampler log-prob - learner log-prob| over the step's trained tokens: from the
+    recomputation pass when there is one (every token), else from the first update's
+    forward pass (the tokens of the first minibatch, the only one the policy has not
+    yet moved for)."""
+    if self.config.recompute_old_logprobs:
+      diff = np.abs(sampler_logp - seqs.old_logp)[seqs.loss_mask]
+      return {"logprob_mismatch_mean": float(diff.mean()) if diff.size else 0.0,
+              "logprob_mismatch_max": float(diff.max()) if diff.size else 0.0}
+    if first_update is None:
+      return {"logprob_mismatch_mean": 0.0, "logprob_mismatch_max": 0.0}
+    sums = to_host(first_update)
+    return {"logprob_mismatch_mean": float(sums["mismatch_sum"] / max(sums["tokens"], 1.0)),
+            "logprob_mismatch_max": float(sums["mismatch_max"])}
 
   def _learning_rate(self) -> float:
     """Current learning rate (for logging): the schedule at the number of applied

@@ -61,6 +61,7 @@ __all__ = [
     "kl_penalty",
     "overlong_penalty",
     "policy_loss",
+    "ppo_token_terms",
     "token_logprobs",
 ]
 
@@ -337,6 +338,34 @@ def aggregate_count(mask: ArrayLike, mode: str) -> Array:
 
 
 # -------------------------------------------------------------- policy loss
+def ppo_token_terms(logp: Array, old_logp: Array, advantages: Array, real: Array,
+                    clip_low: float, clip_high: float, clip_c: float | None) -> dict[str, Array]:
+  """Per-token pieces of the clipped surrogate (see ``policy_loss``), same shape as
+  ``logp``: ``pg`` (the loss per token), ``ratio``, ``clipped`` / ``dual`` (which
+  branch is active) and the sanitised ``logp``, ``old_logp``, ``adv``. Tokens outside
+  ``real`` are zeroed before any arithmetic (NaN-free values and gradients).
+  ``advantages`` must already broadcast against ``logp``."""
+  dtype = _float_dtype(logp)
+  logp = jnp.where(real, logp, 0).astype(dtype)
+  old_logp = jnp.where(real, old_logp, 0).astype(dtype)
+  adv = jnp.where(real, advantages, 0).astype(dtype)
+  log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+  ratio = jnp.exp(log_ratio)
+  clipped_ratio = jnp.clip(ratio, 1 - clip_low, 1 + clip_high)
+  pg_unclipped = -adv * ratio
+  pg_clipped = -adv * clipped_ratio
+  pg = jnp.maximum(pg_unclipped, pg_clipped)
+  clipped = pg_clipped > pg_unclipped
+  if clip_c is not None:
+    cap = -adv * clip_c
+    dual = (adv < 0) & (pg > cap)
+    pg = jnp.where(dual, cap, pg)
+  else:
+    dual = jnp.zeros_like(real)
+  return dict(pg=pg, ratio=ratio, clipped=clipped, dual=dual, adv=adv, logp=logp,
+              old_logp=old_logp)
+
+
 def policy_loss(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
                 mask: ArrayLike, clip_low: float = 0.2, clip_high: float = 0.2,
                 clip_c: float | None = None, agg: str = "token-mean",
@@ -392,24 +421,9 @@ def policy_loss(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
   dtype = _float_dtype(logp)
   real = mask.astype(bool)
   w = mask.astype(dtype)
-  # Sanitise padding before any arithmetic (NaN-free values and gradients).
-  logp = jnp.where(real, logp, 0).astype(dtype)
-  old_logp = jnp.where(real, old_logp, 0).astype(dtype)
-  adv = jnp.where(real, advantages, 0).astype(dtype)
-
-  log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-  ratio = jnp.exp(log_ratio)
-  clipped_ratio = jnp.clip(ratio, 1 - clip_low, 1 + clip_high)
-  pg_unclipped = -adv * ratio
-  pg_clipped = -adv * clipped_ratio
-  pg = jnp.maximum(pg_unclipped, pg_clipped)
-  clipped = pg_clipped > pg_unclipped
-  if clip_c is not None:
-    cap = -adv * clip_c
-    dual = (adv < 0) & (pg > cap)
-    pg = jnp.where(dual, cap, pg)
-  else:
-    dual = jnp.zeros_like(real)
+  terms = ppo_token_terms(logp, old_logp, advantages, real, clip_low, clip_high, clip_c)
+  pg, ratio, clipped, dual, adv = (terms[k] for k in ("pg", "ratio", "clipped", "dual", "adv"))
+  logp, old_logp = terms["logp"], terms["old_logp"]
   loss = aggregate(pg, mask, agg, scale)
 
   def masked_mean(x: Array) -> Array:
