@@ -16,5 +16,7 @@ from sagc_jax.config import tpu_pod_preset
 
 def get_config():
   c = tpu_pod_preset()
-  c.compare = ml_collections.ConfigDict(dict(algorithms=("grpo", "dapo")))
+  c.compare = ml_collections.ConfigDict(dict(algorithms=("grpo", "dapo"), seeds=1,
+                                             reward_target=ml_collections.config_dict
+                                             .placeholder(float)))
   return c

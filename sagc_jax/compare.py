@@ -1,19 +1,22 @@
 """``python -m sagc_jax.compare``: GRPO vs DAPO, each with every static G and SAGC.
 
-The matrix {algorithms} x {static G for each candidate, SAGC} runs on identical
-data order and seeds: every arm starts from the same policy (the warm start is
-built once, in ``<workdir>/shared``), reads the same TFDS data in the same
-per-seed order, and samples with the same per-step seeds. Arms live in
-``<workdir>/arms/<name>`` as ordinary training runs, so an arm can be run on its
-own machine (``--arms grpo_sagc``; e.g. one per TPU slice), copied into
-``arms/`` and merged (``--merge_only``); a finished arm is skipped and an
-interrupted one resumes from its checkpoint.
+The matrix {algorithms} x {static G for each candidate, SAGC} runs ``compare.seeds``
+times. Every run starts from the same policy (the warm start is built once, in
+``<workdir>/shared``); seed k (``config.seed + k``) sets the data order and the
+sampling of every arm alike, so the arms of one seed see the same prompts in the same
+order. Runs live in ``<workdir>/arms/<arm>_seed<k>`` as ordinary training runs, so a
+run can go on its own machine (``--arms grpo_sagc``: every seed of that arm, or
+``--arms grpo_sagc_seed1``; e.g. one per TPU slice), be copied into ``arms/`` and
+merged (``--merge_only``); a finished run is skipped and an interrupted one resumes
+from its checkpoint.
 
-The report: ``results.csv`` / ``results.md`` (per arm: straggler rate, total and
-rollout wall-clock, speedup against the largest static G of the same
-algorithm, final held-out accuracy and reward, mean response length, mean G)
-and PNG plots (G and lambda over steps, straggler events, reward vs
-wall-clock, posterior straggler probability per G).
+The report: ``results.csv`` (one row per arm and seed: both straggler rates, total
+and rollout wall-clock, speedup against the same seed's largest static G of the same
+algorithm, rollouts generated, final train reward, time to the reward target, held-out
+accuracy, mean response length, mean G), ``results.md`` (per arm: mean and 95%
+Student-t confidence interval over the seeds) and PNG plots (G and lambda over steps,
+running straggler rate and reward vs wall-clock as the mean over seeds with a 95%
+band, posterior straggler probability per G).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,16 +36,35 @@ from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.metrics import read_jsonl, summarize
 from sagc_jax.storage import is_remote
 
-RESULT_COLUMNS = ("arm", "algorithm", "controller", "static_g", "steps", "straggler_event",
-                  "straggler_rate", "group_straggler_rate", "step_straggler_rate",
-                  "wall_clock_s", "rollout_s", "speedup_vs_largest_static",
+RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
+                  "straggler_event", "straggler_rate", "group_straggler_rate",
+                  "step_straggler_rate", "wall_clock_s", "rollout_s",
+                  "speedup_vs_largest_static", "rollouts", "time_to_target_s",
                   "eval_accuracy_start", "eval_accuracy_end", "eval_sampled_accuracy_start",
                   "eval_sampled_accuracy_end", "final_reward",
                   "response_len_mean", "mean_g")
+# What results.md reports per arm, as mean +- 95% CI over the seeds: (column, header, format).
+SUMMARY_COLUMNS = (
+    ("group_straggler_rate", "group straggler rate", ".3f"),
+    ("step_straggler_rate", "step straggler rate", ".3f"),
+    ("wall_clock_s", "wall-clock s", ".1f"), ("rollout_s", "rollout s", ".1f"),
+    ("speedup_vs_largest_static", "speedup vs largest static G", ".2f"),
+    ("rollouts", "rollouts generated", ".0f"),
+    ("time_to_target_s", "time to reward target s", ".1f"),
+    ("final_reward", "final train reward", ".3f"),
+    ("eval_accuracy_end", "held-out acc greedy (end)", ".3f"),
+    ("eval_sampled_accuracy_end", "held-out acc sampled (end)", ".3f"),
+    ("response_len_mean", "mean response len", ".1f"), ("mean_g", "mean G", ".2f"))
+_RUN_NAME = re.compile(r"^(?P<arm>.+)_seed(?P<seed>\d+)$")
+# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
+         2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def arm_configs(config) -> dict[str, Any]:
-  """``{arm name: training config}`` for the comparison matrix of ``config.compare``."""
+  """``{arm name: training config}`` for the comparison matrix of ``config.compare``
+  (one seed: ``config.seed``)."""
   from sagc_jax.config import apply_algorithm
 
   arms = {}
@@ -60,19 +84,51 @@ def arm_configs(config) -> dict[str, Any]:
   return arms
 
 
+def seed_count(config) -> int:
+  """``compare.seeds`` (default 1), checked."""
+  seeds = config.compare.get("seeds", 1)
+  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+    raise ValueError(f"compare.seeds={seeds!r} must be a positive int")
+  return seeds
+
+
+def run_configs(config) -> dict[str, Any]:
+  """``{"<arm>_seed<k>": training config}``: every arm of ``arm_configs`` for each of
+  ``compare.seeds`` seeds (``config.seed + k``: data order and sampling)."""
+  runs = {}
+  for k in range(seed_count(config)):
+    for name, arm in arm_configs(config).items():
+      arm.seed = config.seed + k
+      runs[f"{name}_seed{k}"] = arm
+  return runs
+
+
+def split_run_name(name: str) -> tuple[str, int]:
+  """``"grpo_sagc_seed2"`` -> ``("grpo_sagc", 2)``; a name without a seed is seed 0."""
+  match = _RUN_NAME.match(name)
+  return (match["arm"], int(match["seed"])) if match else (name, 0)
+
+
 def select_arms(all_arms: dict[str, Any], wanted: str | None) -> dict[str, Any]:
+  """The runs named in ``wanted`` (comma-separated; an arm name selects all its seeds)."""
   if not wanted:
     return all_arms
   names = [n.strip() for n in wanted.split(",") if n.strip()]
-  unknown = [n for n in names if n not in all_arms]
+  chosen, unknown = {}, []
+  for name in names:
+    hits = {n: c for n, c in all_arms.items() if n == name or split_run_name(n)[0] == name}
+    if not hits:
+      unknown.append(name)
+    chosen.update(hits)
   if unknown:
-    raise ValueError(f"--arms: unknown arm(s) {unknown}; this comparison has "
-                     f"{sorted(all_arms)}")
-  return {n: all_arms[n] for n in names}
+    arms = sorted({split_run_name(n)[0] for n in all_arms})
+    raise ValueError(f"--arms: unknown arm(s) {unknown}; this comparison has {arms} "
+                     f"(each with seeds _seed0.._seed{max(split_run_name(n)[1] for n in all_arms)})")
+  return chosen
 
 
 def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
-  """Runs (or resumes, or skips when finished) each arm from one shared warm start."""
+  """Runs (or resumes, or skips when finished) each run from one shared warm start."""
   from sagc_jax.data import load_split
   from sagc_jax.warm_start import prepare_policy
 
@@ -138,16 +194,32 @@ def load_comparison(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   return arms
 
 
-def results_table(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """One result row per arm (see ``RESULT_COLUMNS``)."""
+def time_to_target(metrics: Sequence[dict[str, Any]], target: float | None,
+                   window: int = 5) -> float:
+  """The cumulative step wall-clock at which the ``window``-step trailing mean of the
+  train reward first reaches ``target`` (nan: never, or no target)."""
+  if target is None or len(metrics) < window:
+    return float("nan")
+  reward = np.array([r["reward_mean"] for r in metrics], float)
+  clock = np.cumsum([r["time_total_s"] for r in metrics])
+  trailing = np.convolve(reward, np.ones(window) / window, mode="valid")
+  hits = np.flatnonzero(trailing >= target)
+  return float(clock[hits[0] + window - 1]) if hits.size else float("nan")
+
+
+def results_table(arms: Sequence[dict[str, Any]],
+                  reward_target: float | None = None) -> list[dict[str, Any]]:
+  """One result row per run (arm and seed; see ``RESULT_COLUMNS``)."""
   rows = []
   for arm in arms:
     cfg, metrics = arm["config"], arm["rows"]
     stats = summarize(metrics)
     evals = [r for r in metrics if "eval_accuracy" in r]
     controller = cfg["controller"]["kind"]
+    name, seed = split_run_name(arm["name"])
     rows.append({
-        "arm": arm["name"], "algorithm": cfg["learner"]["algorithm"], "controller": controller,
+        "arm": name, "seed": seed, "run": arm["name"],
+        "algorithm": cfg["learner"]["algorithm"], "controller": controller,
         "static_g": cfg["controller"]["static_g"] if controller == "static" else "",
         "steps": len(metrics),
         "straggler_event": cfg["controller"].get("event", "group"),
@@ -156,6 +228,9 @@ def results_table(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         "step_straggler_rate": stats.get("step_straggler_rate", float("nan")),
         "wall_clock_s": stats.get("time_total_s", float("nan")),
         "rollout_s": stats.get("time_rollout_s", float("nan")),
+        "rollouts": (float(sum(r["rollouts"] for r in metrics))
+                     if metrics and all("rollouts" in r for r in metrics) else float("nan")),
+        "time_to_target_s": time_to_target(metrics, reward_target),
         "eval_accuracy_start": arm["summary"].get("eval_accuracy_start", float("nan")),
         "eval_accuracy_end": evals[-1]["eval_accuracy"] if evals else float("nan"),
         "eval_sampled_accuracy_start": arm["summary"].get("eval_sampled_accuracy_start",
@@ -168,12 +243,37 @@ def results_table(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         "mean_g": stats.get("mean_g", float("nan")),
     })
   for row in rows:
-    statics = [r for r in rows if r["algorithm"] == row["algorithm"]
+    statics = [r for r in rows if r["algorithm"] == row["algorithm"] and r["seed"] == row["seed"]
                and r["controller"] == "static"]
     largest = max(statics, key=lambda r: r["static_g"]) if statics else None
     row["speedup_vs_largest_static"] = (largest["wall_clock_s"] / row["wall_clock_s"]
                                         if largest else float("nan"))
   return rows
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
+  """(mean, 95% confidence half-width, n) of the finite ``values``: Student's t with
+  n - 1 degrees of freedom (half-width nan for a single value)."""
+  x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
+  if not x.size:
+    return float("nan"), float("nan"), 0
+  if x.size == 1:
+    return float(x[0]), float("nan"), 1
+  t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
+  return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
+
+
+def summary_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Per arm (in first-seen order): seeds and ``(mean, half-width, n)`` of every
+  ``SUMMARY_COLUMNS`` column over the arm's seeds."""
+  out: dict[str, dict[str, Any]] = {}
+  for row in rows:
+    out.setdefault(row["arm"], {"arm": row["arm"], "runs": []})["runs"].append(row)
+  for arm in out.values():
+    runs = arm.pop("runs")
+    arm["seeds"] = len(runs)
+    arm.update({key: mean_ci([r[key] for r in runs]) for key, _, _ in SUMMARY_COLUMNS})
+  return list(out.values())
 
 
 def write_results(rows: Sequence[dict[str, Any]], workdir: Path) -> None:
@@ -184,20 +284,20 @@ def write_results(rows: Sequence[dict[str, Any]], workdir: Path) -> None:
   (workdir / "results.md").write_text(markdown_table(rows) + "\n", encoding="utf-8")
 
 
+def _cell(stat: tuple[float, float, int], fmt: str) -> str:
+  mean, half, n = stat
+  if not n:
+    return "–"
+  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt}}"
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  header = ("| arm | group straggler rate | step straggler rate | wall-clock s | rollout s "
-            "| speedup vs largest static G "
-            "| held-out acc greedy (start -> end) | held-out acc sampled (start -> end) "
-            "| final reward | mean response len | mean G |")
-  lines = [header, "|" + "---|" * 11]
-  for r in rows:
-    lines.append(
-        f"| {r['arm']} | {r['group_straggler_rate']:.3f} | {r['step_straggler_rate']:.3f} | "
-        f"{r['wall_clock_s']:.1f} | "
-        f"{r['rollout_s']:.1f} | {r['speedup_vs_largest_static']:.2f}x | "
-        f"{r['eval_accuracy_start']:.3f} -> {r['eval_accuracy_end']:.3f} | "
-        f"{r['eval_sampled_accuracy_start']:.3f} -> {r['eval_sampled_accuracy_end']:.3f} | "
-        f"{r['final_reward']:.3f} | {r['response_len_mean']:.1f} | {r['mean_g']:.2f} |")
+  """Per arm: mean ± 95% CI over its seeds (n = seeds) of ``SUMMARY_COLUMNS``."""
+  header = "| arm | seeds | " + " | ".join(h for _, h, _ in SUMMARY_COLUMNS) + " |"
+  lines = [header, "|" + "---|" * (len(SUMMARY_COLUMNS) + 2)]
+  for arm in summary_table(rows):
+    cells = " | ".join(_cell(arm[key], fmt) for key, _, fmt in SUMMARY_COLUMNS)
+    lines.append(f"| {arm['arm']} | {arm['seeds']} | {cells} |")
   return "\n".join(lines)
 
 
@@ -214,7 +314,11 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
   import matplotlib.pyplot as plt
 
   paths = []
-  sagc = [a for a in arms if a["config"]["controller"]["kind"] == "sagc"]
+  # G, lambda and the posterior are per-run traces: the first seed of each SAGC arm.
+  first_seed = {}
+  for arm in arms:
+    first_seed.setdefault(split_run_name(arm["name"])[0], arm)
+  sagc = [a for a in first_seed.values() if a["config"]["controller"]["kind"] == "sagc"]
 
   def save(fig, name):
     path = workdir / name
@@ -234,11 +338,27 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
   axes[0].legend(fontsize=8)
   save(fig, "g_lambda.png")
 
-  fig, ax = plt.subplots(figsize=(8, 4))
+  by_arm: dict[str, list[dict[str, Any]]] = {}
   for arm in arms:
-    rate = np.array([r["straggler_rate"] for r in arm["rows"]])
-    ax.plot(np.arange(1, len(rate) + 1), np.cumsum(rate) / np.arange(1, len(rate) + 1),
-            label=arm["name"])
+    by_arm.setdefault(split_run_name(arm["name"])[0], []).append(arm)
+
+  def band(ax, x, curves, label):
+    """Mean over seeds with a 95% t band (curves cut to the shortest run)."""
+    n = min(len(c) for c in curves)
+    stats = [mean_ci([c[i] for c in curves]) for i in range(n)]
+    mean = np.array([m for m, _, _ in stats])
+    line, = ax.plot(x[:n], mean, label=f"{label} (n={len(curves)})")
+    if len(curves) > 1:
+      half = np.array([h for _, h, _ in stats])
+      ax.fill_between(x[:n], mean - half, mean + half, color=line.get_color(), alpha=0.2)
+
+  fig, ax = plt.subplots(figsize=(8, 4))
+  for name, runs in by_arm.items():
+    curves = []
+    for run in runs:
+      rate = np.array([r["straggler_rate"] for r in run["rows"]])
+      curves.append(np.cumsum(rate) / np.arange(1, len(rate) + 1))
+    band(ax, np.arange(1, max(len(c) for c in curves) + 1), curves, name)
   deltas = {a["config"]["controller"]["delta"] for a in arms}
   for delta in deltas:
     ax.axhline(delta, color="k", ls="--", lw=0.8)
@@ -250,11 +370,13 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
   save(fig, "stragglers.png")
 
   fig, ax = plt.subplots(figsize=(8, 4))
-  for arm in arms:
-    t = np.cumsum([r["time_total_s"] for r in arm["rows"]])
-    reward = _smooth(np.array([r["reward_mean"] for r in arm["rows"]]))
-    ax.plot(t[len(t) - len(reward):], reward, label=arm["name"])
-  ax.set_xlabel("wall-clock s (cumulative step time)")
+  for name, runs in by_arm.items():
+    n = min(len(run["rows"]) for run in runs)
+    clock = np.mean([np.cumsum([r["time_total_s"] for r in run["rows"][:n]]) for run in runs],
+                    axis=0)
+    rewards = [_smooth(np.array([r["reward_mean"] for r in run["rows"][:n]])) for run in runs]
+    band(ax, clock[n - len(rewards[0]):], rewards, name)
+  ax.set_xlabel("wall-clock s (cumulative step time, mean over seeds)")
   ax.set_ylabel("train reward (5-step mean)")
   ax.legend(fontsize=7, ncol=2)
   save(fig, "reward_vs_time.png")
@@ -276,11 +398,15 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
 
 def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   arms = load_comparison(workdir)
-  rows = results_table(arms)
+  settings = workdir / "compare.json"
+  target = (json.loads(settings.read_text()).get("reward_target") if settings.exists()
+            else None)
+  rows = results_table(arms, target)
   write_results(rows, workdir)
   plot_comparison(arms, workdir)
   log(markdown_table(rows))
-  log(f"wrote {workdir / 'results.csv'}, {workdir / 'results.md'} and plots in {workdir}")
+  log(f"wrote {workdir / 'results.csv'} (one row per arm and seed), {workdir / 'results.md'} "
+      f"(mean ± 95% CI over seeds) and plots in {workdir}")
   return rows
 
 
@@ -315,7 +441,12 @@ def main(argv: Sequence[str], flags) -> None:
     if flags.config is None:
       raise ValueError("--config is required unless --merge_only")
     from sagc_jax.config import validate
-    arms = select_arms(arm_configs(flags.config), flags.arms)
+    arms = select_arms(run_configs(flags.config), flags.arms)
+    target = flags.config.compare.get("reward_target")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+      raise ValueError(f"compare.reward_target={target!r} must be a number or None")
+    (workdir / "compare.json").write_text(json.dumps(
+        {"seeds": seed_count(flags.config), "reward_target": target}) + "\n")
     for name, arm in arms.items():
       try:
         validate(arm)

@@ -4,11 +4,12 @@ Every step::
 
     G = controller.propose()
     prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
-    samples = sampler.generate(policy, prompts, G)          # in-jit length stats -> sink
+    samples = sampler.generate(policy, prompts, G)          # + per-group max / median, from
+                                                            #   the in-jit host callback
     rewards = reward_fn(decoded responses, answers)         # host, worker pool
     batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
     learner.update(batch)                                   # advantages, loss, optax
-    controller.observe(*sampler.sink.pop())                 # max / median per group
+    controller.observe(max, median of every round's groups)
     metrics row -> metrics.jsonl + TensorBoard; checkpoint every N steps and on SIGTERM
     or a first Ctrl-C
 
@@ -24,6 +25,7 @@ as an HF checkpoint folder (``<workdir>/sft_model``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -54,6 +56,22 @@ from sagc_jax.run_lock import RunLock
 from sagc_jax.sampling import Sampler
 from sagc_jax.storage import cache_root, local_mirror, run_path, stage
 from sagc_jax.warm_start import prepare_policy
+
+@dataclasses.dataclass
+class RoundStats:
+  """What one sampling round tells the step besides its batch: the controller's
+  observations (per real group, delivered by the sampler's host callback and shared
+  across processes), the real rows' lengths and rewards, and its timings."""
+  group_max: np.ndarray
+  group_median: np.ndarray
+  lengths: np.ndarray
+  scores: np.ndarray
+  correct: np.ndarray
+  formatted: np.ndarray
+  decode_slots: int
+  rollout_s: float
+  reward_s: float
+
 
 _TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
                 "learner_seconds", "eval_seconds")
@@ -273,9 +291,10 @@ class Trainer:
     return [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
                                   skip_special_tokens=True) for r in rows]
 
-  def _sample_round(self, g: int, round_index: int, timings: dict[str, float],
-                    stats: dict[str, list]) -> RolloutBatch:
-    """One sampling round of P(G) fresh prompts, scored.
+  def _sample_round(self, g: int, round_index: int) -> tuple[RolloutBatch, RoundStats]:
+    """One sampling round of P(G) fresh prompts, scored: its batch and its statistics
+    (the controller's per-group observations as the sampler's host callback delivered
+    them, rewards, lengths, timings).
 
     Each process reads, encodes, decodes and scores its own share of the
     prompts (``P / process_count``, contiguous in process order); prompt ids
@@ -294,18 +313,14 @@ class Trainer:
     own = self.reward_fn(texts, answers)
     result = type(own)(*(distributed.allgather_rows(x) for x in own))
     t2 = time.perf_counter()
-    timings["rollout"] += t1 - t0
-    timings["reward"] += t2 - t1
-    real = samples.lengths[:samples.num_rows]
-    stats["lengths"].append(real)
-    stats["scores"].append(result.scores)
-    stats["correct"].append(result.correct)
-    stats["formatted"].append(result.formatted)
-    stats["rows"].append(samples.response_tokens.shape[0])
-    stats["decode_steps"].append(samples.decode_steps)
-    stats["decode_slots"].append(samples.decode_slots)
-    stats["groups"].append(samples.num_prompts)
-    return rollout_batch(samples, result.scores)
+    group_max, group_median = distributed.share_sink_stats(
+        samples.group_max, samples.group_median, num_groups=samples.num_prompts)
+    stats = RoundStats(
+        group_max=group_max, group_median=group_median,
+        lengths=samples.lengths[:samples.num_rows], scores=result.scores,
+        correct=result.correct, formatted=result.formatted,
+        decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
+    return rollout_batch(samples, result.scores), stats
 
   def train_step(self) -> dict[str, Any]:
     """Runs one RL step and returns its metrics row."""
@@ -313,48 +328,44 @@ class Trainer:
     compiles_before = compile_count.compile_count()
     g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {self.step + 1}")
-    timings = {"rollout": 0.0, "reward": 0.0}
-    stats: dict[str, list] = {k: [] for k in ("lengths", "scores", "correct", "formatted",
-                                              "rows", "decode_steps", "decode_slots",
-                                              "groups")}
     rows = self.sampler.row_bucket_for(self.prompts_for(g) * g)
     lc = self.learner.config
-    rounds, message = 1, None
+    message = None
     if lc.dynamic_sampling:
       result = collect_informative_groups(
-          lambda i: self._sample_round(g, i, timings, stats),
-          lambda b: self.learner.prepare(b)[1], target_groups=self.prompts_for(g), rows=rows,
-          max_rounds=lc.dynamic_max_rounds)
-      batch, rounds, message = result.batch, result.rounds, result.message
+          lambda i: self._sample_round(g, i), lambda b: self.learner.prepare(b)[1],
+          target_groups=self.prompts_for(g), rows=rows, max_rounds=lc.dynamic_max_rounds)
+      batch, rounds, message = result.batch, result.round_stats, result.message
       if message:
         self.log(f"step {self.step + 1}: {message}")
     else:
-      batch = self._sample_round(g, 0, timings, stats)
+      batch, first = self._sample_round(g, 0)
+      rounds = [first]
     learner_metrics: dict[str, float] = {}
     t_learn = time.perf_counter()
     if batch is not None:
       learner_metrics = self.learner.update(batch, seed=self.config.seed)
     time_learner = time.perf_counter() - t_learn
-    group_max, group_median = distributed.share_sink_stats(
-        *self.sampler.sink.pop(), num_groups=int(sum(stats["groups"])))
-    ctrl = self.controller.observe(group_max, group_median)
+    ctrl = self.controller.observe(np.concatenate([r.group_max for r in rounds]),
+                                   np.concatenate([r.group_median for r in rounds]))
     self.step += 1
 
-    lengths = np.concatenate(stats["lengths"])
+    lengths = np.concatenate([r.lengths for r in rounds])
     generated = float(lengths.sum())
-    decode_slots = float(sum(stats["decode_slots"]))
+    decode_slots = float(sum(r.decode_slots for r in rounds))
     row = {"step": self.step, **ctrl}
     row.update(
-        time_rollout_s=timings["rollout"], time_reward_s=timings["reward"],
+        time_rollout_s=sum(r.rollout_s for r in rounds),
+        time_reward_s=sum(r.reward_s for r in rounds),
         time_learner_s=time_learner, time_total_s=time.perf_counter() - start,
         generated_tokens=generated,
         padding_efficiency=generated / decode_slots if decode_slots else 0.0,
-        reward_mean=float(np.concatenate(stats["scores"]).mean()),
-        accuracy=float(np.concatenate(stats["correct"]).mean()),
-        format_rate=float(np.concatenate(stats["formatted"]).mean()),
+        reward_mean=float(np.concatenate([r.scores for r in rounds]).mean()),
+        accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
+        format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
         response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
-        response_len_max=float(lengths.max()), sampling_rounds=float(rounds),
-        prompts=float(self.prompts_for(g)), rows=float(rows),
+        response_len_max=float(lengths.max()), sampling_rounds=float(len(rounds)),
+        prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
         new_compilations=float(compile_count.compile_count() - compiles_before),
         update_skipped=float(batch is None))
     row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
@@ -373,7 +384,6 @@ class Trainer:
       result = self.reward_fn(self._decode(samples), [ex["answer"] for ex in examples])
       correct.append(result.correct)
       lengths.append(samples.lengths[:samples.num_rows])
-    sampler.sink.pop()               # eval lengths are not controller observations
     return np.concatenate(correct), np.concatenate(lengths)
 
   def evaluate(self, limit: int | None = None) -> dict[str, float]:

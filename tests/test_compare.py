@@ -46,6 +46,76 @@ def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
     compare.select_arms(arms, "grpo_sagc,ppo_sagc")
 
 
+def test_every_arm_runs_once_per_seed_with_seed_dependent_data_and_sampling():
+  config = with_compare(preset("grpo", "sagc"), ("grpo",))
+  config.compare.seeds = 3
+  runs = compare.run_configs(config)
+  assert len(runs) == 4 * 3
+  for name, run in runs.items():
+    arm, k = compare.split_run_name(name)
+    assert run.seed == config.seed + k and 0 <= k < 3
+    assert run.controller.kind == ("sagc" if arm.endswith("sagc") else "static")
+  assert sorted(compare.select_arms(runs, "grpo_sagc")) == [
+      "grpo_sagc_seed0", "grpo_sagc_seed1", "grpo_sagc_seed2"]
+  assert list(compare.select_arms(runs, "grpo_static4_seed1")) == ["grpo_static4_seed1"]
+  assert compare.split_run_name("grpo_sagc") == ("grpo_sagc", 0)
+  config.compare.seeds = 0
+  with pytest.raises(ValueError, match="compare.seeds=0 must be a positive int"):
+    compare.run_configs(config)
+
+
+def test_confidence_intervals_use_student_t():
+  stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(0)
+  for n in (2, 3, 5, 12, 31, 40):
+    x = rng.normal(3.0, 2.0, n)
+    mean, half, count = compare.mean_ci(list(x) + [float("nan")])
+    t = stats.t.ppf(0.975, n - 1) if n - 1 <= 30 else 1.96
+    assert count == n and mean == pytest.approx(x.mean())
+    assert half == pytest.approx(t * x.std(ddof=1) / np.sqrt(n), rel=1e-3)
+  assert compare.mean_ci([0.5])[2] == 1 and np.isnan(compare.mean_ci([0.5])[1])
+  assert compare.mean_ci([])[2] == 0
+
+
+def test_time_to_target_is_the_first_crossing_of_the_trailing_mean():
+  rows = [{"reward_mean": r, "time_total_s": 2.0} for r in (0, 0, 1, 1, 1, 1, 1, 0)]
+  # trailing 5-step means: 0.6 (steps 1-5), 0.8 (2-6), 1.0 (3-7), 0.8 (4-8)
+  assert compare.time_to_target(rows, 0.75) == 12.0      # reached at step 6
+  assert compare.time_to_target(rows, 0.6) == 10.0
+  assert np.isnan(compare.time_to_target(rows, 1.5))
+  assert np.isnan(compare.time_to_target(rows, None))
+
+
+def test_report_over_seeds_gives_mean_and_ci_per_arm(tmp_path):
+  for seed in range(3):
+    for algorithm, kind, g in [("grpo", "static", 4), ("grpo", "static", 16),
+                               ("grpo", "sagc", None)]:
+      fake_arm(tmp_path, f"{algorithm}_{kind}{g or ''}_seed{seed}", algorithm, kind, g,
+               steps=12, seed=seed * 10 + (g or 0))
+  (tmp_path / "compare.json").write_text(json.dumps({"seeds": 3, "reward_target": 0.5}))
+  rows = compare.report(tmp_path, log=lambda m: None)
+  assert len(rows) == 9 and {r["seed"] for r in rows} == {0, 1, 2}
+  with open(tmp_path / "results.csv", encoding="utf-8") as f:
+    table = list(csv.DictReader(f))
+  assert len(table) == 9 and set(table[0]) == set(compare.RESULT_COLUMNS)
+  summary = {a["arm"]: a for a in compare.summary_table(rows)}
+  assert set(summary) == {"grpo_static4", "grpo_static16", "grpo_sagc"}
+  sagc = [r for r in rows if r["arm"] == "grpo_sagc"]
+  mean, half, n = summary["grpo_sagc"]["wall_clock_s"]
+  assert n == 3 and mean == pytest.approx(np.mean([r["wall_clock_s"] for r in sagc]))
+  assert half > 0
+  # the fake reward climbs 1/12 per step: its 5-step mean first reaches 0.5 at step 8
+  static4 = [r for r in rows if r["arm"] == "grpo_static4"]
+  assert all(r["time_to_target_s"] == pytest.approx(8 * 1.5) for r in static4)
+  for r in rows:       # speedups are against the same seed's largest static G
+    if r["arm"] == "grpo_static16":
+      assert r["speedup_vs_largest_static"] == pytest.approx(1.0)
+  text = (tmp_path / "results.md").read_text()
+  assert "| grpo_sagc | 3 |" in text and " ± " in text
+  for name in ("g_lambda.png", "stragglers.png", "reward_vs_time.png", "posterior.png"):
+    assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
 def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
   config = with_compare(small_config(shared, steps=2), ("grpo",))
   arms = compare.arm_configs(config)
@@ -146,9 +216,9 @@ def test_sigterm_stops_the_whole_comparison_after_a_checkpoint(shared, tmp_path)
   proc = subprocess.Popen([sys.executable, "-m", "sagc_jax.compare", f"--config={config_file}",
                            f"--workdir={workdir}"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
-  first = workdir / "arms" / "grpo_static2"
+  first = workdir / "arms" / "grpo_static2_seed0"
   output = sigterm_after_steps(proc, first, steps=2)
   assert "stopped by SIGTERM" in output
   summary = json.loads((first / "summary.json").read_text())
   assert summary["preempted"] and summary["steps"] < 200
-  assert not (workdir / "arms" / "grpo_static4").exists()     # no next arm was started
+  assert not (workdir / "arms" / "grpo_static4_seed0").exists()   # no next run was started

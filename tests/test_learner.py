@@ -262,19 +262,21 @@ def test_dynamic_sampling_refills_with_informative_groups(samples):
                     (PROMPT_BUCKET,), (N_NEW,))
   keep = lambda b: learner.prepare(b)[1]
   rounds = [samples[0], samples[0]]              # 3 informative groups of 4 per round
-  result = collect_informative_groups(lambda r: rounds[r], keep, target_groups=4, rows=16,
-                                      max_rounds=2)
+  result = collect_informative_groups(lambda r: (rounds[r], f"stats {r}"), keep,
+                                      target_groups=4, rows=16, max_rounds=2)
   assert result.rounds == 2 and result.informative_groups == 4 and result.message is None
+  assert result.round_stats == ["stats 0", "stats 1"]     # every round's, in order
   merged = result.batch
   assert merged.row_valid.all()
   for g in range(4):                             # every kept group has reward variance
     assert np.ptp(merged.scores[merged.group_ids == g]) > 0
   np.testing.assert_array_equal(merged.scores[:4], samples[0].scores[4:8])
 
-  partial = collect_informative_groups(lambda r: samples[0], keep, target_groups=4, rows=16,
-                                       max_rounds=1)
+  partial = collect_informative_groups(lambda r: (samples[0], None), keep, target_groups=4,
+                                       rows=16, max_rounds=1)
   assert partial.informative_groups == 3 and partial.batch.row_valid.sum() == 12
   assert "only 3/4 informative groups after max_rounds=1" in partial.message
   flat = dataclasses.replace(samples[0], scores=np.where(samples[0].row_valid, 1.0, 0.0))
-  none = collect_informative_groups(lambda r: flat, keep, target_groups=4, rows=16, max_rounds=2)
+  none = collect_informative_groups(lambda r: (flat, None), keep, target_groups=4, rows=16,
+                                    max_rounds=2)
   assert none.batch is None and "skipping the update" in none.message

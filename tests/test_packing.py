@@ -58,7 +58,7 @@ def test_sequence_weights_reproduce_every_aggregation_mode(mode):
   np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("attention", ["dense", "blocked"])
+@pytest.mark.parametrize("attention", ["dense", "blocked", "splash"])
 def test_packed_row_computes_each_sequence_as_if_alone(attention):
   """Three sequences and padding in one row: every sequence's hidden states equal the
   model run on that sequence alone (attention never crosses segments, positions restart)."""

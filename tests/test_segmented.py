@@ -46,10 +46,8 @@ def test_segmented_samples_the_fused_tokens_across_compactions(llama, temperatur
     assert b.decode_slots <= a.decode_slots == 16 * a.decode_steps
     compacted += b.decode_slots < a.decode_slots
   assert compacted >= 2, "the lengths never let compaction run: the test would prove nothing"
-  # The in-jit host callback delivered the same stats once per call.
-  got_a, got_b = fused.sink.pop(), segmented.sink.pop()
-  for x, y in zip(got_a, got_b):
-    np.testing.assert_array_equal(x, y)
+  # The in-jit host callback delivered the same stats (assert_same_samples compares
+  # group_max / group_median, which generate takes from the sink).
 
 
 def test_segmented_on_8_devices_samples_the_single_device_fused_tokens(llama, sharded_llama):

@@ -131,7 +131,6 @@ def _hf_lengths(tokens: np.ndarray) -> np.ndarray:
 def _timed(sampler, model, prompts, group_size, runs, seed):
   sampler.generate(model, prompts, group_size, seed)                 # first call
   batches = [sampler.generate(model, prompts, group_size, seed) for _ in range(runs)]
-  sampler.sink.pop()
   return batches, float(np.median([b.seconds for b in batches]))
 
 
@@ -180,7 +179,6 @@ def _straggler_batch(model, cfg, tokens: int, seed: int, pool: int = 256
                  row_buckets=(pool,), prompt_buckets=(32,), decode_segment=0)
   prompts = _prompts(pool, seed + 1, cfg.vocab_size)
   run = free.generate(model, prompts, 1, seed)
-  free.sink.pop()
   full = [r for r in range(pool) if run.lengths[r] == tokens]
   if not full:
     raise RuntimeError("no greedy continuation reached the straggler length")

@@ -4,16 +4,15 @@ A group whose rewards are all equal (every response right, or every one
 wrong) has zero advantages and contributes no policy gradient; DAPO (Yu et
 al. 2025, Sec. 3.2) over-samples and keeps only groups with reward variance
 until the batch holds the target number of groups. Each round is a full
-sampler call at the step's G (the SAGC controller sees the length stats of
-every round through the sampler's sink: a round that straggles costs the step
-just the same). After ``max_rounds`` rounds the step proceeds with what it
+sampler call at the step's G (the SAGC controller observes the length stats of
+every round: a round that straggles costs the step just the same). After ``max_rounds`` rounds the step proceeds with what it
 has and says so; with no informative group at all it is skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,17 +27,18 @@ class DynamicSamplingResult:
   target_groups: int
   sampled_groups: int
   message: str | None            # set when the target was not reached
+  round_stats: list[Any] = dataclasses.field(default_factory=list)   # one per round
 
 
-def collect_informative_groups(sample_round: Callable[[int], RolloutBatch],
+def collect_informative_groups(sample_round: Callable[[int], tuple[RolloutBatch, Any]],
                                keep_rows: Callable[[RolloutBatch], np.ndarray],
                                target_groups: int, rows: int, max_rounds: int
                                ) -> DynamicSamplingResult:
   """Calls ``sample_round(r)`` until ``target_groups`` informative groups are kept.
 
   Args:
-    sample_round: draws round r (new prompts each round) as a RolloutBatch with
-      rewards.
+    sample_round: draws round r (new prompts each round): its RolloutBatch with
+      rewards and its statistics (returned in order as ``round_stats``).
     keep_rows: per-row keep mask of a round (e.g. ``learner.prepare(b)[1]``).
     target_groups: groups the step's batch should hold.
     rows: row bucket of the merged batch.
@@ -46,10 +46,11 @@ def collect_informative_groups(sample_round: Callable[[int], RolloutBatch],
   """
   if max_rounds < 1 or target_groups < 1:
     raise ValueError(f"max_rounds={max_rounds} and target_groups={target_groups} must be >= 1")
-  parts, kept, sampled = [], 0, 0
+  parts, kept, sampled, stats = [], 0, 0, []
   rounds = 0
   for rounds in range(1, max_rounds + 1):
-    batch = sample_round(rounds - 1)
+    batch, round_stats = sample_round(rounds - 1)
+    stats.append(round_stats)
     keep = np.asarray(keep_rows(batch), bool)
     ids = batch.group_ids[batch.row_valid]
     sampled += int(np.unique(ids).size)
@@ -67,4 +68,4 @@ def collect_informative_groups(sample_round: Callable[[int], RolloutBatch],
                + ("training on the partial batch" if kept else "skipping the update")
                + " (raise learner.dynamic_max_rounds or check the reward signal)")
   merged = concat_rollouts(parts, rows) if parts else None
-  return DynamicSamplingResult(merged, rounds, kept, target_groups, sampled, message)
+  return DynamicSamplingResult(merged, rounds, kept, target_groups, sampled, message, stats)

@@ -68,9 +68,10 @@ class LengthStatsSink:
   """Host end of the length-stats callback: buffers each sampling round's stats.
 
   The jitted sampler calls ``sink(group_max, group_median, count)`` through
-  ``io_callback``; the trainer calls ``pop()`` at the end of the step and feeds
-  the concatenated real groups to ``controller.observe``. Thread-safe: XLA
-  may run host callbacks on its own threads.
+  ``io_callback``; ``Sampler.generate`` calls ``pop()`` when its device calls are done
+  and returns that call's real groups with its result (``SampleBatch.group_max`` /
+  ``group_median``), which the trainer feeds to ``controller.observe``. Thread-safe:
+  XLA may run host callbacks on its own threads.
   """
 
   def __init__(self):

@@ -116,7 +116,10 @@ class SampleBatch:
   lengths: np.ndarray            # [B] int32
   row_valid: np.ndarray          # [B] bool
   group_ids: np.ndarray          # [B] int32 (prompt index of the row)
-  group_max: np.ndarray          # [num_prompts] float64, from the in-jit stats
+  # Per real group, as delivered by the in-jit host callback during this call (the
+  # SAGC controller's inputs). In a multi-process run a process may receive none;
+  # ``distributed.share_sink_stats`` gives every process the delivered values.
+  group_max: np.ndarray          # [num_prompts] float64
   group_median: np.ndarray       # [num_prompts] float64
   group_size: int
   num_prompts: int
@@ -509,7 +512,9 @@ class Sampler:
     """Samples ``group_size`` responses for each prompt (token id lists).
 
     Rows ``[i*G, (i+1)*G)`` belong to prompt i (group id i). The per-group
-    length stats also reach ``self.sink`` through the in-jit host callback.
+    length stats reach ``self.sink`` through the in-jit host callback; ``generate``
+    takes this call's deliveries from it and returns them as ``group_max`` /
+    ``group_median``, so the sink is empty again when it returns.
     """
     if group_size <= 0:
       raise ValueError(f"group_size={group_size} must be positive")
@@ -559,17 +564,17 @@ class Sampler:
       return full
     lengths = joined("lengths")
     response_tokens = joined("tokens", self.params.pad_id)
-    stats = [(np.asarray(out["stats"].count) > 0, out["stats"]) for _, out in pieces]
+    # This call's per-group stats as the in-jit host callback delivered them (one
+    # delivery per sub-call): the controller's observations, handed back with the
+    # call's result instead of left in a sink for the caller to drain.
+    group_max, group_median = self.sink.pop()
     return SampleBatch(
         prompt_tokens=tokens, prompt_mask=mask,
         response_tokens=response_tokens,
         response_logprobs=joined("logprobs"),
         response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
         lengths=lengths, row_valid=row_valid, group_ids=group_ids,
-        group_max=np.concatenate([np.asarray(st.group_max, np.float64)[present]
-                                  for present, st in stats]),
-        group_median=np.concatenate([np.asarray(st.group_median, np.float64)[present]
-                                     for present, st in stats]),
+        group_max=group_max, group_median=group_median,
         group_size=group_size, num_prompts=num_prompts,
         decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds)
 
