@@ -189,6 +189,13 @@ def load_comparison(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   arms = [load_arm(d) for d in sorted(arms_dir.iterdir())
           if (d / "metrics.jsonl").exists() and (d / "config.json").exists()]
   arms = [a for a in arms if a["rows"]]          # an arm that has not finished a step yet
+  seen: dict[tuple[str, int], str] = {}
+  for arm in arms:         # "grpo_sagc" (before seeds) is seed 0 of "grpo_sagc_seed0"
+    key = split_run_name(arm["name"])
+    if key in seen:
+      raise ValueError(f"{arms_dir}: {seen[key]} and {arm['name']} are both seed {key[1]} of "
+                       f"arm {key[0]}; move one of them out of arms/")
+    seen[key] = arm["name"]
   if not arms:
     raise FileNotFoundError(f"no finished arm (metrics.jsonl + config.json) under {arms_dir}")
   return arms
@@ -242,11 +249,14 @@ def results_table(arms: Sequence[dict[str, Any]],
         "response_len_mean": stats.get("response_len_mean", float("nan")),
         "mean_g": stats.get("mean_g", float("nan")),
     })
-  for row in rows:
-    statics = [r for r in rows if r["algorithm"] == row["algorithm"] and r["seed"] == row["seed"]
-               and r["controller"] == "static"]
-    largest = max(statics, key=lambda r: r["static_g"]) if statics else None
-    row["speedup_vs_largest_static"] = (largest["wall_clock_s"] / row["wall_clock_s"]
+  for row, arm in zip(rows, arms):
+    # Against the same seed's static run at the largest candidate G (nan if that run is
+    # not in the comparison, e.g. a partial merge).
+    largest_g = max(arm["config"]["controller"]["candidates"])
+    largest = [r for r in rows if r["algorithm"] == row["algorithm"]
+               and r["seed"] == row["seed"] and r["controller"] == "static"
+               and r["static_g"] == largest_g]
+    row["speedup_vs_largest_static"] = (largest[0]["wall_clock_s"] / row["wall_clock_s"]
                                         if largest else float("nan"))
   return rows
 

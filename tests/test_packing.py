@@ -37,7 +37,10 @@ def test_first_fit_decreasing_fills_bins_deterministically():
 def test_row_ladder_and_split_cover_the_rows_with_little_padding():
   assert row_ladder(64, 1) == (1, 2, 4, 8, 16, 32, 64)
   assert row_ladder(32, 4) == (4, 8, 16, 32)
-  assert row_ladder(12, 4) == (12,)           # 6 is not a multiple of the 'data' axis
+  assert row_ladder(12, 4) == (4, 8, 12)      # doublings of the 'data' axis, and the top
+  assert ladder_split(7, (4, 8, 12)) == [4, 4]
+  with pytest.raises(ValueError, match="max_rows=6 is not a multiple of unit=4"):
+    row_ladder(6, 4)
   assert ladder_split(26, (1, 2, 4, 8, 16)) == [16, 8, 2]
   assert ladder_split(13, (4, 8, 16)) == [8, 4, 4]
   assert ladder_split(0, (4, 8)) == []

@@ -43,6 +43,7 @@ Dr. GRPO (Liu et al. 2025); see ``losses`` for the per-function citations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Sequence
@@ -551,13 +552,17 @@ class Learner:
     sums["loss"] = sg(loss)
     return loss, sums
 
+  @functools.cached_property
+  def _sums_shape(self):
+    """The structure of the metric sums (traced once, on the smallest batch)."""
+    return jax.eval_shape(self._microbatch_loss, self._abstract(self.params),
+                          LearnerBatch.abstract(1, 2, 1))[1]
+
   def _zero_state(self):
     """(float32 zero gradients, zero sums): what a minibatch's accumulation starts from."""
-    sums = jax.eval_shape(self._microbatch_loss, self._abstract(self.params),
-                          LearnerBatch.abstract(1, 2, 1))[1]
     return (self._pin_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
                                                self.params)),
-            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums))
+            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._sums_shape))
 
   def _make_grad_step(self):
     grad_fn = jax.value_and_grad(self._microbatch_loss, has_aux=True)
@@ -636,7 +641,7 @@ class Learner:
                                  jax.ShapeDtypeStruct((rows,), jnp.bool_))
     if kind == "zeros":
       return self._zeros.lower()
-    grads, sums = jax.eval_shape(self._zero_state)
+    sums = self._sums_shape
     if kind == "apply":
       return self._apply.lower(self._abstract(self.params), self._abstract(self.opt_state),
                                self._abstract(self.params), sums["loss"])
@@ -760,15 +765,17 @@ class Learner:
     if self.reference is None and not recompute:
       return
     policy = np.zeros_like(seqs.old_logp)
-    for micro in minibatches:
-      for m in micro:
-        batch = self._device(m.batch)
-        if self.reference is not None:
-          ref = self.programs.get(("logp", "ref", *m.batch.shape))
-          m.scatter(to_host(ref(self.reference, batch)), seqs.ref_logp)
-        if recompute:
-          current = self.programs.get(("logp", "policy", *m.batch.shape))
-          m.scatter(to_host(current(self.params, batch)), policy)
+    pending = []                 # every pass is dispatched before any result is fetched
+    for m in (m for micro in minibatches for m in micro):
+      batch = self._device(m.batch)
+      if self.reference is not None:
+        ref = self.programs.get(("logp", "ref", *m.batch.shape))
+        pending.append((m, seqs.ref_logp, ref(self.reference, batch)))
+      if recompute:
+        current = self.programs.get(("logp", "policy", *m.batch.shape))
+        pending.append((m, policy, current(self.params, batch)))
+    for (m, out, _), values in zip(pending, to_host([p[2] for p in pending])):
+      m.scatter(values, out)
     if recompute:
       seqs.old_logp = policy
 

@@ -196,14 +196,15 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 
 def row_ladder(max_rows: int, unit: int) -> tuple[int, ...]:
-  """Microbatch row counts: ``max_rows`` halved down to ``unit`` (each a multiple of it)."""
-  rungs, r = [], max_rows
-  while r >= unit and r % unit == 0:
-    rungs.append(r)
-    if r % 2:
-      break
-    r //= 2
-  return tuple(sorted(set(rungs))) or (max_rows,)
+  """Microbatch row counts: ``unit`` doubled while below ``max_rows``, and ``max_rows``
+  itself (every rung a multiple of ``unit``, the mesh's 'data' axis)."""
+  if max_rows < unit or max_rows % unit:
+    raise ValueError(f"row_ladder: max_rows={max_rows} is not a multiple of unit={unit}")
+  rungs, r = {max_rows}, unit
+  while r < max_rows:
+    rungs.add(r)
+    r *= 2
+  return tuple(sorted(rungs))
 
 
 def ladder_split(rows: int, ladder: Sequence[int]) -> list[int]:

@@ -547,15 +547,20 @@ class Sampler:
     # so a split rollout samples the tokens of an unsplit one (up to float rounding).
     per_call = rows if call_rows == rows else (call_rows // group_size) * group_size
     pieces, seconds, decode_steps, decode_slots = [], 0.0, 0, 0
-    for lo in range(0, max(real_rows, 1), per_call):
-      hi = min(lo + per_call, rows)
-      out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi], mask[lo:hi],
-                                    row_valid[lo:hi], group_ids[lo:hi] - group_ids[lo],
-                                    np.arange(lo, hi, dtype=np.int32), seed, group_size)
-      pieces.append((hi - lo, out))
-      seconds += took
-      decode_steps = max(decode_steps, int(out["decode_steps"]))
-      decode_slots += slots
+    try:
+      for lo in range(0, max(real_rows, 1), per_call):
+        hi = min(lo + per_call, rows)
+        out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi],
+                                      mask[lo:hi], row_valid[lo:hi],
+                                      group_ids[lo:hi] - group_ids[lo],
+                                      np.arange(lo, hi, dtype=np.int32), seed, group_size)
+        pieces.append((hi - lo, out))
+        seconds += took
+        decode_steps = max(decode_steps, int(out["decode_steps"]))
+        decode_slots += slots
+    except BaseException:
+      self.sink.pop()        # a failed call's deliveries must not reach the next call
+      raise
 
     def joined(field, fill=0):
       rows_out = np.concatenate([np.asarray(out[field])[:n] for n, out in pieces])
