@@ -29,9 +29,10 @@ Layouts (``rl/packing.py``). Packed (default): each minibatch's sequences are pa
 first-fit-decreasing into rows of the smallest pack length (largest prompt bucket +
 a response bucket) holding its longest sequence, attention stays inside a sequence
 (segment ids) and RoPE positions restart per sequence; the rows run as microbatches of
-row counts from a halving ladder. Padded (``packing=False``, the reference): one
-left-padded row per sequence, responses cut to the smallest response bucket holding
-the longest response, ``grad_accum`` microbatches per minibatch. Every shape is
+row counts from a ladder (the 'data' axis doubled up to the padded microbatch).
+Padded (``packing=False``, the reference): one left-padded row per sequence,
+responses cut to the smallest response bucket holding the longest response,
+``grad_accum`` microbatches per minibatch. Every shape is
 compiled ahead of time (``warmup``), so whatever G the controller picks and whatever
 the lengths, no compilation happens after warm-up. Parameters keep their nnx
 shardings; batch rows are sharded on the mesh's ``'data'`` axis.
@@ -404,8 +405,8 @@ class Learner:
     self.step = 0
     self.skipped_updates = 0
     # Packed microbatches: rows of a pack length holding a prompt bucket plus a response
-    # bucket; row counts from halving the padded layout's microbatch down to the 'data'
-    # axis (so a packed microbatch never holds more tokens than a padded one).
+    # bucket; row counts from doubling the 'data' axis up to the padded layout's
+    # microbatch (so a packed microbatch never holds more tokens than a padded one).
     self.pack_lengths = tuple(sorted({self.prompt_buckets[-1] + n
                                       for n in self.response_buckets}))
     self.row_ladder = row_ladder(

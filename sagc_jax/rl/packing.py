@@ -19,8 +19,8 @@ Losses are exact in both layouts because the aggregation is written as one weigh
 token (``sequence_weights``): every mode of ``losses.aggregate`` is
 ``sum_t weight_t * loss_t`` with a weight that depends only on the token's sequence and
 on counts over the whole minibatch (its real tokens, its sequences). The counts are
-segment sums on the host (``np.bincount`` over sequence ids), so a microbatch's loss is
-its exact share of the minibatch loss however the sequences were packed or split.
+per-sequence sums on the host, taken before packing, so a microbatch's loss is its
+exact share of the minibatch loss however the sequences were packed or split.
 
 Shapes come from buckets so that nothing compiles after warm-up: the pack length is the
 smallest of ``pack_lengths`` that holds the minibatch's longest sequence, and the packed
