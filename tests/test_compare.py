@@ -114,6 +114,11 @@ def test_report_over_seeds_gives_mean_and_ci_per_arm(tmp_path):
   assert "| grpo_sagc | 3 |" in text and " ± " in text
   for name in ("g_lambda.png", "stragglers.png", "reward_vs_time.png", "posterior.png"):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+  # A folder from before seeds ("grpo_sagc") is seed 0: next to grpo_sagc_seed0 it is
+  # refused, not counted twice.
+  fake_arm(tmp_path, "grpo_sagc", "grpo", "sagc", None, steps=12, seed=99)
+  with pytest.raises(ValueError, match="grpo_sagc and grpo_sagc_seed0 are both seed 0"):
+    compare.load_comparison(tmp_path)
 
 
 def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
@@ -143,11 +148,6 @@ def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
   assert "| grpo_sagc |" in (tmp_path / "results.md").read_text()
   for name in ("g_lambda.png", "stragglers.png", "reward_vs_time.png", "posterior.png"):
     assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
-  # A folder from before seeds ("grpo_sagc") is seed 0: next to grpo_sagc_seed0 it is
-  # refused, not counted twice.
-  fake_arm(tmp_path, "grpo_sagc", "grpo", "sagc", None, steps=12, seed=99)
-  with pytest.raises(ValueError, match="grpo_sagc and grpo_sagc_seed0 are both seed 0"):
-    compare.load_comparison(tmp_path)
   proc = subprocess.run([sys.executable, "-m", "sagc_jax.compare", f"--workdir={tmp_path}",
                          "--merge_only"], capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
