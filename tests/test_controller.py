@@ -411,3 +411,25 @@ def test_event_is_part_of_the_state():
   assert twin.state_dict() == step.state_dict()
   with pytest.raises(ValueError, match="event='steps' is not one of"):
     SAGCController(CANDIDATES, event="steps")
+
+
+def test_controller_imports_and_runs_with_numpy_alone():
+  """The controller is host-side numpy: importing it must not pull in jax, flax,
+  transformers or torch (checked in a fresh interpreter where those imports fail)."""
+  import subprocess
+  import sys
+  code = (
+      "import importlib.abc, sys\n"
+      "class Block(importlib.abc.MetaPathFinder):\n"
+      "  def find_spec(self, name, path, target=None):\n"
+      "    if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'transformers', 'torch'):\n"
+      "      raise ImportError('blocked ' + name)\n"
+      "sys.meta_path.insert(0, Block())\n"
+      "from sagc_jax.controller import SAGCController\n"
+      "c = SAGCController((4, 8, 16), tau=2.0, delta=0.2, seed=0)\n"
+      "g = c.propose()\n"
+      "c.observe([10.0] * 4, [5.0] * 4)\n"
+      "print('ok', g, sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.startswith("ok ") and out.stdout.strip().endswith("[]")
