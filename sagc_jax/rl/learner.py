@@ -308,6 +308,15 @@ _MAX_SUMS = ("ratio_max", "mismatch_max")
 _EXACT_SUMS = ("loss", "pg_loss", "kl") + _MAX_SUMS
 
 
+def _smallest_holding(value: int, sizes: Sequence[int], what: str, kind: str) -> int:
+  """The smallest of the sorted ``sizes`` that is >= ``value``; else a ValueError naming
+  ``what`` and the largest ``kind``."""
+  for size in sizes:
+    if value <= size:
+      return size
+  raise ValueError(f"{what} exceeds the largest {kind} {sizes[-1]}")
+
+
 def _update_metrics(history: list) -> dict[str, list[float]]:
   """Per-update metrics from (sums, apply info) pairs: exact minibatch values (a
   token-mean over the minibatch, not a mean of microbatch means)."""
@@ -712,19 +721,14 @@ class Learner:
     return len(self.programs)
 
   def response_bucket(self, longest: int) -> int:
-    for bucket in self.response_buckets:
-      if longest <= bucket:
-        return bucket
-    raise ValueError(f"longest response {longest} exceeds the largest response bucket "
-                     f"{self.response_buckets[-1]}")
+    """The smallest response bucket holding a response of ``longest`` tokens."""
+    return _smallest_holding(longest, self.response_buckets,
+                             f"longest response {longest}", "response bucket")
 
   def pack_length(self, longest_sequence: int) -> int:
     """The smallest pack length holding a sequence of ``longest_sequence`` tokens."""
-    for length in self.pack_lengths:
-      if longest_sequence <= length:
-        return length
-    raise ValueError(f"a sequence of {longest_sequence} tokens exceeds the largest pack "
-                     f"length {self.pack_lengths[-1]}")
+    return _smallest_holding(longest_sequence, self.pack_lengths,
+                             f"a sequence of {longest_sequence} tokens", "pack length")
 
   # ---------------------------------------------------------------- update
   def prepare(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
