@@ -25,7 +25,7 @@ from sagc_jax.programs import warm
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.sampler import SampleBatch
 
-__all__ = ["RLComponents", "build_components", "candidate_group_sizes", "prompts_for",
+__all__ = ["RLComponents", "build_components", "build_eval_samplers", "candidate_group_sizes", "prompts_for",
            "rollout_batch"]
 
 
@@ -56,6 +56,44 @@ def prompts_for(config: ml_collections.ConfigDict, g: int) -> int:
   return checks.prompts_per_round(config.rollout, g)
 
 
+def _sampler_options(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
+  """Sampler keyword arguments every sampler of a run shares."""
+  r = config.rollout
+  data_axis = mesh.shape["data"]
+  limit = r.get("max_rows_per_call", 0) or None
+  if limit and limit % data_axis:
+    raise ValueError(f"rollout.max_rows_per_call={limit} does not divide evenly over the "
+                     f"mesh 'data' axis of size {data_axis}")
+  segment = r.get("decode_segment", -1)
+  return dict(mesh=mesh, max_rows_per_call=limit,
+              decode_segment=None if segment < 0 else segment,
+              compaction=r.get("compaction", True),
+              min_compact_rows=r.get("min_compact_rows", 8))
+
+
+def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, *,
+                        stop_ids: Sequence[int], pad_id: int) -> tuple[Sampler, Sampler]:
+  """The greedy and the sampled held-out evaluation samplers (all ``eval`` needs)."""
+  r = config.rollout
+  data_axis = mesh.shape["data"]
+  stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
+  common = _sampler_options(config, mesh)
+  eval_rows = -(-r.eval_batch // data_axis) * data_axis
+  eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
+  # Evaluation runs a few times per run: by default it uses the fused sampler, whose
+  # one executable per shape compiles far faster than the segmented set.
+  if not r.get("segmented_eval", False):
+    common = dict(common, decode_segment=0)
+  greedy = Sampler(model, SamplingParams(r.max_new_tokens, temperature=0.0, **eval_params),
+                   (eval_rows,), r.prompt_buckets, **common)
+  # Sampled evaluation has its own fixed batch layout, so its random numbers do not
+  # depend on the G buckets: every arm of a comparison draws the same ones.
+  sampled = Sampler(model, SamplingParams(
+      r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      **eval_params), (eval_rows,), r.prompt_buckets, **common)
+  return greedy, sampled
+
+
 def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, *,
                      stop_ids: Sequence[int], pad_id: int) -> RLComponents:
   """Samplers and learner for ``config`` (validated) around ``model`` on ``mesh``."""
@@ -64,33 +102,14 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   row_buckets = row_buckets_for(candidate_group_sizes(config),
                                 lambda g: prompts_for(config, g), multiple_of=data_axis)
   stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
-  limit = r.get("max_rows_per_call", 0) or None
-  if limit and limit % data_axis:
-    raise ValueError(f"rollout.max_rows_per_call={limit} does not divide evenly over the "
-                     f"mesh 'data' axis of size {data_axis}")
-  segment = r.get("decode_segment", -1)
-  common = dict(mesh=mesh, max_rows_per_call=limit,
-                decode_segment=None if segment < 0 else segment,
-                compaction=r.get("compaction", True),
-                min_compact_rows=r.get("min_compact_rows", 8))
+  common = _sampler_options(config, mesh)
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets,
       group_sizes=candidate_group_sizes(config), prompts_for=lambda g: prompts_for(config, g),
       **common)
-  eval_rows = -(-r.eval_batch // data_axis) * data_axis
-  eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
-  # Evaluation runs a few times per run: by default it uses the fused sampler, whose
-  # one executable per shape compiles far faster than the segmented set.
-  if not r.get("segmented_eval", False):
-    common = dict(common, decode_segment=0)
-  eval_sampler = Sampler(model, SamplingParams(r.max_new_tokens, temperature=0.0, **eval_params),
-                         (eval_rows,), r.prompt_buckets, **common)
-  # Sampled evaluation has its own fixed batch layout, so its random numbers do not
-  # depend on the G buckets: every arm of a comparison draws the same ones.
-  eval_sampled_sampler = Sampler(model, SamplingParams(
-      r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      **eval_params), (eval_rows,), r.prompt_buckets, **common)
+  eval_sampler, eval_sampled_sampler = build_eval_samplers(config, model, mesh,
+                                                           stop_ids=stop_ids, pad_id=pad_id)
   learner_cfg = learner_config(config)
   platform = mesh.devices.flat[0].platform
   if learner_cfg.attention == "splash" and platform != "tpu":

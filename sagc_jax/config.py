@@ -47,7 +47,7 @@ def base_config() -> ml_collections.ConfigDict:
       # Settings of the built-in task (sagc_jax.data.synthetic.SyntheticConfig).
       synthetic=ml_collections.ConfigDict(dict(
           max_operand=9, min_ops=1, max_ops=3, allow_mul=False, recheck_prob=0.35,
-          max_rechecks=6, num_train=20000, num_test=500, seed=0))))
+          max_rechecks=6, modulus=0, guess_prob=0.0, num_train=20000, num_test=500, seed=0))))
   c.reward = ml_collections.ConfigDict(dict(name="exact_match", format_weight=0.0, workers=0))
 
   c.controller = ml_collections.ConfigDict(dict(

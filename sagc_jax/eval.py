@@ -28,6 +28,42 @@ def load_run_config(workdir: Any):
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
+def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
+                 limit: int | None = None, log=print) -> dict[str, Any]:
+  """Held-out evaluation of a run's policy, building only what evaluation needs.
+
+  The data, the starting policy and the greedy and sampled eval samplers; with
+  ``restore`` the newest checkpoint's weights replace the starting ones (``step`` in
+  the result; 0 when the starting policy is evaluated). No learner, optimizer state
+  or controller is built, and nothing in ``workdir`` is written.
+  """
+  from sagc_jax import compile_count
+  from sagc_jax.components import build_eval_samplers
+  from sagc_jax.config import validate
+  from sagc_jax.evaluation import Evaluator
+  from sagc_jax.programs import warm
+  from sagc_jax.run_inputs import (build_run_inputs, configure_compilation_cache,
+                                   load_checkpoint_weights)
+  from sagc_jax.storage import cache_root, local_mirror
+
+  validate(config)
+  root = cache_root(config.train.local_cache_dir)
+  compile_count.install()
+  configure_compilation_cache(config, workdir, root, read_only=True)
+  inputs = build_run_inputs(config, local_mirror(workdir, root), root, log)
+  try:
+    step = 0
+    if restore:
+      directory = config.train.checkpoint_dir or workdir / "checkpoints"
+      step = load_checkpoint_weights(inputs.model, directory, log=log)
+    evaluator = Evaluator(inputs, *build_eval_samplers(
+        config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids, pad_id=inputs.pad_id))
+    warm(evaluator.warmup_jobs(inputs.model), log=log)
+    return {**evaluator.evaluate(inputs.model, limit), "step": step}
+  finally:
+    inputs.close()
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m sagc_jax.eval", description=__doc__)
   parser.add_argument("--workdir", type=run_path, required=True,
@@ -42,17 +78,10 @@ def main(argv: list[str] | None = None) -> int:
   if args.hf_path is not None:
     if not args.hf_path.is_dir():
       parser.error(f"--hf_path {args.hf_path} is not a directory")
-    config.model.path = os.fspath(args.hf_path)      # gs:// is staged by the Trainer
-  from sagc_jax.trainer import Trainer
-
-  trainer = Trainer(config, args.workdir, read_only=True, log=print,
-                    restore=args.hf_path is None)
-  try:
-    result = trainer.evaluate(limit=args.examples)
-  finally:
-    trainer.close()
-  result["step"] = trainer.step
-  result["source"] = str(args.hf_path or f"{args.workdir}/checkpoints (step {trainer.step})")
+    config.model.path = os.fspath(args.hf_path)      # gs:// is staged by build_run_inputs
+  result = evaluate_run(config, args.workdir, restore=args.hf_path is None,
+                        limit=args.examples)
+  result["source"] = str(args.hf_path or f"{args.workdir}/checkpoints (step {result['step']})")
   print(f"held-out accuracy {result['eval_accuracy']:.3f} on {result['eval_examples']:.0f} "
         f"examples, mean response length {result['eval_response_len']:.1f} tokens "
         f"({result['source']})")

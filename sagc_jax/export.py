@@ -59,13 +59,11 @@ def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
 def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None,
            base: str | None = None, log=print) -> dict[str, Any]:
   """Writes the export; returns ``{"step", "out", "files"}``."""
-  import jax
   import jax.numpy as jnp
-  from flax import nnx
 
-  from sagc_jax.checkpoint import Checkpointer
   from sagc_jax.eval import load_run_config
   from sagc_jax.models import from_pretrained, save_pretrained
+  from sagc_jax.run_inputs import load_checkpoint_weights
   from sagc_jax.storage import FolderUpload, is_remote, run_path
 
   if run_path(out).exists():
@@ -74,18 +72,10 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   config = load_run_config(run)
   folder = base_folder(config, workdir, base)
   dtype = dtype or config.model.dtype
-  model, cfg = from_pretrained(folder, dtype=jnp.float32)
-  _, params, _ = nnx.split(model, nnx.Param, ...)
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,
-                                                         sharding=x.sharding), params)
-  directory = config.train.checkpoint_dir or os.fspath(run / "checkpoints")
-  checkpointer = Checkpointer(directory, read_only=True, log=log)
-  try:
-    step, restored = checkpointer.restore_params(abstract, step)
-  finally:
-    checkpointer.close()
   target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-  nnx.update(model, jax.tree.map(lambda x: x.astype(target), restored))
+  model, cfg = from_pretrained(folder, dtype=target)
+  directory = config.train.checkpoint_dir or os.fspath(run / "checkpoints")
+  step = load_checkpoint_weights(model, directory, step, log=log)
 
   with tempfile.TemporaryDirectory(prefix="sagc_export_") as tmp:
     local = Path(tmp) / "export" if is_remote(out) else Path(out)

@@ -1,85 +1,52 @@
-"""The synchronous RL training loop with straggler-aware group control.
+"""The training loop: evaluation, metrics, checkpoints, resume, signals.
 
-Every step::
+A run is built from three parts, each its own module:
 
-    G = controller.propose()
-    prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
-    samples = sampler.generate(policy, prompts, G)          # + per-group max / median, from
-                                                            #   the in-jit host callback
-    rewards = reward_fn(decoded responses, answers)         # host, worker pool
-    batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
-    learner.update(batch)                                   # advantages, loss, optax
-    controller.observe(max, median of every round's groups)
-    metrics row -> metrics.jsonl + TensorBoard; checkpoint every N steps and on SIGTERM
-    or a first Ctrl-C
+* ``run_inputs.build_run_inputs``: mesh, data, the starting policy (the tiny model's
+  supervised warm start when needed), tokenizer, rewards;
+* ``components.build_components``: the compiled samplers and learner, and the controller;
+* ``rl_step.RLStep``: one RL step (propose -> sample -> reward -> update -> observe).
+
+This module runs the step in a loop: held-out evaluation (``evaluation.Evaluator``)
+before RL and every ``train.eval_every`` steps, a metrics row per step
+(``metrics.jsonl`` + TensorBoard), checkpoints every ``train.checkpoint_every`` steps,
+and on SIGTERM or a first Ctrl-C a checkpoint after the current step. A lock file
+keeps a second trainer off the run directory.
 
 Everything random is a function of ``(config.seed, step)`` and of restored
 state (controller RNG, loader position, learner step), so a run killed after
 N steps and resumed from its checkpoint reproduces the uninterrupted run's
 parameters and metrics exactly (wall-clock timings aside).
-
-The built-in tiny model starts from random weights; with the synthetic task a
-short supervised warm start (``sft``) runs first and is cached in the workdir
-as an HF checkpoint folder (``<workdir>/sft_model``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from sagc_jax import compile_count, distributed
 from sagc_jax.checkpoint import Checkpointer
-from sagc_jax.components import (build_components, candidate_group_sizes, prompts_for,
-                                 rollout_batch)
+from sagc_jax.components import build_components, candidate_group_sizes, prompts_for
 from sagc_jax.config import validate
 from sagc_jax.controller import controller_from_config
-from sagc_jax.data import PromptLoader, load_split
-from sagc_jax.mesh import make_mesh
+from sagc_jax.data import PromptLoader
+from sagc_jax.evaluation import Evaluator
 from sagc_jax.metrics import MetricsWriter, read_jsonl, summarize
-from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.models.sharding import abstract_like
-from sagc_jax.rewards import make_reward_fn
-from sagc_jax.rl.dynamic_sampling import collect_informative_groups
-from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.rl_step import RLStep
+from sagc_jax.run_inputs import build_run_inputs, configure_compilation_cache
 from sagc_jax.run_lock import RunLock
-from sagc_jax.sampling import Sampler
-from sagc_jax.storage import cache_root, local_mirror, run_path, stage
-from sagc_jax.warm_start import prepare_policy
-
-@dataclasses.dataclass
-class RoundStats:
-  """What one sampling round tells the step besides its batch: the controller's
-  observations (per real group, delivered by the sampler's host callback and shared
-  across processes), the real rows' lengths and rewards, and its timings."""
-  group_max: np.ndarray
-  group_median: np.ndarray
-  lengths: np.ndarray
-  scores: np.ndarray
-  correct: np.ndarray
-  formatted: np.ndarray
-  decode_slots: int
-  rollout_s: float
-  reward_s: float
-
+from sagc_jax.storage import cache_root, local_mirror, run_path
 
 _TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
                 "learner_seconds", "eval_seconds")
-
-
-def _seed_for(*parts: int) -> int:
-  """A 32-bit seed derived from integers (stable across runs and resumes)."""
-  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -137,62 +104,23 @@ class Trainer:
                                  local_dir=self.local_dir)
     self.log = log or (print if read_only else self.metrics.log)
     compile_count.install()
-    if config.train.compilation_cache:
-      default_cache = (self.cache_root / "jax_cache") if read_only else self.workdir / "jax_cache"
-      cache_dir = config.train.compilation_cache_dir or str(default_cache)
-      jax.config.update("jax_compilation_cache_dir", cache_dir)
-      jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    self.mesh = make_mesh(config.mesh.shape, config.mesh.axes)
-    self.data_axis = self.mesh.shape["data"]
-
-    data_dir = config.data.data_dir or str(self.local_dir / "tfds")
-    manual_dir = stage(config.data.manual_dir, self.cache_root, self.log,
-                       what="data.manual_dir") or None
-    self.model_path = stage(config.model.path, self.cache_root, self.log, what="model.path")
-    builder_kwargs = ({"config": config.data.synthetic.to_dict()}
-                      if config.data.name == "synthetic" else {})
-    load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
-                                    **builder_kwargs)
-    # The primary process prepares data and the warm start; the others then read them.
-    if self.is_primary:
-      load("train")
-      load(config.data.eval_split)
-    distributed.barrier("sagc_data_prepared")
-    self.train_source = load("train")
-    self.eval_source = load(config.data.eval_split)
-    self.loader = PromptLoader(self.train_source, seed=config.seed,
+    configure_compilation_cache(config, self.workdir, self.cache_root, read_only)
+    self.inputs = build_run_inputs(config, self.local_dir, self.cache_root, self.log)
+    self.model = self.inputs.model
+    self.loader = PromptLoader(self.inputs.train_source, seed=config.seed,
                                shard_index=jax.process_index(), num_shards=jax.process_count())
-
-    if self.is_primary:
-      self._policy_folder()
-    distributed.barrier("sagc_policy_prepared")
-    folder = self._policy_folder()
-    dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
-    self.model, self.model_cfg = from_pretrained(folder, dtype=dtype, mesh=self.mesh)
-    self.tokenizer = load_tokenizer(folder)
-    self.reward_fn = make_reward_fn(config.reward.name, config.reward.format_weight,
-                                    config.reward.workers)
     self.controller = controller_from_config(config)
-
-    self.candidates = candidate_group_sizes(config)
     processes = jax.process_count()
-    uneven = [g for g in self.candidates if self.prompts_for(g) % processes]
+    uneven = [g for g in candidate_group_sizes(config) if prompts_for(config, g) % processes]
     if uneven:
       raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
                        "processes (each process reads an equal share of the prompts)")
-    stop_ids = set(self.model_cfg.eos_token_ids)
-    if self.tokenizer.eos_token_id is not None:
-      stop_ids.add(int(self.tokenizer.eos_token_id))
-    self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                      else 0)
-    self._check_prompt_lengths()
-    self.components = build_components(config, self.model, self.mesh, stop_ids=stop_ids,
-                                       pad_id=self.pad_id)
-    self.row_buckets = self.components.row_buckets
-    self.sampler = self.components.sampler
-    self.eval_sampler = self.components.eval_sampler
-    self.eval_sampled_sampler = self.components.eval_sampled_sampler
+    self.components = build_components(config, self.model, self.inputs.mesh,
+                                       stop_ids=self.inputs.stop_ids, pad_id=self.inputs.pad_id)
     self.learner = self.components.learner
+    self.evaluator = Evaluator(self.inputs, self.components.eval_sampler,
+                               self.components.eval_sampled_sampler)
+    self.rl_step = RLStep(self.inputs, self.components, self.controller, self.loader)
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
                                      config.train.keep_checkpoints, log=self.log,
                                      read_only=read_only)
@@ -220,29 +148,6 @@ class Trainer:
         self.log(f"{'resuming' if self.step else 'restarting'} with {len(changes)} changed "
                  f"setting(s): " + "; ".join(changes))
     path.write_text(new)
-
-  def _check_prompt_lengths(self, limit: int = 200_000) -> None:
-    """Fails at start-up (not mid-run) if a prompt exceeds the largest prompt bucket."""
-    largest = max(self.config.rollout.prompt_buckets)
-    for name, source in (("train", self.train_source), ("eval", self.eval_source)):
-      n = min(len(source), limit)
-      for lo in range(0, n, 4096):
-        examples = [source[i] for i in range(lo, min(lo + 4096, n))]
-        lengths = [len(ids) for ids in self._encode(examples)]
-        if max(lengths) > largest:
-          i = lo + int(np.argmax(lengths))
-          raise ValueError(
-              f"rollout.prompt_buckets={tuple(self.config.rollout.prompt_buckets)}: "
-              f"{name} example {i} has a {max(lengths)}-token prompt; the largest bucket "
-              f"must hold every prompt (add a bucket >= {max(lengths)})")
-
-  def prompts_for(self, g: int) -> int:
-    return prompts_for(self.config, g)
-
-  def _policy_folder(self) -> Path:
-    """The HF folder the policy starts from (building the tiny model + SFT if needed)."""
-    return prepare_policy(self.config, self.local_dir, self.train_source, self.log,
-                          model_path=self.model_path)
 
   # -------------------------------------------------------------- checkpoint
   def _restore(self) -> None:
@@ -280,130 +185,16 @@ class Trainer:
     self.checkpointer.save(self.step, self.learner.params, self.learner.opt_state, meta)
     self.metrics.flush()         # the rows of every checkpointed step are durable too
 
-  # ---------------------------------------------------------------- rollouts
-  def _encode(self, examples: list[dict]) -> list[list[int]]:
-    return encode_prompts(self.tokenizer, [ex["prompt"] for ex in examples],
-                          use_chat_template=self.config.data.use_chat_template or None)
-
-  def _decode(self, samples, rows: range | None = None) -> list[str]:
-    """Response texts of ``rows`` (default: every real row)."""
-    rows = range(samples.num_rows) if rows is None else rows
-    return [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
-                                  skip_special_tokens=True) for r in rows]
-
-  def _sample_round(self, g: int, round_index: int) -> tuple[RolloutBatch, RoundStats]:
-    """One sampling round of P(G) fresh prompts, scored: its batch and its statistics
-    (the controller's per-group observations as the sampler's host callback delivered
-    them, rewards, lengths, timings).
-
-    Each process reads, encodes, decodes and scores its own share of the
-    prompts (``P / process_count``, contiguous in process order); prompt ids
-    and rewards are gathered so that every process holds the whole batch.
-    """
-    t0 = time.perf_counter()
-    local = self.loader.next_batch(self.prompts_for(g) // jax.process_count())
-    prompts = distributed.allgather_token_lists(self._encode(local), self.pad_id)
-    samples = self.sampler.generate(self.model, prompts, g,
-                                    seed=_seed_for(self.config.seed, self.step, round_index))
-    first_row = jax.process_index() * len(local) * g
-    own_rows = range(first_row, first_row + len(local) * g)
-    texts = self._decode(samples, own_rows)
-    t1 = time.perf_counter()
-    answers = [ex["answer"] for ex in local for _ in range(g)]
-    own = self.reward_fn(texts, answers)
-    result = type(own)(*(distributed.allgather_rows(x) for x in own))
-    t2 = time.perf_counter()
-    group_max, group_median = distributed.share_sink_stats(
-        samples.group_max, samples.group_median, num_groups=samples.num_prompts)
-    stats = RoundStats(
-        group_max=group_max, group_median=group_median,
-        lengths=samples.lengths[:samples.num_rows], scores=result.scores,
-        correct=result.correct, formatted=result.formatted,
-        decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
-    return rollout_batch(samples, result.scores), stats
-
+  # ------------------------------------------------------------- step, eval
   def train_step(self) -> dict[str, Any]:
-    """Runs one RL step and returns its metrics row."""
-    start = time.perf_counter()
-    compiles_before = compile_count.compile_count()
-    g = self.controller.propose()
-    distributed.assert_same_on_all(g, f"the group size of step {self.step + 1}")
-    rows = self.sampler.row_bucket_for(self.prompts_for(g) * g)
-    lc = self.learner.config
-    message = None
-    if lc.dynamic_sampling:
-      result = collect_informative_groups(
-          lambda i: self._sample_round(g, i), lambda b: self.learner.prepare(b)[1],
-          target_groups=self.prompts_for(g), rows=rows, max_rounds=lc.dynamic_max_rounds)
-      batch, rounds, message = result.batch, result.round_stats, result.message
-      if message:
-        self.log(f"step {self.step + 1}: {message}")
-    else:
-      batch, first = self._sample_round(g, 0)
-      rounds = [first]
-    learner_metrics: dict[str, float] = {}
-    t_learn = time.perf_counter()
-    if batch is not None:
-      learner_metrics = self.learner.update(batch, seed=self.config.seed)
-    time_learner = time.perf_counter() - t_learn
-    ctrl = self.controller.observe(np.concatenate([r.group_max for r in rounds]),
-                                   np.concatenate([r.group_median for r in rounds]))
+    """Runs one RL step (``rl_step.RLStep``) and returns its metrics row."""
+    row = self.rl_step(self.step, log=self.log)
     self.step += 1
-
-    lengths = np.concatenate([r.lengths for r in rounds])
-    generated = float(lengths.sum())
-    decode_slots = float(sum(r.decode_slots for r in rounds))
-    row = {"step": self.step, **ctrl}
-    row.update(
-        time_rollout_s=sum(r.rollout_s for r in rounds),
-        time_reward_s=sum(r.reward_s for r in rounds),
-        time_learner_s=time_learner, time_total_s=time.perf_counter() - start,
-        generated_tokens=generated,
-        padding_efficiency=generated / decode_slots if decode_slots else 0.0,
-        reward_mean=float(np.concatenate([r.scores for r in rounds]).mean()),
-        accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
-        format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
-        response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
-        response_len_max=float(lengths.max()), sampling_rounds=float(len(rounds)),
-        prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
-        new_compilations=float(compile_count.compile_count() - compiles_before),
-        update_skipped=float(batch is None))
-    row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
     return row
 
-  # ------------------------------------------------------------------- eval
-  def _eval_pass(self, sampler: Sampler, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(correct, lengths) of one response per held-out example, in batches of the
-    eval sampler's row bucket (compiled at warm-up)."""
-    batch_rows = sampler.row_buckets[-1]
-    correct, lengths = [], []
-    for lo in range(0, n, batch_rows):
-      examples = [self.eval_source[i] for i in range(lo, min(lo + batch_rows, n))]
-      samples = sampler.generate(self.model, self._encode(examples), 1,
-                                 seed=_seed_for(seed, lo))
-      result = self.reward_fn(self._decode(samples), [ex["answer"] for ex in examples])
-      correct.append(result.correct)
-      lengths.append(samples.lengths[:samples.num_rows])
-    return np.concatenate(correct), np.concatenate(lengths)
-
   def evaluate(self, limit: int | None = None) -> dict[str, float]:
-    """Held-out accuracy: greedy, and sampled at the training temperature.
-
-    The sampled pass draws one response per example at the rollout
-    temperature with fixed seeds and a fixed batch layout, so successive
-    evaluations (and every arm of a comparison) share their random numbers and
-    differ only by the policy; it measures the policy as RL trains it, while
-    greedy measures its mode.
-    """
-    start = time.perf_counter()
-    n = min(limit or self.config.data.eval_examples, len(self.eval_source))
-    greedy, lengths = self._eval_pass(self.eval_sampler, n, seed=0)
-    sampled, sampled_lengths = self._eval_pass(self.eval_sampled_sampler, n,
-                                               seed=self.config.seed)
-    return {"eval_accuracy": float(greedy.mean()), "eval_response_len": float(lengths.mean()),
-            "eval_sampled_accuracy": float(sampled.mean()),
-            "eval_sampled_response_len": float(sampled_lengths.mean()),
-            "eval_examples": float(n), "eval_seconds": time.perf_counter() - start}
+    """Held-out accuracy of the current policy (``evaluation.Evaluator``)."""
+    return self.evaluator.evaluate(self.model, limit)
 
   # ------------------------------------------------------------------- loop
   def warmup(self) -> float:
@@ -411,7 +202,8 @@ class Trainer:
     start = time.perf_counter()
     n = self.components.warmup(self.model, log=self.log)
     seconds = time.perf_counter() - start
-    self.log(f"warm-up: {n} executables for row buckets {self.row_buckets}, prompt buckets "
+    self.log(f"warm-up: {n} executables for row buckets {self.components.row_buckets}, "
+             f"prompt buckets "
              f"{tuple(self.config.rollout.prompt_buckets)}, response buckets "
              f"{tuple(self.config.rollout.response_buckets)} in {seconds:.1f} s")
     return seconds
@@ -513,9 +305,8 @@ class Trainer:
     try:
       self.checkpointer.close()
       self.metrics.close()
-      close = getattr(self.reward_fn, "close", None)
-      if close:
-        close()
+      if hasattr(self, "inputs"):
+        self.inputs.close()
     finally:
       if self._lock is not None:
         self._lock.release()

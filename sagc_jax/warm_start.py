@@ -26,13 +26,10 @@ SFT_MARKER = "sft_done.json"
 TINY_MARKER = "sagc_tiny_model.json"      # which tiny model a cached init_model is
 
 
-def prepare_policy(config: Any, workdir: Path, train_source: Any,
-                   log: Callable[[str], None] = print, *, model_path: str | None = None) -> Path:
-  """The HF folder of the initial policy, building and caching it when needed.
-
-  ``workdir`` is a local folder (a remote run's local mirror); ``model_path``
-  overrides ``config.model.path`` (the trainer passes its local staged copy).
-  """
+def starting_folder(config: Any, workdir: Path, *, model_path: str | None = None) -> Path:
+  """The HF folder the policy is built from, before any warm start: ``model_path``
+  (default ``config.model.path``), else the built-in tiny model, written to
+  ``<workdir>/init_model`` on first use. Its tokenizer is the policy's."""
   model_path = config.model.path if model_path is None else model_path
   if model_path:
     return Path(model_path)
@@ -50,13 +47,25 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
         raise ValueError(f"model.{key}={value!r}, but this workdir's tiny model was built "
                          f"with {key}={built.get(key)!r} ({init_dir}); resume with the run's "
                          "setting or start the new model in another workdir")
-  if not (config.sft.enabled and config.data.name == "synthetic"):
-    return init_dir
+  return init_dir
+
+
+def prepare_policy(config: Any, workdir: Path, train_source: Any,
+                   log: Callable[[str], None] = print, *, model_path: str | None = None) -> Path:
+  """The HF folder of the initial policy, building and caching it when needed.
+
+  ``workdir`` is a local folder (a remote run's local mirror); ``model_path``
+  overrides ``config.model.path`` (the trainer passes its local staged copy).
+  """
+  start = starting_folder(config, workdir, model_path=model_path)
+  if (config.model.path if model_path is None else model_path) or not (
+      config.sft.enabled and config.data.name == "synthetic"):
+    return start
   sft_dir = workdir / "sft_model"
   if (sft_dir / SFT_MARKER).exists():
     log(f"supervised warm start: reusing {sft_dir}")
     return sft_dir
-  supervised_warm_start(config, init_dir, sft_dir, train_source, log)
+  supervised_warm_start(config, start, sft_dir, train_source, log)
   return sft_dir
 
 

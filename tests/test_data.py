@@ -114,6 +114,9 @@ def test_synthetic_length_distribution_is_heavy_tailed():
     (dict(seed=-1), "seed"),
     (dict(allow_mul=1), "allow_mul"),
     (dict(max_ops=2.0), "max_ops"),
+    (dict(modulus=-1), "modulus"),
+    (dict(guess_prob=1.0), "guess_prob"),
+    (dict(guess_prob=-0.5), "guess_prob"),
 ])
 def test_synthetic_config_validation(kwargs, field):
   with pytest.raises(ValueError, match=field):
@@ -124,6 +127,39 @@ def test_synthetic_config_names_differ():
   a, b = SyntheticConfig(), SyntheticConfig(recheck_prob=0.5)
   assert a.name() != b.name()
   assert re.fullmatch(r"[\w.\-]+", a.name())
+  names = {SyntheticConfig(modulus=10).name(), SyntheticConfig(guess_prob=0.5).name(),
+           SyntheticConfig(modulus=10, guess_prob=0.5).name(), a.name()}
+  assert len(names) == 4 and all(re.fullmatch(r"[\w.\-]+", n) for n in names)
+  # Data of the default settings keeps its folder name from before the knobs existed.
+  assert a.name() == "ops1-3_max9_addsub_recheck0.35x6_train20000_test500_seed0"
+
+
+def test_synthetic_modulus_reduces_every_running_value():
+  """Checked against Python's own arithmetic: + and - are left-associative with equal
+  precedence, and reducing every running value mod m gives the whole expression mod m."""
+  cfg = SyntheticConfig(modulus=10, min_ops=3, max_ops=5, num_train=300)
+  for e in generate_split(cfg, "train"):
+    expression = e["prompt"].removesuffix("=?\n")
+    assert int(e["answer"]) == eval(expression) % 10       # noqa: S307 - digits and +/- only
+    for line in e["solution"].splitlines():
+      if "=" in line:
+        lhs, result = line.removeprefix("check ").split("=")
+        assert int(result) == eval(lhs) % 10 and 0 <= int(result) < 10   # noqa: S307
+
+
+def test_synthetic_guess_prob_skips_the_work_and_keeps_everything_else():
+  """A guess is the answer line alone, drawn last: every other example is exactly the
+  always-work example of the same index (same prompt, same scratchpad, same answer)."""
+  work = SyntheticConfig(num_train=2000)
+  mixed = dataclasses.replace(work, guess_prob=0.7)
+  guesses = 0
+  for w, m in zip(generate_split(work, "train"), generate_split(mixed, "train")):
+    assert (m["prompt"], m["answer"]) == (w["prompt"], w["answer"])
+    if m["solution"] == f"answer {w['answer']}\n":
+      guesses += 1
+    else:
+      assert m["solution"] == w["solution"]
+  assert abs(guesses / work.num_train - 0.7) < 0.04
 
 
 # ----------------------------------------------------------------------- TFDS round trip

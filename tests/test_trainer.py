@@ -279,11 +279,15 @@ def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, matc
 
 
 def test_too_long_prompts_fail_at_startup_naming_the_bucket(shared, tmp_path):
+  """...before the supervised warm start, not after minutes of it (#16)."""
   config = small_config(shared)
   config.rollout.prompt_buckets = (4,)
+  messages = []
   with pytest.raises(ValueError, match=r"rollout.prompt_buckets=\(4,\): train example \d+ "
                                        r"has a \d+-token prompt"):
-    Trainer(config, tmp_path, log=lambda m: None)
+    Trainer(config, tmp_path, log=messages.append)
+  assert not (tmp_path / "sft_model").exists()
+  assert not any("supervised warm start" in m for m in messages)
 
 
 def test_tpu_presets_need_a_checkpoint_path():
@@ -313,3 +317,38 @@ def test_eval_cli_reports_accuracy_of_the_latest_checkpoint_and_writes_nothing(s
   result = json.loads(out.read_text())
   assert result["eval_examples"] == 16 and 0 <= result["eval_accuracy"] <= 1
   assert _tree_snapshot(workdir) == before
+
+
+def test_eval_builds_only_what_evaluation_needs_and_matches_the_trainer(shared, tmp_path,
+                                                                         monkeypatch):
+  """``evaluate_run`` (the eval CLI) builds no learner, optimizer or controller, yet
+  measures what the trainer measured for the same checkpoint; with the newest
+  checkpoint damaged it falls back to the previous one and moves nothing."""
+  from sagc_jax import eval as eval_cli
+  from sagc_jax.rl import learner as learner_module
+  from sagc_jax import controller as controller_module
+
+  config = small_config(shared, steps=2)
+  config.train.update(dict(eval_every=1, checkpoint_every=1))   # both at steps 1 and 2
+  _, _, trainer = run(config, tmp_path)
+  by_step = {e["step"]: e for e in trainer.eval_history}
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("eval built a training-only component")
+  monkeypatch.setattr(learner_module.Learner, "__init__", refuse)
+  monkeypatch.setattr(controller_module, "controller_from_config", refuse)
+  keys = ("eval_accuracy", "eval_sampled_accuracy", "eval_response_len",
+          "eval_sampled_response_len")
+  result = eval_cli.evaluate_run(config, tmp_path, log=lambda m: None)
+  assert result["step"] == 2
+  assert {k: result[k] for k in keys} == {k: by_step[2][k] for k in keys}
+
+  for path in (tmp_path / "checkpoints" / "2" / "params").rglob("*"):
+    if path.is_file() and path.stat().st_size > 0:
+      path.write_bytes(b"\0" * 7)                 # the newest checkpoint damaged on disk
+  before = _tree_snapshot(tmp_path)
+  messages = []
+  result = eval_cli.evaluate_run(config, tmp_path, log=messages.append)
+  assert result["step"] == 1 and any("checkpoint step 2" in m for m in messages)
+  assert {k: result[k] for k in keys} == {k: by_step[1][k] for k in keys}
+  assert _tree_snapshot(tmp_path) == before

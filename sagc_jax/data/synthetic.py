@@ -29,6 +29,17 @@ seed 0): quantiles 5/25/50/75/90/95/99% = 15/21/27/35/47/56/75, max 116, mean 30
 34.6% of the solutions contain at least one recheck; p95/median = 2.07, p99/median = 2.78
 (``tests/test_data.py`` re-measures these). Prompts are 6-10 characters.
 
+Paper-regime variant (``guess_prob > 0``): with that probability the solution skips the
+scratchpad and states only the answer (``"answer 9\n"``). A model this small cannot
+do several operations in its head, so after a warm start on such data its guesses are
+mostly wrong while its written-out solutions are mostly right: longer reasoning pays,
+and RL raises accuracy by writing the work more often. Response lengths then grow
+over training, and so does the within-group max/median ratio (a group straggles once
+some of its responses work while the median still guesses), the regime of the SAGC
+paper. The guess is drawn last, after the example is complete, so data with
+``guess_prob = 0`` is identical to data generated before the knob existed, and every
+example that is not a guess is the always-work example of the same index.
+
 Determinism and held-out split: example ``i`` of split ``s`` is drawn from its own
 generator seeded with ``(seed, split_code(s), i)``. The prompt space is small (200
 one-operation prompts with the defaults), so independent draws would put most test
@@ -88,6 +99,12 @@ class SyntheticConfig:
     allow_mul: also draw ``*`` (otherwise only ``+`` and ``-``).
     recheck_prob: probability of each further recheck line, in [0, 1).
     max_rechecks: cap on the number of recheck lines.
+    modulus: when > 0, every running value is reduced modulo it (``7+5=2`` with
+      modulus 10), so each scratchpad line is one of a few hundred digit facts while
+      the answer of several operations cannot be had without them (a running sum
+      modulo m is the classic task a small transformer fails to do in one shot).
+    guess_prob: probability that the solution is only the answer line (no
+      scratchpad, no rechecks), in [0, 1); 0 = always write the work.
     num_train, num_test: examples in the train / test split.
     seed: root seed of both splits.
   """
@@ -98,6 +115,8 @@ class SyntheticConfig:
   allow_mul: bool = False
   recheck_prob: float = 0.35
   max_rechecks: int = 6
+  modulus: int = 0
+  guess_prob: float = 0.0
   num_train: int = 20000
   num_test: int = 500
   seed: int = 0
@@ -111,12 +130,10 @@ class SyntheticConfig:
                        f"min_ops={self.min_ops}")
     if not isinstance(self.allow_mul, (bool, np.bool_)):
       raise ValueError(f"SyntheticConfig.allow_mul must be a bool, got {self.allow_mul!r}")
-    p = self.recheck_prob
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-      raise ValueError(f"SyntheticConfig.recheck_prob must be a number, got {p!r}")
-    if not 0.0 <= p < 1.0:
-      raise ValueError(f"SyntheticConfig.recheck_prob={p!r} is outside [0, 1)")
+    _check_probability("recheck_prob", self.recheck_prob)
     _check_int("max_rechecks", self.max_rechecks, 0)
+    _check_int("modulus", self.modulus, 0)
+    _check_probability("guess_prob", self.guess_prob)
     _check_int("num_train", self.num_train, 1)
     _check_int("num_test", self.num_test, 1)
     _check_int("seed", self.seed, 0)
@@ -134,7 +151,16 @@ class SyntheticConfig:
     ops = "".join({"+": "add", "-": "sub", "*": "mul"}[o] for o in self.ops)
     return (f"ops{self.min_ops}-{self.max_ops}_max{self.max_operand}_{ops}"
             f"_recheck{self.recheck_prob:g}x{self.max_rechecks}"
+            + (f"_mod{self.modulus}" if self.modulus else "")
+            + (f"_guess{self.guess_prob:g}" if self.guess_prob else "") +
             f"_train{self.num_train}_test{self.num_test}_seed{self.seed}")
+
+
+def _check_probability(name: str, p: Any) -> None:
+  if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+    raise ValueError(f"SyntheticConfig.{name} must be a number, got {p!r}")
+  if not 0.0 <= p < 1.0:
+    raise ValueError(f"SyntheticConfig.{name}={p!r} is outside [0, 1)")
 
 
 def _check_split(split: str) -> None:
@@ -142,24 +168,27 @@ def _check_split(split: str) -> None:
     raise ValueError(f"unknown split {split!r}; allowed: {list(SPLITS)}")
 
 
-def evaluate_left_to_right(numbers: list[int], ops: list[str]) -> list[int]:
-  """Running values of ``n0 op1 n1 op2 n2 ...`` evaluated left to right (no precedence)."""
+def evaluate_left_to_right(numbers: list[int], ops: list[str], modulus: int = 0) -> list[int]:
+  """Running values of ``n0 op1 n1 op2 n2 ...`` evaluated left to right (no precedence),
+  each reduced modulo ``modulus`` when it is > 0."""
   if len(numbers) != len(ops) + 1:
     raise ValueError(f"need len(numbers) == len(ops) + 1, got {len(numbers)} and {len(ops)}")
   values = [int(numbers[0])]
   for op, b in zip(ops, numbers[1:]):
     if op not in _OPS:
       raise ValueError(f"unknown operator {op!r}; allowed: {sorted(_OPS)}")
-    values.append(_OPS[op](values[-1], int(b)))
+    value = _OPS[op](values[-1], int(b))
+    values.append(value % modulus if modulus else value)
   return values
 
 
 def make_example(rng: np.random.Generator, cfg: SyntheticConfig) -> dict[str, str]:
-  """One example ``{"prompt", "solution", "answer"}`` drawn with ``rng``."""
+  """One example ``{"prompt", "solution", "answer"}`` drawn with ``rng``, with its
+  written work (``draw_example`` applies ``guess_prob``)."""
   n_ops = int(rng.integers(cfg.min_ops, cfg.max_ops + 1))
   numbers = [int(x) for x in rng.integers(0, cfg.max_operand + 1, size=n_ops + 1)]
   ops = [cfg.ops[int(i)] for i in rng.integers(0, len(cfg.ops), size=n_ops)]
-  values = evaluate_left_to_right(numbers, ops)
+  values = evaluate_left_to_right(numbers, ops, cfg.modulus)
   steps = [f"{values[k]}{ops[k]}{numbers[k + 1]}={values[k + 1]}" for k in range(n_ops)]
 
   prompt = str(numbers[0]) + "".join(o + str(b) for o, b in zip(ops, numbers[1:])) + "=?\n"
@@ -190,7 +219,11 @@ def draw_example(cfg: SyntheticConfig, split: str, index: int) -> dict[str, str]
   while True:
     example = make_example(rng, cfg)
     if prompt_split(example["prompt"]) == split:
-      return example
+      break
+  # The paper-regime variant's guess, drawn after everything else: no written work.
+  if cfg.guess_prob and rng.random() < cfg.guess_prob:
+    example["solution"] = f"answer {example['answer']}\n"
+  return example
 
 
 def generate_split(cfg: SyntheticConfig, split: str) -> Iterator[dict[str, Any]]:

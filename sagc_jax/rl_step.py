@@ -1,0 +1,147 @@
+"""One synchronous RL step with straggler-aware group control::
+
+    G = controller.propose()
+    prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
+    samples = sampler.generate(policy, prompts, G)          # + per-group max / median, from
+                                                            #   the in-jit host callback
+    rewards = reward_fn(decoded responses, answers)         # host, worker pool
+    batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
+    learner.update(batch)                                   # advantages, loss, optax
+    controller.observe(max, median of every round's groups)
+
+Each sampling round returns its batch together with its statistics (``RoundStats``):
+the controller's observations travel as an explicit value of the round, not through
+shared state a caller must remember to drain. Everything random is a function of
+``(config.seed, step, round)``, so a resumed run redraws exactly what the
+uninterrupted one drew. The loop around this step (evaluation, metrics, checkpoints,
+signals) is ``sagc_jax.trainer``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from sagc_jax import compile_count, distributed
+from sagc_jax.components import RLComponents, prompts_for, rollout_batch
+from sagc_jax.controller import SAGCController, StaticController
+from sagc_jax.data import PromptLoader
+from sagc_jax.evaluation import seed_for
+from sagc_jax.rl.dynamic_sampling import collect_informative_groups
+from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.run_inputs import RunInputs
+
+__all__ = ["RLStep", "RoundStats"]
+
+
+@dataclasses.dataclass
+class RoundStats:
+  """What one sampling round tells the step besides its batch: the controller's
+  observations (per real group, delivered by the sampler's host callback and shared
+  across processes), the real rows' lengths and rewards, and its timings."""
+  group_max: np.ndarray
+  group_median: np.ndarray
+  lengths: np.ndarray
+  scores: np.ndarray
+  correct: np.ndarray
+  formatted: np.ndarray
+  decode_slots: int
+  rollout_s: float
+  reward_s: float
+
+
+class RLStep:
+  """propose -> sample -> reward -> advantages and update -> observe, as one call."""
+
+  def __init__(self, inputs: RunInputs, components: RLComponents,
+               controller: SAGCController | StaticController, loader: PromptLoader):
+    self.inputs = inputs
+    self.config = inputs.config
+    self.components = components
+    self.controller = controller
+    self.loader = loader
+
+  def prompts_for(self, g: int) -> int:
+    return prompts_for(self.config, g)
+
+  def sample_round(self, step: int, g: int, round_index: int
+                   ) -> tuple[RolloutBatch, RoundStats]:
+    """One sampling round of P(G) fresh prompts for the step after ``step``, scored.
+
+    Each process reads, encodes, decodes and scores its own share of the
+    prompts (``P / process_count``, contiguous in process order); prompt ids
+    and rewards are gathered so that every process holds the whole batch.
+    """
+    inputs = self.inputs
+    t0 = time.perf_counter()
+    local = self.loader.next_batch(self.prompts_for(g) // jax.process_count())
+    prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
+    samples = self.components.sampler.generate(
+        inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index))
+    first_row = jax.process_index() * len(local) * g
+    texts = inputs.decode(samples, range(first_row, first_row + len(local) * g))
+    t1 = time.perf_counter()
+    answers = [ex["answer"] for ex in local for _ in range(g)]
+    own = inputs.reward_fn(texts, answers)
+    result = type(own)(*(distributed.allgather_rows(x) for x in own))
+    t2 = time.perf_counter()
+    group_max, group_median = distributed.share_sink_stats(
+        samples.group_max, samples.group_median, num_groups=samples.num_prompts)
+    stats = RoundStats(
+        group_max=group_max, group_median=group_median,
+        lengths=samples.lengths[:samples.num_rows], scores=result.scores,
+        correct=result.correct, formatted=result.formatted,
+        decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
+    return rollout_batch(samples, result.scores), stats
+
+  def __call__(self, step: int, log=print) -> dict[str, Any]:
+    """Runs the step after ``step`` (steps done so far) and returns its metrics row."""
+    start = time.perf_counter()
+    compiles_before = compile_count.compile_count()
+    learner = self.components.learner
+    g = self.controller.propose()
+    distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
+    rows = self.components.sampler.row_bucket_for(self.prompts_for(g) * g)
+    lc = learner.config
+    if lc.dynamic_sampling:
+      result = collect_informative_groups(
+          lambda i: self.sample_round(step, g, i), lambda b: learner.prepare(b)[1],
+          target_groups=self.prompts_for(g), rows=rows, max_rounds=lc.dynamic_max_rounds)
+      batch, rounds = result.batch, result.round_stats
+      if result.message:
+        log(f"step {step + 1}: {result.message}")
+    else:
+      batch, first = self.sample_round(step, g, 0)
+      rounds = [first]
+    learner_metrics: dict[str, float] = {}
+    t_learn = time.perf_counter()
+    if batch is not None:
+      learner_metrics = learner.update(batch, seed=self.config.seed)
+    time_learner = time.perf_counter() - t_learn
+    ctrl = self.controller.observe(np.concatenate([r.group_max for r in rounds]),
+                                   np.concatenate([r.group_median for r in rounds]))
+
+    lengths = np.concatenate([r.lengths for r in rounds])
+    generated = float(lengths.sum())
+    decode_slots = float(sum(r.decode_slots for r in rounds))
+    row = {"step": step + 1, **ctrl}
+    row.update(
+        time_rollout_s=sum(r.rollout_s for r in rounds),
+        time_reward_s=sum(r.reward_s for r in rounds),
+        time_learner_s=time_learner, time_total_s=time.perf_counter() - start,
+        generated_tokens=generated,
+        padding_efficiency=generated / decode_slots if decode_slots else 0.0,
+        reward_mean=float(np.concatenate([r.scores for r in rounds]).mean()),
+        accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
+        format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
+        response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
+        response_len_max=float(lengths.max()), sampling_rounds=float(len(rounds)),
+        prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
+        new_compilations=float(compile_count.compile_count() - compiles_before),
+        update_skipped=float(batch is None))
+    row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+    return row

@@ -1,0 +1,184 @@
+"""What training and evaluation both build from a run's config: mesh, data, policy, rewards.
+
+A training run needs much more (rollout sampler, learner, controller, checkpoints,
+metrics: ``sagc_jax.trainer``), but ``python -m sagc_jax.eval`` needs only this plus
+its evaluation samplers (``sagc_jax.evaluation``), so it builds no learner, no
+optimizer state and no controller, and writes nothing into the run.
+
+Order matters for the user's time: prompt lengths are checked against the prompt
+buckets with the starting folder's tokenizer *before* the supervised warm start, so a
+too-small bucket fails in seconds instead of after minutes of SFT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from sagc_jax import distributed
+from sagc_jax.data import load_split
+from sagc_jax.mesh import make_mesh
+from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
+from sagc_jax.models.transformer import Transformer
+from sagc_jax.rewards import make_reward_fn
+from sagc_jax.storage import stage
+from sagc_jax.warm_start import prepare_policy, starting_folder
+
+__all__ = ["RunInputs", "build_run_inputs", "check_prompt_lengths", "configure_compilation_cache",
+           "load_checkpoint_weights"]
+
+
+@dataclasses.dataclass
+class RunInputs:
+  """The policy and its data: everything a run's config names before RL starts."""
+  config: ml_collections.ConfigDict
+  mesh: Mesh
+  train_source: Any                # random-access sources (``sagc_jax.data.load_split``)
+  eval_source: Any
+  model: Transformer               # the starting policy, on the mesh
+  model_cfg: Any
+  tokenizer: Any
+  reward_fn: Any
+  pad_id: int
+  stop_ids: tuple[int, ...]
+
+  def encode(self, examples: Sequence[dict]) -> list[list[int]]:
+    """Prompt token ids of dataset examples (the chat template when the config asks)."""
+    return encode_prompts(self.tokenizer, [ex["prompt"] for ex in examples],
+                          use_chat_template=self.config.data.use_chat_template or None)
+
+  def decode(self, samples, rows: range | None = None) -> list[str]:
+    """Response texts of ``rows`` of a ``SampleBatch`` (default: every real row)."""
+    rows = range(samples.num_rows) if rows is None else rows
+    return [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
+                                  skip_special_tokens=True) for r in rows]
+
+  def close(self) -> None:
+    close = getattr(self.reward_fn, "close", None)
+    if close:
+      close()
+
+
+def configure_compilation_cache(config: ml_collections.ConfigDict, workdir: Any,
+                                cache_root: Path, read_only: bool) -> None:
+  """Points JAX's persistent compilation cache at the run (a reader: the local cache)."""
+  if not config.train.compilation_cache:
+    return
+  default = (cache_root / "jax_cache") if read_only else workdir / "jax_cache"
+  jax.config.update("jax_compilation_cache_dir",
+                    config.train.compilation_cache_dir or str(default))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
+                         sources: Sequence[tuple[str, Any]], limit: int = 200_000) -> None:
+  """Fails at start-up (not mid-run) if a prompt exceeds the largest prompt bucket."""
+  largest = max(config.rollout.prompt_buckets)
+  template = config.data.use_chat_template or None
+  for name, source in sources:
+    n = min(len(source), limit)
+    for lo in range(0, n, 4096):
+      prompts = [source[i]["prompt"] for i in range(lo, min(lo + 4096, n))]
+      lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts,
+                                                    use_chat_template=template)]
+      if max(lengths) > largest:
+        i = lo + int(np.argmax(lengths))
+        raise ValueError(
+            f"rollout.prompt_buckets={tuple(config.rollout.prompt_buckets)}: {name} example "
+            f"{i} has a {max(lengths)}-token prompt; the largest bucket must hold every "
+            f"prompt (add a bucket >= {max(lengths)})")
+
+
+def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_root: Path,
+                     log: Callable[[str], None]) -> RunInputs:
+  """Mesh, data splits, starting policy (building the tiny model and its warm start
+  when the config asks and they are not cached in ``local_dir``), tokenizer, rewards.
+
+  ``config`` must be validated. The primary process prepares data and the warm start;
+  the others then read them.
+  """
+  is_primary = jax.process_index() == 0
+  mesh = make_mesh(config.mesh.shape, config.mesh.axes)
+  data_dir = config.data.data_dir or str(local_dir / "tfds")
+  manual_dir = stage(config.data.manual_dir, cache_root, log, what="data.manual_dir") or None
+  model_path = stage(config.model.path, cache_root, log, what="model.path")
+  builder_kwargs = ({"config": config.data.synthetic.to_dict()}
+                    if config.data.name == "synthetic" else {})
+  load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
+                                  **builder_kwargs)
+  if is_primary:
+    load("train")
+    load(config.data.eval_split)
+  distributed.barrier("sagc_data_prepared")
+  train_source = load("train")
+  eval_source = load(config.data.eval_split)
+
+  # The starting folder's tokenizer is the policy's: check every prompt fits first.
+  folder = None
+  if is_primary:
+    start = starting_folder(config, local_dir, model_path=model_path)
+    check_prompt_lengths(config, load_tokenizer(start),
+                         (("train", train_source), ("eval", eval_source)))
+    folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path)
+  distributed.barrier("sagc_policy_prepared")
+  if folder is None:
+    folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path)
+  dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
+  model, model_cfg = from_pretrained(folder, dtype=dtype, mesh=mesh)
+  tokenizer = load_tokenizer(folder)
+  stop_ids = set(model_cfg.eos_token_ids)
+  if tokenizer.eos_token_id is not None:
+    stop_ids.add(int(tokenizer.eos_token_id))
+  pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+  reward_fn = make_reward_fn(config.reward.name, config.reward.format_weight,
+                             config.reward.workers)
+  return RunInputs(config=config, mesh=mesh, train_source=train_source,
+                   eval_source=eval_source, model=model, model_cfg=model_cfg,
+                   tokenizer=tokenizer, reward_fn=reward_fn, pad_id=pad_id,
+                   stop_ids=tuple(sorted(int(i) for i in stop_ids)))
+
+
+def load_checkpoint_weights(model: Transformer, directory: str | os.PathLike,
+                            step: int | None = None, log: Callable[[str], None] = print) -> int:
+  """Writes the (float32 master) weights of checkpoint ``step`` into ``model``, in its
+  own dtype and layout; returns the step.
+
+  Read-only: nothing in ``directory`` is moved. Without ``step``, the newest
+  checkpoint whose weights read back finite is used; older ones are tried when a newer
+  one is damaged (each failure is logged). A given ``step`` must restore or it raises.
+  """
+  from sagc_jax.checkpoint import Checkpointer
+
+  _, params, _ = nnx.split(model, nnx.Param, ...)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,
+                                                         sharding=x.sharding), params)
+  checkpointer = Checkpointer(directory, read_only=True, log=log)
+  try:
+    candidates = [step] if step is not None else list(reversed(checkpointer.all_steps()))
+    if not candidates:
+      raise FileNotFoundError(f"no checkpoints in {directory}")
+    for candidate in candidates:
+      try:
+        found, restored = checkpointer.restore_params(abstract, candidate)
+        if not all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(restored)):
+          raise ValueError("its weights restored with NaN or inf values")
+        break
+      except Exception as err:  # noqa: BLE001 - a damaged step: try the previous one
+        if step is not None or candidate == candidates[-1]:
+          raise
+        log(f"checkpoint step {candidate} in {directory} could not be used "
+            f"({type(err).__name__}: {err}); trying the previous one")
+  finally:
+    checkpointer.close()
+  dtype = jax.tree.leaves(params)[0].dtype
+  nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), restored))
+  return found
