@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.claims import claims_markdown, mean_ci
 from sagc_jax.metrics import read_jsonl, summarize
 from sagc_jax.storage import is_remote
 
@@ -42,7 +42,9 @@ RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "
                   "speedup_vs_largest_static", "rollouts", "time_to_target_s",
                   "eval_accuracy_start", "eval_accuracy_end", "eval_sampled_accuracy_start",
                   "eval_sampled_accuracy_end", "final_reward",
-                  "response_len_mean", "mean_g")
+                  "eval_sampled_gain", "response_len_mean", "response_len_start",
+                  "response_len_end", "max_over_median_start", "max_over_median_end",
+                  "mean_g")
 # What results.md reports per arm, as mean +- 95% CI over the seeds: (column, header, format).
 SUMMARY_COLUMNS = (
     ("group_straggler_rate", "group straggler rate", ".3f"),
@@ -54,13 +56,15 @@ SUMMARY_COLUMNS = (
     ("final_reward", "final train reward", ".3f"),
     ("eval_accuracy_end", "held-out acc greedy (end)", ".3f"),
     ("eval_sampled_accuracy_end", "held-out acc sampled (end)", ".3f"),
-    ("response_len_mean", "mean response len", ".1f"), ("mean_g", "mean G", ".2f"))
+    ("eval_sampled_gain", "sampled acc gain", "+.3f"),
+    ("response_len_mean", "mean response len", ".1f"),
+    ("response_len_start", "response len, first 5 steps", ".1f"),
+    ("response_len_end", "response len, last 5 steps", ".1f"),
+    ("max_over_median_start", "group max/median, first 5 steps", ".2f"),
+    ("max_over_median_end", "group max/median, last 5 steps", ".2f"),
+    ("mean_g", "mean G", ".2f"))
+TREND_WINDOW = 5       # steps averaged at each end of a run for the start / end trends
 _RUN_NAME = re.compile(r"^(?P<arm>.+)_seed(?P<seed>\d+)$")
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
-         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
-         2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
 
 def arm_configs(config) -> dict[str, Any]:
   """``{arm name: training config}`` for the comparison matrix of ``config.compare``
@@ -214,6 +218,15 @@ def time_to_target(metrics: Sequence[dict[str, Any]], target: float | None,
   return float(clock[hits[0] + window - 1]) if hits.size else float("nan")
 
 
+def window_mean(metrics: Sequence[dict[str, Any]], key: str, end: str,
+                window: int = TREND_WINDOW) -> float:
+  """Mean of ``key`` over the first (``end="start"``) or last ``window`` steps that
+  carry it (nan when none do): how a run's lengths and straggler ratio moved."""
+  values = [r[key] for r in metrics if key in r]
+  values = values[:window] if end == "start" else values[-window:]
+  return float(np.mean(values)) if values else float("nan")
+
+
 def results_table(arms: Sequence[dict[str, Any]],
                   reward_target: float | None = None) -> list[dict[str, Any]]:
   """One result row per run (arm and seed; see ``RESULT_COLUMNS``)."""
@@ -249,6 +262,18 @@ def results_table(arms: Sequence[dict[str, Any]],
         "response_len_mean": stats.get("response_len_mean", float("nan")),
         "mean_g": stats.get("mean_g", float("nan")),
     })
+    row = rows[-1]
+    row["eval_sampled_gain"] = (row["eval_sampled_accuracy_end"]
+                                - row["eval_sampled_accuracy_start"])
+    # The final posterior means of the smallest and largest candidate (claims.py).
+    candidates = sorted(cfg["controller"]["candidates"])
+    last = metrics[-1] if metrics else {}
+    row["p_smallest_end"] = last.get(f"p_mean/G{candidates[0]}", float("nan"))
+    row["p_largest_end"] = last.get(f"p_mean/G{candidates[-1]}", float("nan"))
+    for key, column in (("response_len_mean", "response_len"),
+                        ("group_max_over_median", "max_over_median")):
+      for end in ("start", "end"):
+        row[f"{column}_{end}"] = window_mean(metrics, key, end)
   for row, arm in zip(rows, arms):
     # Against the same seed's static run at the largest candidate G (nan if that run is
     # not in the comparison, e.g. a partial merge).
@@ -259,18 +284,6 @@ def results_table(arms: Sequence[dict[str, Any]],
     row["speedup_vs_largest_static"] = (largest[0]["wall_clock_s"] / row["wall_clock_s"]
                                         if largest else float("nan"))
   return rows
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
-  """(mean, 95% confidence half-width, n) of the finite ``values``: Student's t with
-  n - 1 degrees of freedom (half-width nan for a single value)."""
-  x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
-  if not x.size:
-    return float("nan"), float("nan"), 0
-  if x.size == 1:
-    return float(x[0]), float("nan"), 1
-  t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
-  return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
 
 
 def summary_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -292,13 +305,14 @@ def write_results(rows: Sequence[dict[str, Any]], workdir: Path) -> None:
     writer.writeheader()
     writer.writerows([{k: row[k] for k in RESULT_COLUMNS} for row in rows])
   (workdir / "results.md").write_text(markdown_table(rows) + "\n", encoding="utf-8")
+  (workdir / "claims.md").write_text(claims_markdown(rows) + "\n", encoding="utf-8")
 
 
 def _cell(stat: tuple[float, float, int], fmt: str) -> str:
   mean, half, n = stat
   if not n:
     return "–"
-  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt}}"
+  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -415,8 +429,10 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   write_results(rows, workdir)
   plot_comparison(arms, workdir)
   log(markdown_table(rows))
+  log(claims_markdown(rows))
   log(f"wrote {workdir / 'results.csv'} (one row per arm and seed), {workdir / 'results.md'} "
-      f"(mean ± 95% CI over seeds) and plots in {workdir}")
+      f"(mean ± 95% CI over seeds), {workdir / 'claims.md'} (the paper's claims, per "
+      f"seed-paired comparison) and plots in {workdir}")
   return rows
 
 

@@ -122,8 +122,9 @@ class RLStep:
     if batch is not None:
       learner_metrics = learner.update(batch, seed=self.config.seed)
     time_learner = time.perf_counter() - t_learn
-    ctrl = self.controller.observe(np.concatenate([r.group_max for r in rounds]),
-                                   np.concatenate([r.group_median for r in rounds]))
+    group_max = np.concatenate([r.group_max for r in rounds])
+    group_median = np.concatenate([r.group_median for r in rounds])
+    ctrl = self.controller.observe(group_max, group_median)
 
     lengths = np.concatenate([r.lengths for r in rounds])
     generated = float(lengths.sum())
@@ -139,7 +140,10 @@ class RLStep:
         accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
         format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
         response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
-        response_len_max=float(lengths.max()), sampling_rounds=float(len(rounds)),
+        response_len_max=float(lengths.max()),
+        # The straggler statistic itself (the event is ratio > tau), averaged over groups.
+        group_max_over_median=float(np.mean(group_max / np.maximum(group_median, 1.0))),
+        sampling_rounds=float(len(rounds)),
         prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
         new_compilations=float(compile_count.compile_count() - compiles_before),
         update_skipped=float(batch is None))

@@ -86,6 +86,14 @@ def test_time_to_target_is_the_first_crossing_of_the_trailing_mean():
   assert np.isnan(compare.time_to_target(rows, None))
 
 
+def test_window_means_give_the_start_and_end_trend():
+  rows = [{"response_len_mean": float(i)} for i in range(1, 13)] + [{"other": 1.0}]
+  assert compare.window_mean(rows, "response_len_mean", "start") == 3.0     # 1..5
+  assert compare.window_mean(rows, "response_len_mean", "end") == 10.0      # 8..12
+  assert compare.window_mean(rows[:2], "response_len_mean", "end") == 1.5
+  assert np.isnan(compare.window_mean(rows, "group_max_over_median", "start"))
+
+
 def test_report_over_seeds_gives_mean_and_ci_per_arm(tmp_path):
   for seed in range(3):
     for algorithm, kind, g in [("grpo", "static", 4), ("grpo", "static", 16),

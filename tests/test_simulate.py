@@ -135,3 +135,23 @@ def test_cli_reports_bad_override_with_key(tmp_path):
        "--config.sim.mode=sideways"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2
   assert "sim.mode='sideways'" in proc.stderr
+
+
+def test_claims_rows_are_per_seed_simulations_and_the_table_covers_every_claim():
+  from sagc_jax.claims import CLAIMS
+
+  config = load_default_config()
+  config.sim.steps = 150
+  table, rows = simulate.simulate_claims(config, seeds=3)
+  arms = len(config.controller.candidates) + 1
+  assert len(rows) == 3 * arms and {r["seed"] for r in rows} == {0, 1, 2}
+  # Seed k is exactly the simulation with seed + k (lengths and controller RNG).
+  seeded = config.copy_and_resolve_references()
+  seeded.seed, seeded.controller.seed = config.seed + 2, config.controller.seed + 2
+  direct = simulate.simulate(seeded)["summary"]
+  for row in (r for r in rows if r["seed"] == 2):
+    name = "sagc" if row["controller"] == "sagc" else f"static_G{row['static_g']}"
+    assert row["wall_clock_s"] == direct[name]["wall_clock_s"]
+    assert row["step_straggler_rate"] == direct[name]["step_straggler_rate"]
+  assert len(table.splitlines()) == 2 + len(CLAIMS)
+  assert "simulator, 3 seeds" in table and table.count("n/a") == 3   # reward, acc, length

@@ -28,6 +28,7 @@ REQUIRED_KEYS = {"step", "g", "lambda", "p_mean/G2", "p_mean/G4", "straggler_rat
                  "time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
                  "generated_tokens", "padding_efficiency", "reward_mean", "accuracy",
                  "response_len_mean", "response_len_median", "response_len_max",
+                 "group_max_over_median",
                  "new_compilations", "learner/loss"}
 
 
@@ -75,6 +76,9 @@ def test_short_end_to_end_runs(shared, tmp_path, algorithm, controller):
     assert REQUIRED_KEYS <= set(row) or trainer.learner.config.dynamic_sampling
     assert row["new_compilations"] == 0
     assert row["g"] in (2, 4)
+    # A group's max / median is >= 1, and > tau (1.5) for a straggling group.
+    assert row["group_max_over_median"] >= 1.0
+    assert row["group_max_over_median"] > 1.0 + 0.5 * row["group_straggler_rate"] - 1e-9
     if controller == "static":
       assert row["g"] == 4 and row["lambda"] == 0.0
   assert summary["steps"] == 3 and "eval_accuracy_end" in summary
