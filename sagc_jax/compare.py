@@ -33,6 +33,7 @@ import numpy as np
 
 from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.claims import claims_markdown, mean_ci
+from sagc_jax.machine import machine_info, machine_line, stamp
 from sagc_jax.metrics import read_jsonl, summarize
 from sagc_jax.storage import is_remote
 
@@ -299,13 +300,15 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   return list(out.values())
 
 
-def write_results(rows: Sequence[dict[str, Any]], workdir: Path) -> None:
+def write_results(rows: Sequence[dict[str, Any]], workdir: Path,
+                  machine: dict[str, Any] | None = None) -> None:
   with open(workdir / "results.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
     writer.writeheader()
     writer.writerows([{k: row[k] for k in RESULT_COLUMNS} for row in rows])
-  (workdir / "results.md").write_text(markdown_table(rows) + "\n", encoding="utf-8")
-  (workdir / "claims.md").write_text(claims_markdown(rows) + "\n", encoding="utf-8")
+  caption = f"Measured on: {machine_line(machine)}.\n\n"
+  (workdir / "results.md").write_text(caption + markdown_table(rows) + "\n", encoding="utf-8")
+  (workdir / "claims.md").write_text(caption + claims_markdown(rows) + "\n", encoding="utf-8")
 
 
 def _cell(stat: tuple[float, float, int], fmt: str) -> str:
@@ -331,7 +334,8 @@ def _smooth(x: np.ndarray, window: int = 5) -> np.ndarray:
   return np.convolve(x, np.ones(window) / window, mode="valid")
 
 
-def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]:
+def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
+                    machine: dict[str, Any] | None = None) -> list[Path]:
   """Writes the four comparison plots; returns their paths."""
   import matplotlib
   matplotlib.use("Agg")
@@ -346,7 +350,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
 
   def save(fig, name):
     path = workdir / name
-    fig.tight_layout()
+    stamp(fig, machine)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     paths.append(path)
@@ -423,11 +427,13 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path) -> list[Path]
 def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   arms = load_comparison(workdir)
   settings = workdir / "compare.json"
-  target = (json.loads(settings.read_text()).get("reward_target") if settings.exists()
-            else None)
+  settings = json.loads(settings.read_text()) if settings.exists() else {}
+  target = settings.get("reward_target")
+  # The machine the arms ran on (recorded when they were launched), not this one.
+  machine = settings.get("machine") or machine_info()
   rows = results_table(arms, target)
-  write_results(rows, workdir)
-  plot_comparison(arms, workdir)
+  write_results(rows, workdir, machine)
+  plot_comparison(arms, workdir, machine)
   log(markdown_table(rows))
   log(claims_markdown(rows))
   log(f"wrote {workdir / 'results.csv'} (one row per arm and seed), {workdir / 'results.md'} "
@@ -472,7 +478,8 @@ def main(argv: Sequence[str], flags) -> None:
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
       raise ValueError(f"compare.reward_target={target!r} must be a number or None")
     (workdir / "compare.json").write_text(json.dumps(
-        {"seeds": seed_count(flags.config), "reward_target": target}) + "\n")
+        {"seeds": seed_count(flags.config), "reward_target": target,
+         "machine": machine_info()}) + "\n")
     for name, arm in arms.items():
       try:
         validate(arm)

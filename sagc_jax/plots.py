@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sagc_jax.machine import stamp
 from sagc_jax.storage import run_path
 
 
@@ -50,7 +51,7 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
   axes[3].legend(fontsize=8)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
+  stamp(fig)
   with run_path(path).open("wb") as f:         # local or gs://
     fig.savefig(f, format="png", dpi=100)
   plt.close(fig)

@@ -37,6 +37,7 @@ import numpy as np
 from sagc_jax import config_checks as checks
 from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.controller import SAGCController, StaticController, controller_from_config
+from sagc_jax.machine import stamp
 
 MODES = ("hold_rollouts", "hold_prompts")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -353,7 +354,7 @@ def plot(result: dict[str, Any], path: str | os.PathLike) -> None:
   axes[3].set_ylabel("running straggler rate")
   axes[3].set_xlabel("step")
   axes[3].legend(loc="upper left", fontsize=8, ncol=2)
-  fig.tight_layout()
+  stamp(fig)
   fig.savefig(path, dpi=110)
   plt.close(fig)
 

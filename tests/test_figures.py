@@ -1,0 +1,60 @@
+"""``python -m sagc_jax.figures``: jobs run into their folders, the machine is recorded
+and stamped on figures, finished jobs are skipped on a rerun, unknown jobs are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sagc_jax import figures
+from sagc_jax.machine import machine_info, machine_line, stamp
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_machine_info_names_cpu_cores_and_jax_and_stamps_figures():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  info = machine_info()
+  assert info["cores"] >= 1 and info["cpu"] and info["jax"] != "not installed"
+  fig, ax = plt.subplots()
+  ax.plot([0, 1])
+  stamp(fig, {**info, "cpu": "Test CPU 9000", "cores": 3})
+  footer = fig.texts[-1].get_text()
+  plt.close(fig)
+  assert footer.startswith("measured on: Test CPU 9000, 3 cores, jax ")
+  assert machine_line(info) in f"measured on: {machine_line(info)}"
+
+
+def test_figures_cli_runs_jobs_records_the_machine_and_resumes(tmp_path):
+  out = tmp_path / "figures"
+  cmd = [sys.executable, "-m", "sagc_jax.figures", f"--out={out}",
+         "--only=simulate,simulate_4prompts_step"]
+  first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stderr
+  machine = json.loads((out / "machine.json").read_text())
+  assert machine["cores"] >= 1 and machine["jax"]
+  index = (out / "index.md").read_text()
+  assert "| simulate |" in index and "| simulate_4prompts_step |" in index
+  assert index.count("| ok |") == 2 and machine["cpu"] in index
+  assert (out / "simulate" / "results.png").read_bytes()[:4] == b"\x89PNG"
+  claims = (out / "simulate" / "claims.md").read_text()
+  assert "simulator, 5 seeds" in claims
+  step = json.loads((out / "simulate_4prompts_step" / "results.json").read_text())
+  assert step["config"]["controller"]["event"] == "step"
+  assert step["config"]["sim"]["prompts_per_step"] == 4
+  again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0 and again.stdout.count("skipped") == 2
+
+
+def test_unknown_jobs_are_refused_with_the_list():
+  with pytest.raises(ValueError, match=r"unknown job\(s\) \['nope'\]; the jobs are: main_job"):
+    figures._select("simulate,nope", None)
+  assert [j.name for j in figures._select(None, "aot_llama3_2_3b,aot_qwen2_5_3b")] == [
+      j.name for j in figures.JOBS if not j.name.startswith("aot_")]
