@@ -301,12 +301,12 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_results(rows: Sequence[dict[str, Any]], workdir: Path,
-                  machine: dict[str, Any] | None = None) -> None:
+                  caption: str | None = None) -> None:
   with open(workdir / "results.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
     writer.writeheader()
     writer.writerows([{k: row[k] for k in RESULT_COLUMNS} for row in rows])
-  caption = f"Measured on: {machine_line(machine)}.\n\n"
+  caption = f"{caption or 'Measured on: ' + machine_line()}.\n\n"
   (workdir / "results.md").write_text(caption + markdown_table(rows) + "\n", encoding="utf-8")
   (workdir / "claims.md").write_text(caption + claims_markdown(rows) + "\n", encoding="utf-8")
 
@@ -430,9 +430,14 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   settings = json.loads(settings.read_text()) if settings.exists() else {}
   target = settings.get("reward_target")
   # The machine the arms ran on (recorded when they were launched), not this one.
-  machine = settings.get("machine") or machine_info()
+  machine = settings.get("machine")
+  if machine is None:
+    caption = (f"Measured on: not recorded (the runs predate machine records); report "
+               f"built on {machine_line(machine_info())}")
+  else:
+    caption = f"Measured on: {machine_line(machine)}"
   rows = results_table(arms, target)
-  write_results(rows, workdir, machine)
+  write_results(rows, workdir, caption)
   plot_comparison(arms, workdir, machine)
   log(markdown_table(rows))
   log(claims_markdown(rows))

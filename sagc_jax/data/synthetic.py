@@ -29,16 +29,17 @@ seed 0): quantiles 5/25/50/75/90/95/99% = 15/21/27/35/47/56/75, max 116, mean 30
 34.6% of the solutions contain at least one recheck; p95/median = 2.07, p99/median = 2.78
 (``tests/test_data.py`` re-measures these). Prompts are 6-10 characters.
 
-Paper-regime variant (``guess_prob > 0``): with that probability the solution skips the
-scratchpad and states only the answer (``"answer 9\n"``). A model this small cannot
-do several operations in its head, so after a warm start on such data its guesses are
-mostly wrong while its written-out solutions are mostly right: longer reasoning pays,
-and RL raises accuracy by writing the work more often. Response lengths then grow
-over training, and so does the within-group max/median ratio (a group straggles once
-some of its responses work while the median still guesses), the regime of the SAGC
-paper. The guess is drawn last, after the example is complete, so data with
-``guess_prob = 0`` is identical to data generated before the knob existed, and every
-example that is not a guess is the always-work example of the same index.
+Toward the SAGC paper's regime (``guess_prob > 0``, best with ``modulus=10``): with that
+probability the solution skips the scratchpad and states only the answer
+(``"answer 9\n"``). A model this small cannot sum several digits modulo 10 in its head,
+so longer reasoning pays. Measured (README, "Toward the paper's regime"): after a warm
+start on ``guess_prob=0.5`` data, written-out solutions were right 96% of the time and
+guesses 11% (chance); RL then raised accuracy by writing the work more often, and
+response lengths grew. The within-group max/median ratio did *not* grow: it is high
+while a minority of a group writes the work and falls once most do. The guess is
+drawn last, after the example is complete, so data with ``guess_prob = 0`` is
+identical to data generated before the knob existed, and every example that is not a
+guess is the always-work example of the same index.
 
 Determinism and held-out split: example ``i`` of split ``s`` is drawn from its own
 generator seeded with ``(seed, split_code(s), i)``. The prompt space is small (200
