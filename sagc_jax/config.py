@@ -140,6 +140,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"data.synthetic: {err}") from None
   checks.one_of(config, "reward.name", REWARDS)
   checks.number_in(config, "reward.format_weight", 0.0)
+  checks.non_negative_int(config, "reward.workers")
 
   controller_from_config(config)          # raises "controller: ..." on bad settings
 

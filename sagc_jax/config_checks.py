@@ -32,6 +32,13 @@ def positive_int(config: Any, key: str) -> int:
   return value
 
 
+def non_negative_int(config: Any, key: str) -> int:
+  value = lookup(config, key)
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"{key}={value!r} must be an integer >= 0")
+  return value
+
+
 def number_in(config: Any, key: str, low: float = -math.inf, high: float = math.inf,
               *, low_open: bool = False, high_open: bool = False) -> float:
   """A finite number inside the given interval (open or closed at each end)."""

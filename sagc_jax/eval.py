@@ -57,7 +57,8 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
       directory = config.train.checkpoint_dir or workdir / "checkpoints"
       step = load_checkpoint_weights(inputs.model, directory, log=log)
     evaluator = Evaluator(inputs, *build_eval_samplers(
-        config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids, pad_id=inputs.pad_id))
+        config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids, pad_id=inputs.pad_id),
+                          log=log)
     warm(evaluator.warmup_jobs(inputs.model), log=log)
     return {**evaluator.evaluate(inputs.model, limit), "step": step}
   finally:
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", type=run_path, default=None,
                       help="also write the result as JSON here (outside the run directory)")
   args = parser.parse_args(argv)
+  if args.examples is not None and args.examples < 1:
+    parser.error(f"--examples {args.examples} must be >= 1 (leave it out for the run's "
+                 "data.eval_examples)")
   config = load_run_config(args.workdir)
   if args.hf_path is not None:
     if not args.hf_path.is_dir():

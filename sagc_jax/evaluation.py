@@ -7,7 +7,7 @@ Used by the training loop (before RL and every ``train.eval_every`` steps) and b
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,17 +31,26 @@ class Evaluator:
   measures the policy as RL trains it, while greedy measures its mode.
   """
 
-  def __init__(self, inputs: RunInputs, greedy: Sampler, sampled: Sampler):
+  def __init__(self, inputs: RunInputs, greedy: Sampler, sampled: Sampler,
+               log: Callable[[str], None] = print):
     self.inputs = inputs
     self.greedy = greedy
     self.sampled = sampled
+    wanted, available = inputs.config.data.eval_examples, len(inputs.eval_source)
+    if wanted > available:           # once per run, not at every evaluation
+      log(f"warning: data.eval_examples={wanted} but the "
+          f"{inputs.config.data.eval_split!r} split holds {available} examples; "
+          f"evaluating on all {available}")
 
   def warmup_jobs(self, model: Any) -> list:
     return self.greedy.warmup_jobs(model) + self.sampled.warmup_jobs(model)
 
   def examples(self, limit: int | None = None) -> int:
-    """How many held-out examples an evaluation uses."""
-    return min(limit or self.inputs.config.data.eval_examples, len(self.inputs.eval_source))
+    """How many held-out examples an evaluation uses (``limit``: at most that many)."""
+    if limit is not None and limit < 1:
+      raise ValueError(f"an evaluation needs at least one example, got limit={limit}")
+    wanted = self.inputs.config.data.eval_examples if limit is None else limit
+    return min(wanted, len(self.inputs.eval_source))
 
   def _pass(self, model: Any, sampler: Sampler, n: int,
             seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -50,6 +50,9 @@ def format_summary(summary: dict) -> str:
 
 def main(argv: Sequence[str], flags) -> None:
   reject_positional(argv)
+  if flags.max_steps is not None and flags.max_steps < 1:
+    raise ValueError(f"--max_steps={flags.max_steps} must be >= 1 (leave it out to train to "
+                     "train.steps)")
   from absl import logging
   import tensorflow_datasets as tfds
 

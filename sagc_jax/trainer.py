@@ -119,7 +119,7 @@ class Trainer:
                                        stop_ids=self.inputs.stop_ids, pad_id=self.inputs.pad_id)
     self.learner = self.components.learner
     self.evaluator = Evaluator(self.inputs, self.components.eval_sampler,
-                               self.components.eval_sampled_sampler)
+                               self.components.eval_sampled_sampler, log=self.log)
     self.rl_step = RLStep(self.inputs, self.components, self.controller, self.loader)
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
                                      config.train.keep_checkpoints, log=self.log,

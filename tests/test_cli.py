@@ -80,6 +80,9 @@ def test_same_algorithm_override_changes_nothing_else():
     ("--config.train.steps=abc", "error: flag --config.train.steps=abc: invalid literal"),
     ("--config.controller.initial_g=3", "error: controller: initial_g=3 is not one of "
                                         "candidates (4, 8, 16)"),
+    ("--config.reward.workers=-1", "error: reward.workers=-1 must be an integer >= 0"),
+    ("--max_steps=-1", "error: --max_steps=-1 must be >= 1"),
+    ("--max_steps=0", "error: --max_steps=0 must be >= 1"),
 ])
 def test_bad_override_is_one_line_and_exit_2(tmp_path, arg, expected):
   proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
@@ -98,4 +101,13 @@ def test_help_still_works():
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1, proc.stderr          # absl's help flags exit with 1
   assert "--workdir" in proc.stdout and "one training run" in proc.stdout
+  assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("examples", ["0", "-5"])
+def test_eval_refuses_a_non_positive_example_count(tmp_path, examples):
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={tmp_path}",
+                         f"--examples={examples}"], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  assert f"--examples {examples} must be >= 1" in proc.stderr
   assert "Traceback" not in proc.stderr

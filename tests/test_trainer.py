@@ -270,6 +270,7 @@ def test_second_ctrl_c_stops_at_once(shared, tmp_path):
     ("data.synthetic.max_ops", 0, "data.synthetic:"),
     ("train.steps", 0, "train.steps=0"),
     ("sft.warmup_steps", 8, "sft.warmup_steps=8 must be an int in"),
+    ("reward.workers", -1, "reward.workers=-1 must be an integer >= 0"),
 ])
 def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, match):
   config = small_config(shared)
@@ -356,3 +357,17 @@ def test_eval_builds_only_what_evaluation_needs_and_matches_the_trainer(shared, 
   assert result["step"] == 1 and any("checkpoint step 2" in m for m in messages)
   assert {k: result[k] for k in keys} == {k: by_step[1][k] for k in keys}
   assert _tree_snapshot(tmp_path) == before
+
+
+def test_more_eval_examples_than_the_split_warns_once_with_both_numbers(shared, tmp_path):
+  config = small_config(shared)
+  config.data.eval_examples = 100                   # the test split holds 40
+  messages = []
+  trainer = Trainer(config, tmp_path, log=messages.append)
+  try:
+    first, second = trainer.evaluate(), trainer.evaluate()
+  finally:
+    trainer.close()
+  warnings = [m for m in messages if "data.eval_examples=100" in m]
+  assert len(warnings) == 1 and "holds 40 examples" in warnings[0]
+  assert first["eval_examples"] == second["eval_examples"] == 40
