@@ -79,7 +79,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Supervised warm start on the task's reference solutions (built-in task only);
   # cached in the workdir, so a resumed run does not repeat it.
   c.sft = ml_collections.ConfigDict(dict(
-      enabled=True, steps=300, batch_size=64, lr=3e-3, warmup_steps=20, seq_bucket=96))
+      enabled=True, steps=300, batch_size=64, lr=3e-3, warmup_steps=20, seq_bucket=96,
+      # Optional second stage: this many more steps on the same examples with
+      # guess_stage_prob of the solutions reduced to their answer line (a policy that
+      # can write the work but rarely does; 0 = no second stage).
+      guess_stage_steps=0, guess_stage_prob=0.9))
 
   c.train = ml_collections.ConfigDict(dict(
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
@@ -203,6 +207,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   checks.positive_int(config, "sft.batch_size")
   checks.number_in(config, "sft.lr", 0.0, low_open=True)
   checks.positive_int(config, "sft.seq_bucket")
+  checks.non_negative_int(config, "sft.guess_stage_steps")
+  checks.number_in(config, "sft.guess_stage_prob", 0.0, 1.0)
 
 
 def learner_config(config: ml_collections.ConfigDict) -> LearnerConfig:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokenizer, \
     save_pretrained
 from sagc_jax.sft import supervised_finetune, tokenize_examples
@@ -69,6 +71,29 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
   return sft_dir
 
 
+def answer_only(examples: list[dict], prob: float, seed: int) -> list[dict]:
+  """``examples`` with each solution reduced to its answer line with probability
+  ``prob`` (independently, from a generator seeded by ``seed``)."""
+  rng = np.random.default_rng((seed, 1))
+  return [dict(ex, solution=f"answer {ex['answer']}\n") if rng.random() < prob else ex
+          for ex in examples]
+
+
+def _finetune(model: Any, cfg: Any, tokenizer: Any, examples: list[dict], steps: int,
+              warmup_steps: int, config: Any, log: Callable[[str], None]) -> list[float]:
+  """``steps`` steps of supervised fine-tuning on ``examples``; returns the losses."""
+  sft = config.sft
+  ids, attn, loss_mask, dropped = tokenize_examples(
+      tokenizer, examples, sft.seq_bucket, eos_id=cfg.eos_token_ids[0],
+      pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+  if dropped:
+    log(f"supervised warm start: {dropped} examples longer than sft.seq_bucket="
+        f"{sft.seq_bucket} tokens were left out")
+  return supervised_finetune(model, ids, attn, loss_mask, steps=steps,
+                             batch_size=sft.batch_size, lr=sft.lr,
+                             warmup_steps=warmup_steps, seed=config.seed, log=log)
+
+
 def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_source: Any,
                           log: Callable[[str], None]) -> None:
   sft = config.sft
@@ -77,16 +102,16 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   model, cfg = from_pretrained(init_dir)
   tokenizer = load_tokenizer(init_dir)
   examples = [train_source[i] for i in range(len(train_source))]
-  ids, attn, loss_mask, dropped = tokenize_examples(
-      tokenizer, examples, sft.seq_bucket, eos_id=cfg.eos_token_ids[0],
-      pad_id=cfg.pad_token_id if cfg.pad_token_id is not None else 0)
-  if dropped:
-    log(f"supervised warm start: {dropped} examples longer than sft.seq_bucket="
-        f"{sft.seq_bucket} tokens were left out")
   start = time.perf_counter()
-  losses = supervised_finetune(model, ids, attn, loss_mask, steps=sft.steps,
-                               batch_size=sft.batch_size, lr=sft.lr,
-                               warmup_steps=sft.warmup_steps, seed=config.seed, log=log)
+  losses = _finetune(model, cfg, tokenizer, examples, sft.steps, sft.warmup_steps, config, log)
+  if sft.guess_stage_steps:
+    # A warm start that has the skill of writing the work but rarely uses it: the
+    # starting point of the SAGC paper's regime, where RL discovers longer reasoning.
+    lazy = answer_only(examples, sft.guess_stage_prob, config.seed)
+    log(f"supervised warm start, guess stage: {sft.guess_stage_steps} steps with "
+        f"{sft.guess_stage_prob:.0%} of the solutions reduced to their answer line")
+    losses += _finetune(model, cfg, tokenizer, lazy, sft.guess_stage_steps,
+                        min(sft.warmup_steps, sft.guess_stage_steps - 1), config, log)
   # Any process that ran the warm start writes it: with a shared workdir only the
   # primary gets here (the others find its copy), with per-host disks each host keeps
   # its own (identical, the fine-tuning is deterministic) copy.
@@ -95,7 +120,7 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   shutil.copytree(init_dir, tmp)
   save_pretrained(model, cfg, tmp)
   (tmp / SFT_MARKER).write_text(json.dumps({
-      "steps": sft.steps, "first_loss": losses[0], "final_loss": losses[-1],
+      "steps": sft.steps, "guess_stage_steps": sft.guess_stage_steps, "first_loss": losses[0], "final_loss": losses[-1],
       "seconds": time.perf_counter() - start}))
   shutil.rmtree(sft_dir, ignore_errors=True)
   tmp.rename(sft_dir)

@@ -271,6 +271,8 @@ def test_second_ctrl_c_stops_at_once(shared, tmp_path):
     ("train.steps", 0, "train.steps=0"),
     ("sft.warmup_steps", 8, "sft.warmup_steps=8 must be an int in"),
     ("reward.workers", -1, "reward.workers=-1 must be an integer >= 0"),
+    ("sft.guess_stage_steps", -1, "sft.guess_stage_steps=-1 must be an integer >= 0"),
+    ("sft.guess_stage_prob", 1.5, "sft.guess_stage_prob=1.5 must be in"),
 ])
 def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, match):
   config = small_config(shared)

@@ -1,0 +1,61 @@
+"""Warm start: the guess stage (``sft.guess_stage_*``) that gives the paper-regime
+comparison a policy which can write its work but rarely does."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+
+from sagc_jax.config import tiny_cpu_config
+from sagc_jax.data import load_split
+from sagc_jax.data.synthetic import SyntheticConfig, draw_example
+from sagc_jax.models import from_pretrained, load_tokenizer
+from sagc_jax.warm_start import SFT_MARKER, answer_only, prepare_policy
+
+
+def test_answer_only_reduces_the_given_share_and_keeps_the_rest():
+  examples = [draw_example(SyntheticConfig(), "train", i) for i in range(2000)]
+  lazy = answer_only(examples, 0.75, seed=0)
+  assert lazy == answer_only(examples, 0.75, seed=0) != answer_only(examples, 0.75, seed=1)
+  reduced = 0
+  for before, after in zip(examples, lazy):
+    assert (after["prompt"], after["answer"]) == (before["prompt"], before["answer"])
+    if after["solution"] != before["solution"]:
+      reduced += 1
+      assert after["solution"] == f"answer {before['answer']}\n"
+  assert abs(reduced / len(examples) - 0.75) < 0.03
+  assert answer_only(examples, 0.0, seed=0) == examples
+
+
+def _first_token_prob_of_answer(folder, prompts) -> float:
+  """Mean probability that the solution starts with 'a' (of "answer"), from the logits."""
+  model, _ = from_pretrained(folder, dtype=jnp.float32)
+  tokenizer = load_tokenizer(folder)
+  a_id = tokenizer("a", add_special_tokens=False)["input_ids"][0]
+  probs = []
+  for prompt in prompts:
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    logits = np.asarray(model(jnp.asarray([ids]))[0, -1], np.float64)
+    p = np.exp(logits - logits.max())
+    probs.append(p[a_id] / p.sum())
+  return float(np.mean(probs))
+
+
+def test_guess_stage_makes_answer_only_solutions_the_likely_start(tmp_path):
+  config = tiny_cpu_config()
+  config.data.synthetic.update(dict(num_train=400, num_test=40, max_ops=1))
+  config.sft.update(dict(steps=30, batch_size=16, seq_bucket=48, warmup_steps=2))
+  train = load_split("synthetic", "train", str(tmp_path / "tfds"), None,
+                     config=config.data.synthetic.to_dict())
+  prompts = [draw_example(SyntheticConfig(**config.data.synthetic.to_dict()), "test", i)
+             ["prompt"] for i in range(20)]
+  plain = prepare_policy(config, tmp_path / "plain", train, log=lambda m: None)
+  config.sft.update(dict(guess_stage_steps=30, guess_stage_prob=0.95))
+  staged = prepare_policy(config, tmp_path / "staged", train, log=lambda m: None)
+  assert json.loads((staged / SFT_MARKER).read_text())["guess_stage_steps"] == 30
+  # Without the stage no solution starts with "answer" (the data always writes the
+  # work); after 30 steps on 95% answer-only solutions most responses would.
+  assert _first_token_prob_of_answer(plain, prompts) < 0.1
+  assert _first_token_prob_of_answer(staged, prompts) > 0.5
