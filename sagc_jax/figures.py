@@ -77,7 +77,7 @@ JOBS = (
         lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_tiny_cpu.py",
                    f"--workdir={d}"]),
     Job("compare_paper_regime", "The paper's regime on CPU: comparison + claims (3 seeds)",
-        60.0, lambda d: [_PY, "-m", "sagc_jax.compare",
+        29.0, lambda d: [_PY, "-m", "sagc_jax.compare",
                          "--config=configs/compare_paper_regime_cpu.py", f"--workdir={d}"]),
     Job("aot_llama3_2_3b", "Sizing a 3B run: Llama 3.2 3B on v5e:4x4 (TPU AOT)", 8.0,
         lambda d: [_PY, "-m", "sagc_jax.aot", "--config=configs/llama3_2_3b.py",
