@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["CLAIMS", "Claim", "claims_markdown", "claims_table", "mean_ci"]
+__all__ = ["CLAIMS", "Claim", "adaptation_table", "claims_markdown", "claims_table", "mean_ci"]
 
 # Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
@@ -168,3 +168,74 @@ def claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
     cells = " | ".join(f"{_cell(table[n][i])} | {table[n][i]['verdict']}" for n in names)
     lines.append(f"| {claim.text} | {cells} |")
   return "\n".join(lines)
+
+
+def adaptation_table(comparisons: dict[str, Sequence[dict[str, Any]]]) -> str:
+  """The last claim of the seed: SAGC adapts to how variable a workload's lengths are.
+
+  ``comparisons`` maps a workload name (a model family, a warm start, a task) to its
+  per-run rows. Per algorithm, the workloads are ordered by their static max-G
+  group straggler rate (the length variability SAGC sees); the claim holds when the
+  calmer workload's SAGC runs use a larger mean G than the wilder one's, seed-paired
+  (mean ± 95% CI of the per-seed difference above 0).
+  """
+  names = list(comparisons)
+  if len(names) != 2:
+    raise ValueError(f"adaptation needs exactly two workloads, got {names}")
+  algorithms = sorted({str(r["algorithm"]) for rows in comparisons.values() for r in rows})
+  lines = ["| algorithm | workload: static max-G group straggler rate, SAGC mean G | "
+           "calmer - wilder SAGC mean G (per seed) | ✓/✗ |", "|---|---|---|---|"]
+  for algorithm in algorithms:
+    summary, sagc = {}, {}
+    for name in names:
+      rows = [r for r in comparisons[name] if str(r["algorithm"]) == algorithm]
+      static_gs = [int(r["static_g"]) for r in rows if r["controller"] == "static"]
+      if not static_gs:
+        continue
+      largest = max(static_gs)
+      rate = mean_ci([r["group_straggler_rate"] for r in rows if r["controller"] == "static"
+                      and int(r["static_g"]) == largest])
+      sagc[name] = _by_seed(rows, lambda r: r["controller"] == "sagc")
+      summary[name] = (rate, mean_ci([r["mean_g"] for r in sagc[name].values()]))
+    if len(summary) != 2:
+      continue
+    calm, wild = sorted(summary, key=lambda n: summary[n][0][0])
+    diffs = [sagc[calm][k]["mean_g"] - sagc[wild][k]["mean_g"]
+             for k in sorted(set(sagc[calm]) & set(sagc[wild]))]
+    stat = mean_ci(diffs)
+    described = "; ".join(f"{n}: {summary[n][0][0]:.3f}, G {summary[n][1][0]:.2f}"
+                          for n in (calm, wild))
+    lines.append(f"| {algorithm} | {described} | {stat[0]:+.2f} ± {stat[1]:.2f} | "
+                 f"{_verdict(stat, 'above', 0.0)} |")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """``python -m sagc_jax.claims --adaptation DIR_A DIR_B``: the adaptation claim
+  across two finished comparisons (their ``results.csv``)."""
+  import argparse
+  import csv
+
+  parser = argparse.ArgumentParser(prog="python -m sagc_jax.claims", description=main.__doc__)
+  parser.add_argument("--adaptation", nargs=2, metavar="DIR", required=True,
+                      help="two comparison directories, each with a results.csv")
+  args = parser.parse_args(argv)
+  comparisons = {}
+  for folder in args.adaptation:
+    path = f"{folder}/results.csv"
+    try:
+      with open(path, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    except OSError as err:
+      parser.error(f"{path}: {err.strerror} (run or --merge_only the comparison first)")
+    for row in rows:
+      for key in ("seed", "group_straggler_rate", "mean_g"):
+        row[key] = float(row[key])
+      row["seed"] = int(row["seed"])
+    comparisons[folder.rstrip("/").split("/")[-1]] = rows
+  print(adaptation_table(comparisons))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

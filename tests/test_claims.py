@@ -87,3 +87,27 @@ def test_markdown_has_one_row_per_claim_and_a_column_pair_per_group():
   assert lines[0] == "| claim | grpo, 3 seeds | ✓/✗ | dapo, 3 seeds | ✓/✗ |"
   assert len(lines) == 2 + len(claims.CLAIMS)
   assert "1.25 ± " in text and "x (vs static G=16)" in text
+
+
+def test_adaptation_orders_workloads_by_straggler_rate_and_pairs_seeds():
+  def workload(rate, sagc_g):
+    rows = []
+    for seed, g in enumerate(sagc_g):
+      rows.append(run_row("grpo", "static", 16, seed, group_straggler_rate=rate, mean_g=16.0))
+      rows.append(run_row("grpo", "sagc", None, seed, group_straggler_rate=rate / 2,
+                          mean_g=g))
+    return rows
+  # The wild workload straggles more at G=16; SAGC should use smaller G there.
+  text = claims.adaptation_table({"wild": workload(0.8, [6.0, 7.0, 8.0]),
+                                  "calm": workload(0.3, [14.0, 13.0, 15.0])})
+  line = text.splitlines()[2]
+  assert line.startswith("| grpo | calm: 0.300, G 14.00; wild: 0.800, G 7.00 |")
+  diff = np.array([14.0, 13.0, 15.0]) - np.array([6.0, 7.0, 8.0])
+  assert f"{diff.mean():+.2f} ± {T2 * diff.std(ddof=1) / np.sqrt(3):.2f}" in line
+  assert line.endswith("| ✓ |")
+  # Had SAGC not adapted (the same G in both), the claim fails.
+  flat = claims.adaptation_table({"wild": workload(0.8, [10.0, 11.0, 12.0]),
+                                  "calm": workload(0.3, [11.0, 10.0, 12.0])})
+  assert flat.splitlines()[2].endswith("| ✗ |")
+  with pytest.raises(ValueError, match="exactly two workloads"):
+    claims.adaptation_table({"one": workload(0.5, [8.0])})
