@@ -33,7 +33,7 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
     _fail(_override_message(str(err), argv))
   try:
     app.run(lambda args: main(args, flags), argv=argv, flags_parser=lambda _: remaining)
-  except ValueError as err:
+  except (ValueError, OSError) as err:     # bad settings, unreadable or missing files
     _fail(str(err))
 
 

@@ -605,3 +605,60 @@ def test_init_follows_each_modules_declared_kind_and_refuses_an_undeclared_one()
   assert 0.4 < kernel.std() < 0.6
   with pytest.raises(ValueError, match="extra.scale declares no init kind"):
     _init_value(("extra", "scale"), nnx.Param(jnp.ones((3,))), np.random.default_rng(0), 0.02)
+
+
+def _damaged(tmp_path, mutate) -> Path:
+  folder = tmp_path / "model"
+  build_tiny_checkpoint(folder, seed=0)
+  mutate(folder)
+  return folder
+
+
+def _edit_config(folder, **changes):
+  config = json.loads((folder / "config.json").read_text())
+  config.update(changes)
+  (folder / "config.json").write_text(json.dumps(config))
+
+
+def _cut(path, keep):
+  data = path.read_bytes()
+  path.write_bytes(keep(data))
+
+
+@pytest.mark.parametrize("mutate, loader, error, match", [
+    (lambda d: _cut(d / "model.safetensors", lambda b: b[:len(b) // 2]), "model", ValueError,
+     r"model\.safetensors is not a readable safetensors file \(.*\); re-download"),
+    (lambda d: _cut(d / "model.safetensors", lambda b: b"\xff" * 16 + b[16:]), "model",
+     ValueError, r"model\.safetensors is not a readable safetensors file"),
+    (lambda d: (d / "config.json").write_text("{not json"), "model", ValueError,
+     r"config\.json is not valid JSON"),
+    (lambda d: _edit_config(d, architectures=["Qwen2ForCausalLM"]), "model", ValueError,
+     r"architectures=\['Qwen2ForCausalLM'\] disagree with model_type='llama'"),
+    (lambda d: _edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+                            rope_scaling={"rope_type": "yarn", "factor": 4.0}), "model",
+     ValueError, r"rope_parameters says rope_type='default' but rope_scaling says 'yarn'"),
+    (lambda d: [(d / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")],
+     "tokenizer", FileNotFoundError,
+     r"has none of the tokenizer files \['tokenizer.json', 'tokenizer.model', 'vocab.json'\]"),
+])
+def test_damaged_or_inconsistent_checkpoint_folders_are_refused_naming_the_file(
+    tmp_path, mutate, loader, error, match):
+  """#16: one clear error naming the file or the disagreeing keys, never a loader
+  traceback and never a silent load with other settings than transformers uses."""
+  folder = _damaged(tmp_path, mutate)
+  with pytest.raises(error, match=match) as info:
+    from_pretrained(folder) if loader == "model" else load_tokenizer(folder)
+  if "safetensors" in match or "JSON" in match:            # the file is named in full
+    assert str(folder) in str(info.value)
+
+
+def test_train_cli_reports_a_truncated_checkpoint_in_one_line(tmp_path):
+  folder = _damaged(tmp_path, lambda d: _cut(d / "model.safetensors", lambda b: b[:100]))
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
+                         f"--config={Path(__file__).resolve().parents[1] / 'configs/tiny_cpu.py'}",
+                         f"--workdir={tmp_path / 'run'}", f"--config.model.path={folder}"],
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "model.safetensors is not a readable" in last
+  assert "Traceback" not in proc.stderr

@@ -182,6 +182,11 @@ class ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES:
       raise ValueError(f"config.json model_type={model_type!r} is not supported; "
                        f"expected one of {SUPPORTED_MODEL_TYPES}")
+    architectures = d.get("architectures") or []
+    if architectures and _ARCHITECTURES[model_type] not in architectures:
+      raise ValueError(f"config.json architectures={list(architectures)!r} disagree with "
+                       f"model_type={model_type!r} (expected {_ARCHITECTURES[model_type]!r}); "
+                       "fix whichever of the two is wrong")
     act = d.get("hidden_act", "silu")
     if act != "silu":
       raise ValueError(f"config.json hidden_act={act!r} is not supported (only 'silu')")
@@ -282,7 +287,15 @@ class ModelConfig:
 
 def _parse_rope(d: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
   """(rope_theta, scaling) from either config dialect; unsupported rope types raise."""
-  params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+  new, old = d.get("rope_parameters"), d.get("rope_scaling")
+  if isinstance(new, Mapping) and isinstance(old, Mapping) and old:
+    kinds = [p.get("rope_type", p.get("type", "default")) for p in (new, old)]
+    if kinds[0] != kinds[1] and not all(isinstance(v, Mapping) for v in new.values()):
+      # transformers reads the two keys differently across versions: refuse rather
+      # than train with another RoPE than the checkpoint's users will run.
+      raise ValueError(f"config.json rope_parameters says rope_type={kinds[0]!r} but "
+                       f"rope_scaling says {kinds[1]!r}; make them agree (or drop one)")
+  params = new or old or {}
   if not isinstance(params, Mapping):
     raise ValueError(f"config.json rope_parameters/rope_scaling={params!r} must be a dict")
   if params and all(isinstance(v, Mapping) for v in params.values()):

@@ -62,7 +62,23 @@ def read_config(path: PathLike) -> ModelConfig:
   if not cfg_file.is_file():
     raise FileNotFoundError(f"no config.json in checkpoint folder {str(path)!r}")
   with open(cfg_file, encoding="utf-8") as f:
-    return ModelConfig.from_hf_dict(json.load(f))
+    try:
+      config = json.load(f)
+    except json.JSONDecodeError as err:
+      raise ValueError(f"{cfg_file} is not valid JSON ({err})") from None
+  return ModelConfig.from_hf_dict(config)
+
+
+@contextlib.contextmanager
+def _open_safetensors(file: Path):
+  """``safe_open`` whose failures (a truncated file, a damaged header) name the file."""
+  try:
+    handle = safe_open(str(file), framework="np")
+  except Exception as err:  # noqa: BLE001 - safetensors raises its own error type
+    raise ValueError(f"{file} is not a readable safetensors file ({err}); re-download or "
+                     "re-export it") from None
+  with handle as f:
+    yield f
 
 
 def _tensor_files(folder: Path) -> dict[str, Path]:
@@ -88,7 +104,7 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
     raise FileNotFoundError(f"no safetensors weights in checkpoint folder {str(folder)!r}")
   out = {}
   for file in files:
-    with safe_open(str(file), framework="np") as f:
+    with _open_safetensors(file) as f:
       for name in f.keys():
         out[name] = file
   return out
@@ -145,7 +161,7 @@ def from_pretrained(path: PathLike, dtype: jnp.dtype = jnp.float32,
   target = {path: var for path, var in nnx.to_flat_state(state)}
   np_dtype = np.dtype(jnp.dtype(dtype))
   with contextlib.ExitStack() as stack:
-    handles = {f: stack.enter_context(safe_open(str(f), framework="np"))
+    handles = {f: stack.enter_context(_open_safetensors(f))
                for f in sorted(set(files[n] for n in expected))}
     for name, (nnx_path, transposed, hf_shape) in expected.items():
       handle = handles[files[name]]

@@ -23,6 +23,11 @@ __all__ = ["encode_prompts", "has_chat_template", "load_tokenizer", "pad_prompts
 Prompt = str | Sequence[Mapping[str, str]]
 
 
+# A fast tokenizer (tokenizer.json), SentencePiece (tokenizer.model), or BPE vocab.json
+# (+ merges.txt): one of them must be in the folder.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(path: str | os.PathLike):
   """``AutoTokenizer`` from a local folder, never touching the network.
 
@@ -33,6 +38,10 @@ def load_tokenizer(path: str | os.PathLike):
 
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer folder {str(path)!r} does not exist")
+  present = set(os.listdir(path))
+  if not any(f in present for f in _TOKENIZER_FILES):
+    raise FileNotFoundError(f"tokenizer folder {str(path)!r} has none of the tokenizer files "
+                            f"{list(_TOKENIZER_FILES)} (copy them from the model's HF repo)")
   tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
   if tok.pad_token is None and tok.eos_token is not None:
     tok.pad_token = tok.eos_token
