@@ -49,13 +49,70 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+# Host values are gathered as raw bytes padded to a power-of-two bucket, so the
+# gather program compiles once per bucket (at warm-up, ``warm_host_gathers``), not once
+# per array shape: G, and with it every per-step shape, changes from step to step.
+_MIN_GATHER_BYTES = 1024
+
+
+def _gather_bucket(nbytes: int) -> int:
+  return max(_MIN_GATHER_BYTES, 1 << max(nbytes - 1, 0).bit_length())
+
+
+_GATHER_PROGRAMS: dict[int, Any] = {}
+
+
+def _gather_program(size: int):
+  """The compiled all-gather of one ``size``-byte row per process (built once per size).
+
+  ``multihost_utils.process_allgather`` jits its identity anew at every call site (the
+  traced locations differ), so each new caller compiled again mid-run. This program is
+  compiled ahead of time once per bucket and called directly.
+  """
+  program = _GATHER_PROGRAMS.get(size)
+  if program is None:
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    mesh = Mesh(devices, ("processes", "local_devices"))
+    rows = NamedSharding(mesh, P("processes"))
+    shape = jax.ShapeDtypeStruct((jax.process_count(), size), np.uint8, sharding=rows)
+    compiled = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P())).lower(
+        shape).compile()
+    program = _GATHER_PROGRAMS[size] = (compiled, rows)
+  return program
+
+
+def _allgather_bytes(buffer: np.ndarray) -> np.ndarray:
+  """``[processes, size]``: every process's ``buffer`` (uint8, ``size`` bytes)."""
+  compiled, rows = _gather_program(buffer.size)
+  local = buffer[None]
+  shards = [jax.device_put(local, d) for d in jax.local_devices()]
+  global_rows = jax.make_array_from_single_device_arrays(
+      (jax.process_count(), buffer.size), rows, shards)
+  return np.asarray(compiled(global_rows).addressable_data(0))
+
+
+def warm_host_gathers(max_bytes: int) -> int:
+  """Compiles the host gather of every bucket up to ``max_bytes``; returns how many."""
+  if not is_multiprocess():
+    return 0
+  sizes = range(_MIN_GATHER_BYTES.bit_length() - 1, _gather_bucket(max_bytes).bit_length())
+  for log2 in sizes:
+    _allgather_bytes(np.zeros(1 << log2, np.uint8))
+  return len(sizes)
+
+
 def allgather_rows(local: np.ndarray) -> np.ndarray:
   """Concatenates every process's ``local`` rows in process order (same shape each)."""
+  local = np.ascontiguousarray(local)
   if not is_multiprocess():
-    return np.asarray(local)
-  from jax.experimental import multihost_utils
-  gathered = multihost_utils.process_allgather(np.asarray(local), tiled=False)
-  return np.asarray(gathered).reshape((-1,) + np.asarray(local).shape[1:])
+    return local
+  raw = local.view(np.uint8).reshape(-1) if local.size else np.zeros(0, np.uint8)
+  buffer = np.zeros(_gather_bucket(raw.size), np.uint8)
+  buffer[:raw.size] = raw
+  every = _allgather_bytes(buffer)[:, :raw.size]
+  parts = [np.frombuffer(row.tobytes(), local.dtype).reshape(local.shape) for row in every]
+  return np.concatenate(parts, axis=0) if local.ndim else np.stack(parts)
 
 
 def allgather_token_lists(local: Sequence[Sequence[int]], pad_id: int = 0) -> list[list[int]]:
@@ -82,12 +139,52 @@ def assert_same_on_all(value: Any, what: str) -> None:
                        "the replicated controller diverged")
 
 
+def _shard_bounds(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  return tuple(sl.indices(dim)[:2] for sl, dim in zip(index, shape))
+
+
+def _gather_shards(x: jax.Array) -> np.ndarray:
+  """A sharded multi-process array as one host array, through the byte gather.
+
+  Each process sends its distinct addressable shards (their bounds, then their
+  bytes); every process rebuilds the whole array. No program specific to the array's
+  shape is compiled, so a fetch of a new shape mid-run compiles nothing.
+  """
+  pieces, seen = [], set()
+  for shard in x.addressable_shards:
+    bounds = _shard_bounds(shard.index, x.shape)
+    if bounds not in seen:
+      seen.add(bounds)
+      pieces.append((bounds, np.ascontiguousarray(np.asarray(shard.data))))
+  header = np.array([len(pieces)] + [v for b, _ in pieces for pair in b for v in pair],
+                    np.int64)
+  payload = np.concatenate([header.view(np.uint8)] + [d.view(np.uint8).reshape(-1)
+                                                      for _, d in pieces])
+  sizes = allgather_rows(np.array([payload.size], np.int64))
+  buffer = np.zeros(_gather_bucket(int(sizes.max())), np.uint8)
+  buffer[:payload.size] = payload
+  out = np.empty(x.shape, x.dtype)
+  for row, size in zip(_allgather_bytes(buffer), sizes):
+    data = row[:size].tobytes()
+    count = int(np.frombuffer(data[:8], np.int64)[0])
+    offset = 8 * (1 + 2 * x.ndim * count)
+    bounds = np.frombuffer(data[8:offset], np.int64).reshape(count, x.ndim, 2)
+    for b in bounds:
+      shape = tuple(int(hi - lo) for lo, hi in b)
+      nbytes = int(np.prod(shape, dtype=np.int64)) * out.itemsize
+      out[tuple(slice(lo, hi) for lo, hi in b)] = np.frombuffer(
+          data[offset:offset + nbytes], x.dtype).reshape(shape)
+      offset += nbytes
+  return out
+
+
 def to_host(tree: Any) -> Any:
   """``jax.device_get`` that also works for arrays spanning several processes."""
   def fetch(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      from jax.experimental import multihost_utils
-      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+      if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+      return _gather_shards(x)
     return np.asarray(jax.device_get(x))
   return jax.tree.map(fetch, tree)
 

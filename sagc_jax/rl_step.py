@@ -101,7 +101,7 @@ class RLStep:
   def __call__(self, step: int, log=print) -> dict[str, Any]:
     """Runs the step after ``step`` (steps done so far) and returns its metrics row."""
     start = time.perf_counter()
-    compiles_before = compile_count.compile_count()
+    compiles_before = compile_count.counts_by_function()
     learner = self.components.learner
     g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
@@ -126,6 +126,12 @@ class RLStep:
     group_median = np.concatenate([r.group_median for r in rounds])
     ctrl = self.controller.observe(group_max, group_median)
 
+    compiled = {name: n - compiles_before.get(name, 0)
+                for name, n in compile_count.counts_by_function().items()
+                if n > compiles_before.get(name, 0)}
+    if compiled:     # after warm-up every program should exist: name what did not
+      log(f"step {step + 1}: {sum(compiled.values())} new compilation(s): "
+          + ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items())))
     lengths = np.concatenate([r.lengths for r in rounds])
     generated = float(lengths.sum())
     decode_slots = float(sum(r.decode_slots for r in rounds))
@@ -145,7 +151,7 @@ class RLStep:
         group_max_over_median=float(np.mean(group_max / np.maximum(group_median, 1.0))),
         sampling_rounds=float(len(rounds)),
         prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
-        new_compilations=float(compile_count.compile_count() - compiles_before),
+        new_compilations=float(sum(compiled.values())),
         update_skipped=float(batch is None))
     row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
     return row
