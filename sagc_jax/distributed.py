@@ -24,6 +24,25 @@ import numpy as np
 _ENV = ("SAGC_COORDINATOR", "SAGC_NUM_PROCESSES", "SAGC_PROCESS_ID")
 
 
+def heartbeat_timeout_s() -> int:
+  """Seconds after which the JAX coordination service declares a silent process dead
+  and aborts every other one: ``SAGC_HEARTBEAT_TIMEOUT_S``, else JAX's default (100).
+
+  A process that dies (kill -9, a lost host) leaves the others blocked in their next
+  collective: this bound is how long they wait before ending, so that a supervisor
+  restarts the job from its last checkpoint. The local launcher sets 10 s.
+  """
+  raw = os.environ.get("SAGC_HEARTBEAT_TIMEOUT_S", "100")
+  try:
+    seconds = int(raw)
+  except ValueError:
+    seconds = 0
+  if seconds < 1:
+    raise ValueError(f"SAGC_HEARTBEAT_TIMEOUT_S={raw!r} must be a whole number of seconds "
+                     ">= 1")
+  return seconds
+
+
 def initialize(tpu_pod: bool = False) -> None:
   """Starts the JAX distributed runtime if this run has several processes."""
   if all(name in os.environ for name in _ENV):
@@ -33,13 +52,22 @@ def initialize(tpu_pod: bool = False) -> None:
     jax.distributed.initialize(coordinator_address=os.environ["SAGC_COORDINATOR"],
                                num_processes=int(os.environ["SAGC_NUM_PROCESSES"]),
                                process_id=int(os.environ["SAGC_PROCESS_ID"]),
-                               initialization_timeout=300)
+                               initialization_timeout=300,
+                               heartbeat_timeout_seconds=heartbeat_timeout_s())
   elif tpu_pod:
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s())
 
 
 def is_multiprocess() -> bool:
   return jax.process_count() > 1
+
+
+def process_index() -> int:
+  return jax.process_index()
+
+
+def process_count() -> int:
+  return jax.process_count()
 
 
 def barrier(name: str) -> None:

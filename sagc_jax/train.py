@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Sequence
 
 from sagc_jax.cli import config_with_algorithm_override, reject_positional, run_absl_tool
@@ -80,6 +81,18 @@ def main(argv: Sequence[str], flags) -> None:
   except (CheckpointWriteError, MetricsWriteError) as err:
     # A full disk (or any write failure): every step up to the last checkpoint is kept.
     _exit_now(f"error: {err}", 1)
+  except Exception as err:
+    if not distributed.is_multiprocess():
+      raise
+    # Most often another process died (kill -9, a lost host) and this one's next
+    # collective failed. A normal exit would wait in jax.distributed's shutdown barrier
+    # for the dead process's heartbeat timeout (~1-2 minutes) and then abort anyway.
+    traceback.print_exc()
+    _exit_now(f"error: process {distributed.process_index()} of "
+              f"{distributed.process_count()} stopped: {type(err).__name__}: "
+              f"{_first_line(err)}\n(in a multi-process run this usually means another "
+              "process died first: see its log; rerun the same command to resume from the "
+              "last checkpoint)", 1)
   if trainer.is_primary:
     print(format_summary(summary))
     if trainer.history:
@@ -87,6 +100,11 @@ def main(argv: Sequence[str], flags) -> None:
       plot_run(trainer.history, trainer.eval_history, path,
                title=f"{trainer.config.learner.algorithm} + {trainer.config.controller.kind}")
       print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
+
+
+def _first_line(err: BaseException) -> str:
+  lines = str(err).strip().splitlines()
+  return lines[0][:300] if lines else ""
 
 
 def _exit_now(message: str, status: int) -> None:

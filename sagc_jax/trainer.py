@@ -227,12 +227,15 @@ class Trainer:
     exit 0. A second Ctrl-C interrupts at once (Python's own handler is back)."""
     del frame
     self._stop_requested = True
+    # Every process says so (a pod's preemption notice may reach one host only).
+    say = self.log if self.is_primary else (
+        lambda m: print(f"[process {jax.process_index()}] {m}", flush=True))
     if signum == signal.SIGINT:
       signal.signal(signal.SIGINT, signal.default_int_handler)
-      self.log("SIGINT received: checkpointing after the current step "
-               "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
+      say("SIGINT received: checkpointing after the current step "
+          "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
     else:
-      self.log("SIGTERM received: checkpointing after the current step")
+      say("SIGTERM received: checkpointing after the current step")
 
   def run(self, max_steps: int | None = None) -> dict[str, Any]:
     """Trains until ``train.steps`` (or ``max_steps`` more steps); returns a summary."""
@@ -262,7 +265,10 @@ class Trainer:
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save_checkpoint()
         # A signal reaches each host on its own; all must leave the loop together.
-        self._stop_requested = distributed.any_on_all(self._stop_requested)
+        if distributed.any_on_all(self._stop_requested) and not self._stop_requested:
+          self._stop_requested = True
+          self.log("another process received a stop signal: checkpointing and stopping "
+                   "with it")
       if self._stop_requested and self.step % c.train.checkpoint_every:
         self.save_checkpoint()
       self.checkpointer.wait()
