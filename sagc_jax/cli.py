@@ -64,6 +64,30 @@ def _override_message(raw: str, argv: Sequence[str]) -> str:
   return " ".join(raw.split())
 
 
+def apply_config_overrides(config: Any, overrides: Sequence[str]) -> Any:
+  """``config`` with ``--config.KEY=VALUE`` arguments applied, parsed exactly as the
+  config-file tools parse them (for tools whose config is not a file, e.g. a run's
+  ``config.json``). A bad key or value raises ValueError with the one-line message."""
+  from absl import flags as absl_flags
+  from ml_collections import config_flags
+
+  argv = ["tool", *overrides]
+  for arg in overrides:
+    if not re.match(r"--config\.\w", arg):
+      raise ValueError(f"unexpected argument {arg!r} (settings are --config.KEY=VALUE)")
+  values = absl_flags.FlagValues()
+  saved = sys.argv
+  sys.argv = argv        # config_flags defines one flag per override it finds in sys.argv
+  try:
+    config_flags.DEFINE_config_dict("config", config, flag_values=values)
+    values(argv)
+  except (absl_flags.Error, AttributeError, KeyError, TypeError) as err:
+    raise ValueError(_override_message(str(err), argv)) from None
+  finally:
+    sys.argv = saved
+  return values.config
+
+
 def reject_positional(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected positional arguments: {list(argv[1:])}")

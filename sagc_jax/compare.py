@@ -134,16 +134,14 @@ def select_arms(all_arms: dict[str, Any], wanted: str | None) -> dict[str, Any]:
 
 def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
   """Runs (or resumes, or skips when finished) each run from one shared warm start."""
-  from sagc_jax.data import load_split
+  from sagc_jax.data import builder_options, load_split
   from sagc_jax.warm_start import prepare_policy
 
   data_dir = config.data.data_dir or str(workdir / "tfds")
   shared = workdir / "shared"
   shared.mkdir(parents=True, exist_ok=True)
-  builder_kwargs = ({"config": config.data.synthetic.to_dict()}
-                    if config.data.name == "synthetic" else {})
   train = load_split(config.data.name, "train", data_dir, config.data.manual_dir or None,
-                     **builder_kwargs)
+                     **builder_options(config.data))
   policy = prepare_policy(config, shared, train, log)
   for index, (name, arm) in enumerate(arms.items()):
     arm_dir = workdir / "arms" / name

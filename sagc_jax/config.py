@@ -21,7 +21,8 @@ from sagc_jax.sampling.sampler import SamplingParams
 from sagc_jax.storage import is_remote
 
 ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
-DATASETS = ("synthetic", "gsm8k_local", "math_local")
+DATASETS = ("synthetic", "gsm8k_local", "math_local", "jsonl", "parquet")
+FILE_DATASETS = ("jsonl", "parquet")   # user prompt/answer files (sagc_jax.data.prompt_files)
 REWARDS = ("exact_match", "math_verify")
 DTYPES = ("float32", "bfloat16")
 
@@ -44,11 +45,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       name="synthetic", data_dir="", manual_dir="", eval_split="test", eval_examples=200,
       use_chat_template=False,
+      # name='jsonl' / 'parquet': your own prompt/answer records. files / eval_files: glob
+      # patterns of the train / 'test' split's files, relative to manual_dir if set (else
+      # the current directory); no eval_files: eval_split must be part of train
+      # ('train[:200]'). prompt_template: '' = the prompt as is, else every '{prompt}' in
+      # it is replaced by the prompt (sagc_jax.data.prompt_files).
+      files=(), eval_files=(), prompt_field="prompt", answer_field="answer",
+      prompt_template="",
       # Settings of the built-in task (sagc_jax.data.synthetic.SyntheticConfig).
       synthetic=ml_collections.ConfigDict(dict(
           max_operand=9, min_ops=1, max_ops=3, allow_mul=False, recheck_prob=0.35,
           max_rechecks=6, modulus=0, guess_prob=0.0, num_train=20000, num_test=500, seed=0))))
-  c.reward = ml_collections.ConfigDict(dict(name="exact_match", format_weight=0.0, workers=0))
+  # name: the task's verifier (accuracy); fns / weights: the training reward's terms
+  # (empty: the verifier's score), see sagc_jax.reward_mix.
+  c.reward = ml_collections.ConfigDict(dict(name="exact_match", format_weight=0.0, workers=0,
+                                             fns=(), weights=(), timeout_s=10.0))
 
   c.controller = ml_collections.ConfigDict(dict(
       kind="sagc", candidates=(4, 8, 16), tau=2.0, delta=0.25, event="group", eta=1.0,
@@ -87,6 +98,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict(dict(
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
+      # > 1: every evaluation also draws eval_k samples per example (pass@j, mean@k).
+      eval_k=0,
       compilation_cache=True, compilation_cache_dir="",
       # Stop (without checkpointing the step) once this many learner updates in a row
       # were skipped as non-finite: checkpointing on would rotate the good ones out.
@@ -133,9 +146,23 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   checks.one_of(config, "data.name", DATASETS)
   checks.positive_int(config, "data.eval_examples")
-  if config.data.name != "synthetic" and not config.data.manual_dir:
+  if config.data.name in ("gsm8k_local", "math_local") and not config.data.manual_dir:
     raise ValueError(f"data.manual_dir is empty: data.name={config.data.name!r} reads your "
                      "local GSM8K/MATH files from it")
+  if config.data.name in FILE_DATASETS:
+    from sagc_jax.data import FilesSpec, builder_options
+    try:
+      FilesSpec(format=config.data.name, **builder_options(config.data))
+    except ValueError as err:
+      raise ValueError(f"data.{err}") from None
+    if not config.data.eval_files and not config.data.eval_split.startswith("train"):
+      raise ValueError(f"data.eval_split={config.data.eval_split!r}: data.eval_files is "
+                       "empty, so the dataset has only a train split; set data.eval_files "
+                       "or evaluate on part of train (data.eval_split='train[:200]')")
+  elif config.data.files or config.data.eval_files:
+    raise ValueError(f"data.files / data.eval_files are set but data.name="
+                     f"{config.data.name!r} does not read them (they are for "
+                     f"{FILE_DATASETS})")
   if config.data.name == "synthetic":
     from sagc_jax.data.synthetic import SyntheticConfig
     try:
@@ -145,6 +172,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   checks.one_of(config, "reward.name", REWARDS)
   checks.number_in(config, "reward.format_weight", 0.0)
   checks.non_negative_int(config, "reward.workers")
+  from sagc_jax.reward_mix import check_reward_config
+  check_reward_config(config.reward)
 
   controller_from_config(config)          # raises "controller: ..." on bad settings
 
@@ -183,6 +212,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)
+  checks.non_negative_int(config, "train.eval_k")
+  if checks.lookup(config, "train.eval_k") > checks.lookup(config, "rollout.eval_batch"):
+    raise ValueError(f"train.eval_k={config.train.eval_k} must be <= rollout.eval_batch="
+                     f"{config.rollout.eval_batch} (the k samples of an example are one "
+                     "evaluation group)")
   limit = checks.lookup(config, "train.max_consecutive_skipped")
   if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
     raise ValueError(f"train.max_consecutive_skipped={limit!r} must be an int >= 0 "

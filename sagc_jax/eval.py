@@ -2,8 +2,9 @@
 
 Rebuilds the run from ``DIR/config.json``, restores its newest usable
 checkpoint (or, with ``--hf_path``, evaluates an exported HF checkpoint folder
-instead), and reports greedy held-out accuracy and mean response length on
-``data.eval_split``. Read-only on the run: nothing in DIR is written, truncated or
+instead), and reports held-out accuracy (greedy, sampled, and pass@j / mean@k with
+``--config.train.eval_k=K``) and the response length distribution on
+``data.eval_split``. ``--config.KEY=VALUE`` changes any setting for this evaluation. Read-only on the run: nothing in DIR is written, truncated or
 moved (a live run can be evaluated safely); ``--out FILE`` also writes the result
 as JSON.
 """
@@ -20,12 +21,16 @@ from sagc_jax.storage import run_path
 
 
 def load_run_config(workdir: Any):
-  import ml_collections
+  """The run's ``config.json`` over today's defaults: settings added since the run
+  was written (e.g. ``reward.fns``, ``train.eval_k``) take their default value."""
+  from sagc_jax.config import base_config
 
   path = workdir / "config.json"
   if not path.exists():
     raise SystemExit(f"error: {path} not found: --workdir must be a training run directory")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  config = base_config()
+  config.update(json.loads(path.read_text()))
+  return config
 
 
 def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
@@ -66,7 +71,13 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m sagc_jax.eval", description=__doc__)
+  from sagc_jax.cli import apply_config_overrides
+
+  parser = argparse.ArgumentParser(
+      prog="python -m sagc_jax.eval", description=__doc__,
+      epilog="Any --config.KEY=VALUE changes a setting of the run's config for this "
+             "evaluation only, e.g. --config.train.eval_k=8 (pass@k) or "
+             "--config.data.eval_split=test[:100].")
   parser.add_argument("--workdir", type=run_path, required=True,
                       help="training run directory (local or gs://)")
   parser.add_argument("--hf_path", type=run_path, default=None,
@@ -74,25 +85,47 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--examples", type=int, default=None, help="held-out examples to use")
   parser.add_argument("--out", type=run_path, default=None,
                       help="also write the result as JSON here (outside the run directory)")
-  args = parser.parse_args(argv)
+  args, overrides = parser.parse_known_args(argv)
   if args.examples is not None and args.examples < 1:
     parser.error(f"--examples {args.examples} must be >= 1 (leave it out for the run's "
                  "data.eval_examples)")
-  config = load_run_config(args.workdir)
+  try:
+    config = apply_config_overrides(load_run_config(args.workdir), overrides)
+  except ValueError as err:
+    parser.error(str(err))
   if args.hf_path is not None:
     if not args.hf_path.is_dir():
       parser.error(f"--hf_path {args.hf_path} is not a directory")
     config.model.path = os.fspath(args.hf_path)      # gs:// is staged by build_run_inputs
-  result = evaluate_run(config, args.workdir, restore=args.hf_path is None,
-                        limit=args.examples)
+  try:
+    result = evaluate_run(config, args.workdir, restore=args.hf_path is None,
+                          limit=args.examples)
+  except (ValueError, OSError) as err:
+    print(f"error: {err}", file=sys.stderr)
+    return 2
   result["source"] = str(args.hf_path or f"{args.workdir}/checkpoints (step {result['step']})")
-  print(f"held-out accuracy {result['eval_accuracy']:.3f} on {result['eval_examples']:.0f} "
-        f"examples, mean response length {result['eval_response_len']:.1f} tokens "
-        f"({result['source']})")
+  print(format_result(result))
   if args.out is not None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
   return 0
+
+
+def format_result(result: dict[str, Any]) -> str:
+  """The eval report: accuracies, pass@k / mean@k when measured, length percentiles."""
+  lines = [f"held-out accuracy {result['eval_accuracy']:.3f} greedy, "
+           f"{result['eval_sampled_accuracy']:.3f} sampled, on "
+           f"{result['eval_examples']:.0f} examples ({result['source']})"]
+  at_k = [f"{key.removeprefix('eval_')} {value:.3f}" for key, value in result.items()
+          if key.startswith(("eval_pass@", "eval_mean@"))]
+  if at_k:
+    lines.append("  " + "   ".join(at_k))
+  for label, prefix in (("greedy", "eval_response_len"),
+                        ("sampled", "eval_sampled_response_len")):
+    lines.append(f"  response length, {label}: mean {result[prefix]:.1f}  p50 "
+                 f"{result[prefix + '_p50']:.0f}  p90 {result[prefix + '_p90']:.0f}  max "
+                 f"{result[prefix + '_max']:.0f} tokens")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Held-out evaluation of a policy: greedy and sampled accuracy, response lengths.
+"""Held-out evaluation of a policy: greedy and sampled accuracy, pass@k, response lengths.
 
 Used by the training loop (before RL and every ``train.eval_every`` steps) and by
 ``python -m sagc_jax.eval``, which builds only this and ``RunInputs``.
@@ -14,7 +14,7 @@ import numpy as np
 from sagc_jax.run_inputs import RunInputs
 from sagc_jax.sampling import Sampler
 
-__all__ = ["Evaluator", "seed_for"]
+__all__ = ["Evaluator", "length_stats", "pass_at_k", "seed_for"]
 
 
 def seed_for(*parts: int) -> int:
@@ -52,29 +52,72 @@ class Evaluator:
     wanted = self.inputs.config.data.eval_examples if limit is None else limit
     return min(wanted, len(self.inputs.eval_source))
 
-  def _pass(self, model: Any, sampler: Sampler, n: int,
-            seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(correct, lengths) of one response per held-out example, in batches of the
-    sampler's row bucket (compiled at warm-up)."""
+  def _pass(self, model: Any, sampler: Sampler, n: int, seed: int,
+            k: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(correct, lengths), each [n, k]: ``k`` responses per held-out example, in
+    batches of the sampler's row bucket (compiled at warm-up: ``k`` responses of a
+    prompt are one group, so any k up to the bucket uses the same executable)."""
     inputs = self.inputs
-    batch_rows = sampler.row_buckets[-1]
+    per_call = sampler.row_buckets[-1] // k
     correct, lengths = [], []
-    for lo in range(0, n, batch_rows):
-      examples = [inputs.eval_source[i] for i in range(lo, min(lo + batch_rows, n))]
-      samples = sampler.generate(model, inputs.encode(examples), 1, seed=seed_for(seed, lo))
-      result = inputs.reward_fn(inputs.decode(samples), [ex["answer"] for ex in examples])
-      correct.append(result.correct)
-      lengths.append(samples.lengths[:samples.num_rows])
+    for lo in range(0, n, per_call):
+      examples = [inputs.eval_source[i] for i in range(lo, min(lo + per_call, n))]
+      samples = sampler.generate(model, inputs.encode(examples), k, seed=seed_for(seed, lo))
+      result = inputs.reward_fn.verify(
+          inputs.decode(samples), [ex["answer"] for ex in examples for _ in range(k)])
+      correct.append(np.asarray(result.correct).reshape(-1, k))
+      lengths.append(samples.lengths[:samples.num_rows].reshape(-1, k))
     return np.concatenate(correct), np.concatenate(lengths)
 
   def evaluate(self, model: Any, limit: int | None = None) -> dict[str, float]:
-    """Held-out accuracy of ``model``: greedy, and sampled at the training temperature."""
+    """Held-out accuracy of ``model``: greedy, sampled at the training temperature, and
+    with ``train.eval_k`` > 1 pass@j / mean@k from k samples per example."""
     start = time.perf_counter()
     n = self.examples(limit)
     greedy, lengths = self._pass(model, self.greedy, n, seed=0)
     sampled, sampled_lengths = self._pass(model, self.sampled, n,
                                           seed=self.inputs.config.seed)
-    return {"eval_accuracy": float(greedy.mean()), "eval_response_len": float(lengths.mean()),
-            "eval_sampled_accuracy": float(sampled.mean()),
-            "eval_sampled_response_len": float(sampled_lengths.mean()),
-            "eval_examples": float(n), "eval_seconds": time.perf_counter() - start}
+    out = {"eval_accuracy": float(greedy.mean()), "eval_sampled_accuracy": float(sampled.mean()),
+           **length_stats("eval_response_len", lengths),
+           **length_stats("eval_sampled_response_len", sampled_lengths),
+           "eval_examples": float(n)}
+    k = self.inputs.config.train.get("eval_k", 0)
+    if k > 1:
+      correct, k_lengths = self._pass(model, self.sampled, n, k=k,
+                                      seed=seed_for(self.inputs.config.seed, k))
+      out.update(pass_at_k(correct))
+      out.update(length_stats(f"eval_k{k}_response_len", k_lengths))
+    out["eval_seconds"] = time.perf_counter() - start
+    return out
+
+
+def length_stats(prefix: str, lengths: np.ndarray) -> dict[str, float]:
+  """Mean, median, 90th percentile and max of response lengths (tokens): a mean alone
+  hides the long tail that decides a synchronous step's wall-clock."""
+  lengths = np.asarray(lengths, np.float64).reshape(-1)
+  return {prefix: float(lengths.mean()), f"{prefix}_p50": float(np.percentile(lengths, 50)),
+          f"{prefix}_p90": float(np.percentile(lengths, 90)), f"{prefix}_max": float(lengths.max())}
+
+
+def pass_at_k(correct: np.ndarray) -> dict[str, float]:
+  """``eval_pass@j`` for j = 2, 4, ... up to k and j = k, and ``eval_mean@k``, from a
+  [examples, k] correctness array.
+
+  pass@j uses the unbiased estimator of Chen et al. (2021, eq. 1) with n = k samples
+  per problem and c correct: 1 - C(n - c, j) / C(n, j), averaged over problems
+  (pass@k is then the share of problems with at least one correct sample). mean@k is
+  the mean accuracy of all samples, which is also the unbiased pass@1.
+  """
+  correct = np.asarray(correct, bool)
+  examples, k = correct.shape
+  c = correct.sum(axis=1)
+  out = {f"eval_mean@{k}": float(correct.mean())}
+  for j in sorted({*(2 ** i for i in range(1, k.bit_length()) if 2 ** i <= k), k}):
+    if j < 2:
+      continue
+    # C(n-c, j) / C(n, j) = prod_{i=0}^{j-1} (n-c-i) / (n-i); 0 once c > n - j.
+    fail = np.ones(examples)
+    for i in range(j):
+      fail *= np.clip(k - c - i, 0, None) / (k - i)
+    out[f"eval_pass@{j}"] = float(1.0 - fail.mean())
+  return out

@@ -49,6 +49,8 @@ class RoundStats:
   scores: np.ndarray
   correct: np.ndarray
   formatted: np.ndarray
+  terms: np.ndarray          # [rows, reward terms], NaN = not applicable
+  reward_errors: int         # failed reward-function calls (raised / timed out)
   decode_slots: int
   rollout_s: float
   reward_s: float
@@ -86,7 +88,10 @@ class RLStep:
     texts = inputs.decode(samples, range(first_row, first_row + len(local) * g))
     t1 = time.perf_counter()
     answers = [ex["answer"] for ex in local for _ in range(g)]
-    own = inputs.reward_fn(texts, answers)
+    prompts = [ex["prompt"] for ex in local for _ in range(g)]
+    fields = {key: [ex[key] for ex in local for _ in range(g)]
+              for key in (local[0] if local else {}) if key != "prompt"}
+    own = inputs.reward_fn(texts, answers, prompts=prompts, fields=fields)
     result = type(own)(*(distributed.allgather_rows(x) for x in own))
     t2 = time.perf_counter()
     group_max, group_median = distributed.share_sink_stats(
@@ -94,8 +99,8 @@ class RLStep:
     stats = RoundStats(
         group_max=group_max, group_median=group_median,
         lengths=samples.lengths[:samples.num_rows], scores=result.scores,
-        correct=result.correct, formatted=result.formatted,
-        decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
+        correct=result.correct, formatted=result.formatted, terms=result.terms,
+        reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
     return rollout_batch(samples, result.scores), stats
 
   def __call__(self, step: int, log=print) -> dict[str, Any]:
@@ -153,5 +158,11 @@ class RLStep:
         prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
         new_compilations=float(sum(compiled.values())),
         update_skipped=float(batch is None))
+    terms = np.concatenate([r.terms for r in rounds])
+    for j, name in enumerate(self.inputs.reward_fn.term_names):
+      applicable = terms[:, j][~np.isnan(terms[:, j])]
+      if applicable.size:              # left out when no completion had a value
+        row[f"reward/{name}"] = float(applicable.mean())
+    row["reward/errors"] = float(sum(r.reward_errors for r in rounds))
     row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
     return row

@@ -25,11 +25,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax import distributed
-from sagc_jax.data import load_split
+from sagc_jax.data import builder_options, load_split
 from sagc_jax.mesh import make_mesh
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.models.transformer import Transformer
-from sagc_jax.rewards import make_reward_fn
+from sagc_jax.reward_mix import RewardMix, reward_mix_from_config
 from sagc_jax.storage import stage
 from sagc_jax.warm_start import prepare_policy, starting_folder
 
@@ -47,7 +47,7 @@ class RunInputs:
   model: Transformer               # the starting policy, on the mesh
   model_cfg: Any
   tokenizer: Any
-  reward_fn: Any
+  reward_fn: RewardMix            # the training reward; .verify = the task's verifier
   pad_id: int
   stop_ids: tuple[int, ...]
 
@@ -111,10 +111,8 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
   data_dir = config.data.data_dir or str(local_dir / "tfds")
   manual_dir = stage(config.data.manual_dir, cache_root, log, what="data.manual_dir") or None
   model_path = stage(config.model.path, cache_root, log, what="model.path")
-  builder_kwargs = ({"config": config.data.synthetic.to_dict()}
-                    if config.data.name == "synthetic" else {})
   load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
-                                  **builder_kwargs)
+                                  **builder_options(config.data))
   if is_primary:
     load("train")
     load(config.data.eval_split)
@@ -139,8 +137,7 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
   if tokenizer.eos_token_id is not None:
     stop_ids.add(int(tokenizer.eos_token_id))
   pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-  reward_fn = make_reward_fn(config.reward.name, config.reward.format_weight,
-                             config.reward.workers)
+  reward_fn = reward_mix_from_config(config.reward, log)
   return RunInputs(config=config, mesh=mesh, train_source=train_source,
                    eval_source=eval_source, model=model, model_cfg=model_cfg,
                    tokenizer=tokenizer, reward_fn=reward_fn, pad_id=pad_id,

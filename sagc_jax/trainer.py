@@ -199,15 +199,17 @@ class Trainer:
   # ------------------------------------------------------------------- loop
   def _largest_host_gather(self) -> int:
     """Bytes of the largest per-step host gather of a multi-process run: the prompt
-    token ids, a per-row value, the per-group length stats of one round, or a
-    [rows, sequence] int32/float32 array fetched from the devices (sampler tokens,
-    learner log-probs)."""
+    token ids, a per-row value (or the row's reward terms), the per-group length
+    stats of one round, or a [rows, sequence] int32/float32 array fetched from the
+    devices (sampler tokens, learner log-probs)."""
     r = self.config.rollout
     sizes = candidate_group_sizes(self.config)
     prompts = max(prompts_for(self.config, g) for g in sizes)
     local = -(-prompts // jax.process_count())
     sequence = max(r.prompt_buckets) + max(r.response_buckets)
-    return max(local * max(r.prompt_buckets) * 4, local * max(sizes) * 8, 2 * prompts * 8,
+    per_row = max(8, 4 * len(self.inputs.reward_fn.term_names))   # the reward terms
+    return max(local * max(r.prompt_buckets) * 4, local * max(sizes) * per_row,
+               2 * prompts * 8,
                max(self.components.row_buckets) * sequence * 4 + 4096)
 
   def warmup(self) -> float:

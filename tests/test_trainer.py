@@ -317,13 +317,22 @@ def test_eval_cli_reports_accuracy_of_the_latest_checkpoint_and_writes_nothing(s
   before = _tree_snapshot(workdir)
   out = tmp_path / "eval" / "result.json"
   proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={workdir}",
-                         "--examples=16", f"--out={out}"], capture_output=True, text=True,
-                        env={**os.environ}, timeout=600)
+                         "--examples=16", f"--out={out}", "--config.train.eval_k=4"],
+                        capture_output=True, text=True, env={**os.environ}, timeout=600)
   assert proc.returncode == 0, proc.stderr
   assert "held-out accuracy" in proc.stdout and "step 2" in proc.stdout
+  assert "pass@4" in proc.stdout and "mean@4" in proc.stdout and "p90" in proc.stdout
   result = json.loads(out.read_text())
   assert result["eval_examples"] == 16 and 0 <= result["eval_accuracy"] <= 1
+  assert 0 <= result["eval_mean@4"] <= result["eval_pass@4"] <= 1
   assert _tree_snapshot(workdir) == before
+  # A bad setting is one line naming the flag, before anything is built.
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={workdir}",
+                         "--config.train.eval_kk=4"], capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+  assert "--config.train.eval_kk: no such config key (did you mean --config.train.eval_k?)" in (
+      proc.stderr)
 
 
 def test_eval_builds_only_what_evaluation_needs_and_matches_the_trainer(shared, tmp_path,

@@ -9,6 +9,7 @@ makes the iterator position two integers (epoch, position) that fit in a JSON ch
 * ``load_split(name, split, data_dir, manual_dir=None, **builder_kwargs)`` prepares the
   builder in ``data_dir`` if needed (array_record) and returns a ``DataSource``: ``len``
   and ``source[i]`` -> ``{"prompt": str, "answer": str, "solution": str, "id": int}``.
+  ``builder_options(config.data)`` gives the ``builder_kwargs`` of a run's config.
 * ``PromptLoader(source, seed, shard_index=0, num_shards=1)`` serves examples in a fresh
   permutation every epoch, drawn from ``(seed, epoch)``. With several shards (one per
   process in multi-host training) every epoch's permutation is cut into ``num_shards``
@@ -30,12 +31,14 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from sagc_jax.data.local_math import Gsm8kLocal, MathLocal
+from sagc_jax.data.prompt_files import FILE_FORMATS, FilesSpec, PromptAnswerFiles
 from sagc_jax.data.synthetic import (SyntheticArithmetic, SyntheticConfig,
                                      builder_config_for)
 
-__all__ = ["DATASET_NAMES", "DataSource", "PromptLoader", "load_split", "make_builder"]
+__all__ = ["DATASET_NAMES", "DataSource", "PromptLoader", "builder_options", "load_split",
+           "make_builder"]
 
-DATASET_NAMES = ("synthetic", "gsm8k_local", "math_local")
+DATASET_NAMES = ("synthetic", "gsm8k_local", "math_local") + FILE_FORMATS
 _LOCAL_BUILDERS = {"gsm8k_local": Gsm8kLocal, "math_local": MathLocal}
 _FILE_FORMAT = "array_record"  # random access without TensorFlow (tfrecord needs tf.data)
 
@@ -97,8 +100,21 @@ def _synthetic_config(kwargs: dict[str, Any]) -> SyntheticConfig:
   return dataclasses.replace(base or SyntheticConfig(), **kwargs)
 
 
+def builder_options(data: Any) -> dict[str, Any]:
+  """The ``load_split`` builder options of a run's ``config.data`` section."""
+  if data.name == "synthetic":
+    return {"config": data.synthetic.to_dict()}
+  if data.name in FILE_FORMATS:
+    return {key: data[key] for key in FilesSpec.option_names()}
+  return {}
+
+
 def make_builder(name: str, data_dir: str, **builder_kwargs) -> tfds.core.DatasetBuilder:
-  """The TFDS builder of dataset ``name`` rooted at ``data_dir`` (array_record)."""
+  """The TFDS builder of dataset ``name`` rooted at ``data_dir`` (array_record).
+
+  ``jsonl`` / ``parquet`` take the ``FilesSpec`` fields and ``root`` (the folder relative
+  patterns are resolved against; default: the current directory).
+  """
   if name not in DATASET_NAMES:
     raise ValueError(f"unknown dataset {name!r}; allowed: {list(DATASET_NAMES)}")
   data_dir = os.fspath(data_dir)
@@ -106,6 +122,15 @@ def make_builder(name: str, data_dir: str, **builder_kwargs) -> tfds.core.Datase
     cfg = _synthetic_config(dict(builder_kwargs))
     return SyntheticArithmetic(data_dir=data_dir, config=builder_config_for(cfg),
                                file_format=_FILE_FORMAT)
+  if name in FILE_FORMATS:
+    kwargs = dict(builder_kwargs)
+    root = kwargs.pop("root", None) or os.curdir
+    unknown = sorted(set(kwargs) - set(FilesSpec.option_names()))
+    if unknown:
+      raise ValueError(f"unknown {name} option(s) {unknown}; allowed: "
+                       f"{['root', *FilesSpec.option_names()]}")
+    return PromptAnswerFiles(root=root, spec=FilesSpec(format=name, **kwargs),
+                             data_dir=data_dir, file_format=_FILE_FORMAT)
   if builder_kwargs:
     raise ValueError(f"{name} takes no builder options, got {sorted(builder_kwargs)}")
   return _LOCAL_BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
@@ -114,15 +139,14 @@ def make_builder(name: str, data_dir: str, **builder_kwargs) -> tfds.core.Datase
 def _prepare_local(name: str, builder: tfds.core.DatasetBuilder,
                    manual_dir: str | None) -> None:
   """Prepares a local-file dataset, re-preparing when the source files changed."""
-  cls = _LOCAL_BUILDERS[name]
   if manual_dir is None:
     if not builder.is_prepared():
       raise FileNotFoundError(
           f"{name} is not prepared in {builder.data_dir!r}; pass manual_dir=<folder with "
-          f"{cls.expected_files()}>")
+          f"{builder.expected_files()}>")
     return  # read what was prepared earlier
   manual_dir = os.fspath(manual_dir)
-  fingerprint = cls.fingerprint(manual_dir)  # also checks the folder and its files
+  fingerprint = builder.fingerprint(manual_dir)  # also checks the folder and its files
   config = tfds.download.DownloadConfig(manual_dir=manual_dir)
   if builder.is_prepared():
     if builder.info.metadata.get("source_fingerprint") == fingerprint:
@@ -143,13 +167,20 @@ def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = No
     split: ``"train"`` or ``"test"`` (TFDS slicing such as ``"test[:100]"`` works).
     data_dir: TFDS data root; prepared data is reused across runs.
     manual_dir: folder with the source files of ``gsm8k_local`` / ``math_local``
-      (optional once prepared; when given, a change in its files triggers re-preparing).
+      (optional once prepared; when given, a change in its files triggers re-preparing);
+      for ``jsonl`` / ``parquet`` the folder relative patterns are resolved against
+      (default: the current directory; their files are always checked for changes).
       Must be None for ``synthetic``.
     **builder_kwargs: for ``synthetic``, ``config=SyntheticConfig(...)`` (or a mapping)
-      and/or individual SyntheticConfig fields (``num_train=2000, seed=1``).
+      and/or individual SyntheticConfig fields (``num_train=2000, seed=1``); for
+      ``jsonl`` / ``parquet`` the ``FilesSpec`` fields (``files=("train.jsonl",),
+      prompt_field="question"``).
   """
   if name not in DATASET_NAMES:
     raise ValueError(f"unknown dataset {name!r}; allowed: {list(DATASET_NAMES)}")
+  if name in FILE_FORMATS:
+    manual_dir = os.path.abspath(manual_dir or os.curdir)
+    builder_kwargs = {**builder_kwargs, "root": manual_dir}
   builder = make_builder(name, data_dir, **builder_kwargs)
   if name == "synthetic":
     if manual_dir is not None:

@@ -1,0 +1,309 @@
+"""The training reward: a weighted sum of named reward terms, built-in or the user's.
+
+``reward.name`` is the task's *verifier* (``exact_match`` or ``math_verify``, see
+``sagc_jax.rewards``): its correctness flags define accuracy everywhere (training
+metrics, held-out evaluation, pass@k). ``reward.fns`` / ``reward.weights`` define what
+the learner maximises; left empty, the reward is the verifier's score alone (what
+every run did before pluggable rewards). A term is
+
+* a built-in name: ``exact_match`` / ``math_verify`` (that verifier's score: 1 if
+  correct, plus ``reward.format_weight`` if formatted) or ``format`` (1 if the task
+  verifier finds a parseable final answer, else 0);
+* ``"package.module:callable"``: a user function called the way TRL calls its reward
+  functions, ``fn(prompts=[...], completions=[...], **fields)``, where ``fields`` are
+  the examples' dataset fields (``answer``, ``id``, ...), one list entry per
+  completion (only the fields the function accepts are passed unless it takes
+  ``**kwargs``; ``prompts`` too). It returns one float per completion, or None where the term does not
+  apply (it then adds nothing to that completion's reward, and is left out of the
+  term's logged mean).
+
+A user function must never cost the run: when a call raises, times out
+(``reward.timeout_s``) or returns something malformed, each completion is scored on
+its own; a completion whose call still fails scores 0 for that term, is counted in
+``errors`` (``reward/errors`` in the metrics), and the first failure of each term is
+logged with the offending completion truncated. Calls run in a daemon thread, so a
+function that hangs is abandoned (it cannot be interrupted) and never blocks exit.
+
+This module imports neither JAX nor TFDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import re
+import threading
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from sagc_jax.rewards import REWARD_NAMES, RewardFunction, make_reward_fn
+
+__all__ = ["BUILTIN_TERMS", "MixedReward", "RewardMix", "RewardTerm", "check_reward_config",
+           "load_callable", "reward_mix_from_config", "term_name"]
+
+BUILTIN_TERMS = (*REWARD_NAMES, "format")
+_CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SHOWN_CHARS = 200
+_MAX_TIMEOUTS_PER_CALL = 3     # then the term's remaining completions are not retried
+
+
+class MixedReward(NamedTuple):
+  """Per-completion results; every field has the completions as its first axis, so
+  that multi-process runs can gather each one by rows."""
+
+  scores: np.ndarray      # float32 [n]: sum over terms of weight * value (None -> 0)
+  correct: np.ndarray     # bool [n]: the task verifier's correctness
+  formatted: np.ndarray   # bool [n]: the task verifier's format flag
+  terms: np.ndarray       # float32 [n, num_terms]: each term's value, NaN = not applicable
+  errors: np.ndarray      # int32 [n]: failed term calls (raised / timed out / malformed)
+
+
+class RewardTerm(NamedTuple):
+  name: str               # the metric name: reward/<name>
+  spec: str               # as configured: a built-in name or "module:callable"
+  weight: float
+
+
+def term_name(spec: str) -> str:
+  """``"my_pkg.rewards:length_penalty"`` -> ``"length_penalty"``; built-ins unchanged."""
+  return spec.rsplit(":", 1)[-1]
+
+
+def _check_distinct(specs: Sequence[str]) -> None:
+  names = [term_name(s) for s in specs]
+  duplicates = sorted({n for n in names if names.count(n) > 1})
+  if duplicates:
+    raise ValueError(f"reward.fns={tuple(specs)!r}: two terms are named {duplicates}; "
+                     "reward/<name> would mix them")
+
+
+def load_callable(spec: str, key: str = "reward.fns") -> Callable[..., Any]:
+  """Imports ``"package.module:callable"``; the error names the key and what failed."""
+  if not _CALLABLE.match(spec):
+    raise ValueError(f"{key}: {spec!r} is neither a built-in reward {list(BUILTIN_TERMS)} "
+                     "nor 'package.module:callable'")
+  module_name, attr = spec.split(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as err:
+    raise ValueError(f"{key}: cannot import module {module_name!r} of {spec!r} ({err}); "
+                     "it must be importable (installed, or on PYTHONPATH)") from None
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"{key}: module {module_name!r} has no callable {attr!r}")
+  return fn
+
+
+def _accepted_keywords(fn: Callable[..., Any]) -> set[str] | None:
+  """Keyword names ``fn`` accepts; None = any (it takes ``**kwargs``)."""
+  try:
+    params = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):
+    return None
+  if any(p.kind == p.VAR_KEYWORD for p in params):
+    return None
+  return {p.name for p in params}
+
+
+class _CallFailed(Exception):
+  pass
+
+
+def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
+  """``fn()`` in a daemon thread; raises ``_CallFailed`` naming a timeout or error."""
+  box: dict[str, Any] = {}
+
+  def target() -> None:
+    try:
+      box["value"] = fn()
+    except BaseException as err:  # noqa: BLE001 - reported to the caller
+      box["error"] = err
+
+  thread = threading.Thread(target=target, daemon=True, name="sagc-reward-call")
+  thread.start()
+  thread.join(timeout_s)
+  if thread.is_alive():
+    raise _CallFailed(f"timed out after {timeout_s:g} s (reward.timeout_s)")
+  if "error" in box:
+    err = box["error"]
+    raise _CallFailed(f"raised {type(err).__name__}: {err}")
+  return box.get("value")
+
+
+def _as_values(out: Any, n: int) -> list[float]:
+  """A user function's output as n floats (NaN for None); raises ``_CallFailed``."""
+  if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+    raise _CallFailed(f"returned {type(out).__name__}, not a sequence of {n} values")
+  values = list(out)
+  if len(values) != n:
+    raise _CallFailed(f"returned {len(values)} values for {n} completions")
+  floats = []
+  for i, v in enumerate(values):
+    if v is None:
+      floats.append(math.nan)
+      continue
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+      raise _CallFailed(f"returned {v!r} ({type(v).__name__}) at position {i}: "
+                        "a float or None is expected")
+    if not math.isfinite(float(v)):
+      raise _CallFailed(f"returned {v!r} at position {i}: rewards must be finite")
+    floats.append(float(v))
+  return floats
+
+
+class _UserTerm:
+  """One user reward function, called safely (see the module docstring)."""
+
+  def __init__(self, name: str, fn: Callable[..., Any], timeout_s: float,
+               log: Callable[[str], None]):
+    self.name = name
+    self.fn = fn
+    self.timeout_s = timeout_s
+    self.log = log
+    self.accepted = _accepted_keywords(fn)
+    self.failures_logged = 0
+
+  def _call(self, prompts: list[str], completions: list[str],
+            fields: dict[str, list[Any]], rows: Sequence[int]) -> list[float]:
+    kwargs = {k: [v[r] for r in rows] for k, v in {"prompts": prompts, **fields}.items()
+              if self.accepted is None or k in self.accepted}
+    kwargs["completions"] = [completions[r] for r in rows]
+    out = _call_with_timeout(lambda: self.fn(**kwargs), self.timeout_s)
+    return _as_values(out, len(rows))
+
+  def __call__(self, prompts: list[str], completions: list[str],
+               fields: dict[str, list[Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """(values [n] with NaN = not applicable, failed [n] bool)."""
+    n = len(completions)
+    values = np.full(n, np.nan, np.float64)
+    failed = np.zeros(n, bool)
+    try:
+      values[:] = self._call(prompts, completions, fields, range(n))
+      return values, failed
+    except _CallFailed:
+      pass                                  # find the completion(s) it fails on
+    timeouts = 0
+    for r in range(n):
+      if timeouts >= _MAX_TIMEOUTS_PER_CALL:
+        failed[r] = True
+        continue
+      try:
+        values[r] = self._call(prompts, completions, fields, [r])[0]
+      except _CallFailed as err:
+        failed[r] = True
+        timeouts += "timed out" in str(err)
+        if not self.failures_logged:
+          shown = completions[r][:_SHOWN_CHARS] + ("..." if len(completions[r]) >
+                                                   _SHOWN_CHARS else "")
+          self.log(f"warning: reward {self.name!r} {err} on completion {shown!r}; it scores "
+                   "0 for this term and is counted in reward/errors (only the first "
+                   "failure of each reward is shown)")
+        self.failures_logged += 1
+    values[failed] = 0.0
+    return values, failed
+
+
+class RewardMix:
+  """Scores completions: the task verifier's flags plus the weighted terms."""
+
+  def __init__(self, verifier: str, terms: Sequence[RewardTerm], *, format_weight: float = 0.0,
+               workers: int = 0, timeout_s: float = 10.0,
+               log: Callable[[str], None] = print):
+    if not terms:
+      terms = [RewardTerm(verifier, verifier, 1.0)]
+    _check_distinct([t.spec for t in terms])
+    self.terms = list(terms)
+    self.verifier_name = verifier
+    self._verifiers: dict[str, RewardFunction] = {}
+    self._users: dict[str, _UserTerm] = {}
+    try:
+      for name in {verifier, *(t.spec for t in terms if t.spec in REWARD_NAMES)}:
+        self._verifiers[name] = make_reward_fn(name, format_weight, workers)
+      for t in terms:
+        if t.spec not in BUILTIN_TERMS:
+          self._users[t.spec] = _UserTerm(t.name, load_callable(t.spec), timeout_s, log)
+    except Exception:
+      self.close()
+      raise
+
+  @property
+  def term_names(self) -> list[str]:
+    return [t.name for t in self.terms]
+
+  def verify(self, completions: Sequence[str], answers: Sequence[str]):
+    """The task verifier alone (``RewardResult``): what accuracy is measured with."""
+    return self._verifiers[self.verifier_name](completions, answers)
+
+  def __call__(self, completions: Sequence[str], answers: Sequence[str],
+               prompts: Sequence[str] | None = None,
+               fields: dict[str, Sequence[Any]] | None = None) -> MixedReward:
+    """``fields``: per-completion dataset fields for user terms (``answer`` is added)."""
+    completions, answers = list(completions), list(answers)
+    n = len(completions)
+    prompts = list(prompts) if prompts is not None else [""] * n
+    fields = {k: list(v) for k, v in (fields or {}).items()}
+    fields.setdefault("answer", answers)
+    for key, value in fields.items():
+      if len(value) != n:
+        raise ValueError(f"reward field {key!r} has {len(value)} entries for {n} completions")
+    judged = {name: fn(completions, answers) for name, fn in self._verifiers.items()}
+    task = judged[self.verifier_name]
+    values = np.zeros((n, len(self.terms)), np.float64)
+    errors = np.zeros(n, np.int32)
+    for j, t in enumerate(self.terms):
+      if t.spec == "format":
+        values[:, j] = task.formatted
+      elif t.spec in judged:
+        values[:, j] = judged[t.spec].scores
+      else:
+        values[:, j], failed = self._users[t.spec](prompts, completions, fields)
+        errors += failed
+    weights = np.array([t.weight for t in self.terms], np.float64)
+    scores = np.nansum(values * weights, axis=1) if n else np.zeros(0)
+    return MixedReward(scores.astype(np.float32), task.correct, task.formatted,
+                       values.astype(np.float32), errors)
+
+  def close(self) -> None:
+    for fn in self._verifiers.values():
+      fn.close()
+
+  def __enter__(self) -> "RewardMix":
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+
+def reward_mix_from_config(reward: Any, log: Callable[[str], None] = print) -> RewardMix:
+  """The ``RewardMix`` of a validated config's ``reward`` section."""
+  specs = list(reward.fns)
+  weights = list(reward.weights) or [1.0] * len(specs)
+  terms = [RewardTerm(term_name(s), s, float(w)) for s, w in zip(specs, weights)]
+  return RewardMix(reward.name, terms, format_weight=reward.format_weight,
+                   workers=reward.workers, timeout_s=reward.timeout_s, log=log)
+
+
+def check_reward_config(reward: Any) -> None:
+  """Start-up checks of ``reward.fns`` / ``weights`` / ``timeout_s`` (each error names
+  the key and the value); user functions are imported here, so a typo fails before
+  the warm start."""
+  specs, weights = list(reward.fns), list(reward.weights)
+  for spec in specs:
+    if not isinstance(spec, str):
+      raise ValueError(f"reward.fns: {spec!r} must be a string")
+  _check_distinct(specs)
+  for spec in specs:
+    if spec not in BUILTIN_TERMS:
+      load_callable(spec)
+  if weights and len(weights) != len(specs):
+    raise ValueError(f"reward.weights={tuple(weights)!r} has {len(weights)} entries but "
+                     f"reward.fns has {len(specs)}: give one weight per function, or none "
+                     "(all 1.0)")
+  for w in weights:
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+      raise ValueError(f"reward.weights: {w!r} must be a finite number")
+  timeout = reward.timeout_s
+  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    raise ValueError(f"reward.timeout_s={timeout!r} must be a number of seconds > 0")

@@ -1,0 +1,86 @@
+"""Held-out evaluation metrics users report (#15): pass@k, mean@k, length percentiles."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from sagc_jax.config import preset, validate
+from sagc_jax.evaluation import length_stats, pass_at_k
+
+
+def _pass_at_j_by_enumeration(row: np.ndarray, j: int) -> float:
+  """The share of j-subsets of a problem's samples holding a correct one (what the
+  unbiased estimator estimates), by brute force."""
+  subsets = list(itertools.combinations(range(len(row)), j))
+  return sum(any(row[list(s)]) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize("k", [2, 4, 6, 8])
+def test_pass_at_k_matches_subset_enumeration_and_the_closed_form(k):
+  rng = np.random.default_rng(k)
+  correct = rng.random((12, k)) < rng.random((12, 1))      # per-problem difficulty
+  correct[0] = False
+  correct[1] = True
+  out = pass_at_k(correct)
+  assert out[f"eval_mean@{k}"] == pytest.approx(correct.mean())
+  js = sorted({j for j in (2, 4, 8) if j <= k} | {k})
+  assert sorted(int(key.split("@")[1]) for key in out if key.startswith("eval_pass@")) == js
+  for j in js:
+    enumerated = np.mean([_pass_at_j_by_enumeration(row, j) for row in correct])
+    c = correct.sum(axis=1)
+    closed = np.mean([1 - math.comb(k - ci, j) / math.comb(k, j) for ci in c])
+    assert out[f"eval_pass@{j}"] == pytest.approx(enumerated) == pytest.approx(closed)
+  # pass@k with n = k samples is the share of problems with at least one correct.
+  assert out[f"eval_pass@{k}"] == pytest.approx(correct.any(axis=1).mean())
+
+
+def test_length_stats_are_numpy_percentiles():
+  lengths = np.array([[3, 100], [5, 7], [9, 11]])
+  out = length_stats("len", lengths)
+  flat = lengths.reshape(-1)
+  assert out == {"len": pytest.approx(flat.mean()), "len_p50": pytest.approx(8.0),
+                 "len_p90": pytest.approx(np.percentile(flat, 90)), "len_max": 100.0}
+
+
+@pytest.mark.parametrize("k, match", [(-1, "train.eval_k=-1 must be an integer >= 0"),
+                                      (65, "train.eval_k=65 must be <= rollout.eval_batch=64")])
+def test_bad_eval_k_is_refused(k, match):
+  c = preset("grpo", "sagc")
+  c.train.eval_k = k
+  with pytest.raises(ValueError, match=match):
+    validate(c)
+
+
+def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_path_factory):
+  """k samples per example go through the sampled eval sampler's compiled bucket (one
+  group per example); the greedy and one-sample results do not change with k."""
+  from test_trainer import small_config
+
+  from sagc_jax import compile_count
+  from sagc_jax.trainer import Trainer
+
+  root = tmp_path_factory.mktemp("evaluation_shared")
+  config = small_config({"data_dir": str(root / "tfds"), "cache": str(root / "cache")})
+  trainer = Trainer(config, tmp_path, log=lambda m: None)
+  try:
+    trainer.warmup()
+    plain = trainer.evaluate()
+    trainer.config.train.eval_k = 4
+    compile_count.install()
+    before = compile_count.compile_count()
+    with_k = trainer.evaluate()
+    assert compile_count.compile_count() == before
+  finally:
+    trainer.close()
+  for key, value in plain.items():
+    if key != "eval_seconds":
+      assert with_k[key] == value, key
+  for key in ("eval_pass@2", "eval_pass@4", "eval_mean@4", "eval_k4_response_len_p90"):
+    assert key in with_k
+  assert 0.0 <= with_k["eval_mean@4"] <= with_k["eval_pass@2"] <= with_k["eval_pass@4"] <= 1.0
+  assert (with_k["eval_response_len"] <= with_k["eval_response_len_max"]
+          and with_k["eval_response_len_p50"] <= with_k["eval_response_len_p90"])
