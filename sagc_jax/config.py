@@ -100,6 +100,14 @@ def base_config() -> ml_collections.ConfigDict:
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
       # > 1: every evaluation also draws eval_k samples per example (pass@j, mean@k).
       eval_k=0,
+      # Every log_completions_every steps (0 = never), log_completions sampled
+      # completions go to completions.jsonl and TensorBoard text (and W&B).
+      log_completions_every=10, log_completions=4,
+      # '' = no Weights & Biases; else the project (needs `pip install wandb`).
+      wandb_project="",
+      # Every export_every steps (0 = never) the policy is written as a Hugging Face
+      # folder (transformers / vLLM) to <export_dir or workdir/exports>/step_<N>.
+      export_every=0, export_dir="",
       compilation_cache=True, compilation_cache_dir="",
       # Stop (without checkpointing the step) once this many learner updates in a row
       # were skipped as non-finite: checkpointing on would rotate the good ones out.
@@ -213,6 +221,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)
   checks.non_negative_int(config, "train.eval_k")
+  checks.non_negative_int(config, "train.log_completions_every")
+  checks.non_negative_int(config, "train.log_completions")
+  checks.non_negative_int(config, "train.export_every")
+  project = checks.lookup(config, "train.wandb_project")
+  if not isinstance(project, str):
+    raise ValueError(f"train.wandb_project={project!r} must be a string ('' = off)")
+  if project:
+    import importlib.util
+    if importlib.util.find_spec("wandb") is None:
+      raise ValueError(f"train.wandb_project={project!r} needs the wandb package, which is "
+                       "not installed: pip install wandb (or set train.wandb_project='')")
   if checks.lookup(config, "train.eval_k") > checks.lookup(config, "rollout.eval_batch"):
     raise ValueError(f"train.eval_k={config.train.eval_k} must be <= rollout.eval_batch="
                      f"{config.rollout.eval_batch} (the k samples of an example are one "
@@ -221,7 +240,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
     raise ValueError(f"train.max_consecutive_skipped={limit!r} must be an int >= 0 "
                      "(0 = never stop)")
-  for key in ("model.path", "data.manual_dir", "data.data_dir", "train.local_cache_dir"):
+  for key in ("model.path", "data.manual_dir", "data.data_dir", "train.local_cache_dir",
+              "train.export_dir"):
     value = checks.lookup(config, key)
     if not isinstance(value, str):
       raise ValueError(f"{key}={value!r} must be a string (a folder path; '' for the default)")

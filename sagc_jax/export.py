@@ -62,9 +62,9 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   import jax.numpy as jnp
 
   from sagc_jax.eval import load_run_config
-  from sagc_jax.models import from_pretrained, save_pretrained
+  from sagc_jax.models import from_pretrained
   from sagc_jax.run_inputs import load_checkpoint_weights
-  from sagc_jax.storage import FolderUpload, is_remote, run_path
+  from sagc_jax.storage import run_path
 
   if run_path(out).exists():
     raise ValueError(f"--out {out} exists already; pick a new folder (nothing is overwritten)")
@@ -77,14 +77,36 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   directory = config.train.checkpoint_dir or os.fspath(run / "checkpoints")
   step = load_checkpoint_weights(model, directory, step, log=log)
 
+  files = write_hf_folder(model, cfg, folder, out)
+  log(f"exported step {step} of {workdir} ({dtype}) to {out}: {', '.join(files)}")
+  return {"step": step, "out": out, "files": files}
+
+
+def write_hf_folder(model: Any, cfg: Any, folder: Path, out: str, *,
+                    replace: bool = False) -> list[str]:
+  """Writes ``model`` (its weights in their own dtype) as an HF folder at ``out``,
+  with every other file of ``folder`` (tokenizer, chat template, generation
+  settings); returns the file names. Multi-process: every process must call it
+  (the weights are all-gathered); process 0 writes. ``replace``: an existing ``out``
+  (a step written again after a resume) is replaced once the new folder is complete.
+  """
+  import jax
+
+  from sagc_jax.models import save_pretrained
+  from sagc_jax.storage import FolderUpload, is_remote, run_path
+
+  writer = jax.process_index() == 0
   with tempfile.TemporaryDirectory(prefix="sagc_export_") as tmp:
-    local = Path(tmp) / "export" if is_remote(out) else Path(out)
-    for path in sorted(folder.iterdir()):
-      if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \
-          and not path.name.endswith((".safetensors", ".bin")) and path.name != "sft_done.json":
-        local.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, local / path.name)
+    local = Path(tmp) / "export"
+    if writer:
+      local.mkdir(parents=True)
+      for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \
+            and not path.name.endswith((".safetensors", ".bin")) and path.name != "sft_done.json":
+          shutil.copy2(path, local / path.name)
     save_pretrained(model, cfg, local)
+    if not writer:
+      return []
     if not (local / "generation_config.json").exists():
       eos = list(cfg.eos_token_ids)
       (local / "generation_config.json").write_text(json.dumps({
@@ -94,8 +116,13 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
     files = sorted(p.name for p in local.iterdir())
     if is_remote(out):
       FolderUpload(local, run_path(out)).sync()
-  log(f"exported step {step} of {workdir} ({dtype}) to {out}: {', '.join(files)}")
-  return {"step": step, "out": out, "files": files}
+    else:
+      target = Path(out)
+      if target.exists() and replace:
+        shutil.rmtree(target)
+      target.parent.mkdir(parents=True, exist_ok=True)
+      shutil.move(os.fspath(local), os.fspath(target))
+  return files
 
 
 def main(argv: Sequence[str], flags) -> None:

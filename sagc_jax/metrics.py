@@ -1,4 +1,5 @@
-"""Per-step metrics: ``metrics.jsonl``, TensorBoard event files, console progress.
+"""Per-step metrics: ``metrics.jsonl``, TensorBoard event files, console progress,
+sampled completions (``completions.jsonl`` and TensorBoard text), optional W&B.
 
 Every step appends one JSON object per line to ``<workdir>/metrics.jsonl``
 (flushed, so a killed run keeps every finished step; in a ``gs://`` workdir the
@@ -6,6 +7,12 @@ object is rewritten every ``train.metrics_sync_secs`` and at each checkpoint) an
 scalars to TensorBoard event files under ``<workdir>/tensorboard`` (tensorboardX's
 event format: no TensorFlow needed). The console gets a progress bar with ETA
 and the key figures. Only the primary process writes.
+
+Every ``train.log_completions_every`` steps a few sampled completions (prompt,
+completion, reward and its terms, length) go to ``completions.jsonl`` and to
+TensorBoard's text tab: reading them is how reward hacking is caught. With
+``train.wandb_project`` set (and ``wandb`` installed) rows and completions are also
+sent to Weights & Biases.
 
 Every write happens on the caller's thread, so a failure (a full disk) is raised in
 the training loop as ``MetricsWriteError`` naming the file. tensorboardX's own
@@ -60,6 +67,12 @@ class _ScalarEvents:
     self._writer.write_event(Event(wall_time=time.time(), step=step,
                                    summary=scalar(tag, value)))
 
+  def add_text(self, tag: str, text: str, step: int) -> None:
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.summary import text as text_summary
+    self._writer.write_event(Event(wall_time=time.time(), step=step,
+                                   summary=text_summary(tag, text)))
+
   def flush(self) -> None:
     self._writer.flush()
 
@@ -85,11 +98,15 @@ class MetricsWriter:
     self._start = time.perf_counter()
     self._first_step: int | None = None
     self._jsonl = None
+    self._completions = None
     self._tb = None
+    self._wandb = None
     if not enabled:
       return
     self.path = run_path(workdir) / "metrics.jsonl"
     self._jsonl = line_file(self.path, sync_secs)
+    self.completions_path = run_path(workdir) / "completions.jsonl"
+    self._completions = line_file(self.completions_path, sync_secs)
     if tensorboard:
       # Event files are appended, so they are written locally (the run's local mirror
       # when the workdir is a bucket) and uploaded on flush/close. tensorboardX's own
@@ -103,6 +120,11 @@ class MetricsWriter:
       self._tb = self._guarded(lambda: _ScalarEvents(local_tb), local_tb)
       self._tb_upload = FolderUpload(local_tb, remote_tb if is_remote(workdir) else None)
 
+  def attach_wandb(self, run: Any) -> None:
+    """Also sends every row and completion to this ``wandb`` run (primary only)."""
+    if self.enabled:
+      self._wandb = run
+
   def _guarded(self, action, path):
     """Runs ``action``; an OS error becomes ``MetricsWriteError`` naming ``path``."""
     try:
@@ -114,15 +136,17 @@ class MetricsWriter:
     """Drops rows of steps > ``step`` (a resumed run rewrites them exactly)."""
     if not self.enabled:
       return
-    lines = self._jsonl.lines
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
-    if kept != lines:
-      self._jsonl.replace(kept)
+    for file in (self._jsonl, self._completions):
+      lines = file.lines
+      kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+      if kept != lines:
+        file.replace(kept)
 
   def flush(self) -> None:
     """Makes every written row durable (called when a checkpoint is saved)."""
     if self._jsonl is not None:
       self._guarded(self._jsonl.flush, self.path)
+      self._guarded(self._completions.flush, self.completions_path)
     if self._tb is not None:
       self._guarded(self._tb.flush, self._tb.path)
       self._guarded(self._tb_upload.sync, self._tb.path.parent)
@@ -136,6 +160,25 @@ class MetricsWriter:
       for key, value in row.items():
         if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
           self._guarded(lambda k=key, v=value: self._tb.add_scalar(k, v, step), self._tb.path)
+    if self._wandb is not None:
+      self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+
+  def write_completions(self, step: int, records: Sequence[dict[str, Any]]) -> None:
+    """Appends ``records`` (prompt, completion, reward, ...) of ``step`` to
+    ``completions.jsonl`` (one line each), TensorBoard's text tab and W&B."""
+    if not self.enabled or not records:
+      return
+    for record in records:
+      self._guarded(lambda r=record: self._completions.append(
+          json.dumps({"step": step, **r}, ensure_ascii=False)), self.completions_path)
+    if self._tb is not None:
+      text = "\n\n".join(_completion_markdown(r) for r in records)
+      self._guarded(lambda: self._tb.add_text("completions", text, step), self._tb.path)
+    if self._wandb is not None:
+      import wandb
+      columns = ["group", "prompt", "completion", "answer", "reward", "correct", "length"]
+      table = wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in records])
+      self._wandb.log({"completions": table}, step=step)
 
   def progress(self, row: dict[str, Any]) -> None:
     """One console line: bar, step, ETA and the key figures."""
@@ -167,10 +210,14 @@ class MetricsWriter:
     pending = []
     if self._jsonl is not None:
       pending.append((self._jsonl.close, self.path))
+      pending.append((self._completions.close, self.completions_path))
     if self._tb is not None:
       tb, upload = self._tb, self._tb_upload
       pending.append((lambda: (tb.close(), upload.sync()), tb.path))
-    self._jsonl = self._tb = None
+    self._jsonl = self._completions = self._tb = None
+    if self._wandb is not None:
+      pending.append((self._wandb.finish, "wandb"))
+      self._wandb = None
     failures = []
     for action, path in pending:
       try:
@@ -179,6 +226,15 @@ class MetricsWriter:
         failures.append(err)
     if failures:
       raise failures[0]
+
+
+def _completion_markdown(record: dict[str, Any]) -> str:
+  """One completion as TensorBoard markdown (text in code blocks: no rendering)."""
+  terms = ", ".join(f"{k} {v:.3g}" for k, v in record.get("terms", {}).items())
+  return (f"**group {record['group']}**, reward {record['reward']:.3f} ({terms}), "
+          f"correct {record['correct']}, {record['length']} tokens, answer "
+          f"`{record['answer']}`\n\n    " + record["prompt"].replace("\n", "\n    ")
+          + "\n\n    " + record["completion"].replace("\n", "\n    "))
 
 
 def _clock(seconds: float) -> str:

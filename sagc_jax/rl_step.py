@@ -51,6 +51,7 @@ class RoundStats:
   formatted: np.ndarray
   terms: np.ndarray          # [rows, reward terms], NaN = not applicable
   reward_errors: int         # failed reward-function calls (raised / timed out)
+  records: list[dict[str, Any]]   # a few of this process's completions, for the log
   decode_slots: int
   rollout_s: float
   reward_s: float
@@ -66,6 +67,7 @@ class RLStep:
     self.components = components
     self.controller = controller
     self.loader = loader
+    self.completions: list[dict[str, Any]] = []
 
   def prompts_for(self, g: int) -> int:
     return prompts_for(self.config, g)
@@ -96,12 +98,30 @@ class RLStep:
     t2 = time.perf_counter()
     group_max, group_median = distributed.share_sink_stats(
         samples.group_max, samples.group_median, num_groups=samples.num_prompts)
+    records = self._completion_records(local, g, texts, own, samples.lengths, first_row)
     stats = RoundStats(
-        group_max=group_max, group_median=group_median,
+        group_max=group_max, group_median=group_median, records=records,
         lengths=samples.lengths[:samples.num_rows], scores=result.scores,
         correct=result.correct, formatted=result.formatted, terms=result.terms,
         reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
     return rollout_batch(samples, result.scores), stats
+
+  def _completion_records(self, local: list[dict], g: int, texts: list[str], own,
+                          lengths: np.ndarray, first_row: int) -> list[dict[str, Any]]:
+    """``train.log_completions`` of this process's completions, evenly spread over its
+    rows (so both ends of the batch show), as (prompt, completion, reward) records."""
+    count = min(self.config.train.log_completions, len(texts))
+    if count <= 0:
+      return []
+    names = self.inputs.reward_fn.term_names
+    out = []
+    for r in np.linspace(0, len(texts) - 1, count).round().astype(int):
+      terms = {n: float(v) for n, v in zip(names, own.terms[r]) if not np.isnan(v)}
+      out.append({"group": int((first_row + r) // g), "prompt": local[r // g]["prompt"],
+                  "completion": texts[r], "answer": local[r // g]["answer"],
+                  "reward": float(own.scores[r]), "terms": terms,
+                  "correct": bool(own.correct[r]), "length": int(lengths[first_row + r])})
+    return out
 
   def __call__(self, step: int, log=print) -> dict[str, Any]:
     """Runs the step after ``step`` (steps done so far) and returns its metrics row."""
@@ -140,6 +160,7 @@ class RLStep:
     lengths = np.concatenate([r.lengths for r in rounds])
     generated = float(lengths.sum())
     decode_slots = float(sum(r.decode_slots for r in rounds))
+    self.completions = rounds[0].records   # of the first round (read by the trainer)
     row = {"step": step + 1, **ctrl}
     row.update(
         time_rollout_s=sum(r.rollout_s for r in rounds),

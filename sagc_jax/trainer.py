@@ -134,6 +134,34 @@ class Trainer:
     # Only once the checkpoints are known to fit this config: a refused resume leaves
     # the run's config.json (and everything else) as it was.
     self._write_config()
+    if config.train.wandb_project and self.is_primary and not read_only:
+      self.metrics.attach_wandb(self._start_wandb())
+
+  def export_policy(self) -> str:
+    """Writes the current policy as a Hugging Face folder (``train.export_every``):
+    ``<train.export_dir or workdir/exports>/step_<N>``, replaced when a resumed run
+    reaches the same step again. Every process must call it (weights are gathered)."""
+    from sagc_jax.export import base_folder, write_hf_folder
+
+    root = self.config.train.export_dir or os.fspath(self.workdir / "exports")
+    out = f"{root.rstrip('/')}/step_{self.step}"
+    start = time.perf_counter()
+    write_hf_folder(self.model, self.inputs.model_cfg,
+                    base_folder(self.config, os.fspath(self.workdir)), out, replace=True)
+    self.log(f"step {self.step}: exported the policy to {out} "
+             f"({time.perf_counter() - start:.1f} s)")
+    return out
+
+  def _start_wandb(self):
+    """A W&B run for this workdir: its id is derived from the workdir, so a resumed
+    run continues the same W&B run (``resume="allow"``)."""
+    import hashlib
+
+    import wandb
+    run_id = hashlib.sha1(str(self.workdir).encode()).hexdigest()[:16]
+    return wandb.init(project=self.config.train.wandb_project, id=run_id, resume="allow",
+                      name=self.workdir.name, config=self.config.to_dict(),
+                      dir=str(self.local_dir))
 
   # ------------------------------------------------------------------ setup
   def _write_config(self) -> None:
@@ -260,12 +288,17 @@ class Trainer:
           row.update(evaluation)
         self.history.append(row)
         self.metrics.write(row)
+        every = c.train.log_completions_every
+        if every and self.step % every == 0:
+          self.metrics.write_completions(self.step, self.rl_step.completions)
         if self.step % c.train.log_every == 0:
           self.metrics.progress(row)
         self._check_skipped_updates(row)        # before this step can be checkpointed
         self.checkpointer.check()               # a failed background save stops the run
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save_checkpoint()
+        if c.train.export_every and self.step % c.train.export_every == 0:
+          self.export_policy()
         # A signal reaches each host on its own; all must leave the loop together.
         if distributed.any_on_all(self._stop_requested) and not self._stop_requested:
           self._stop_requested = True

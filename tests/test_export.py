@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 def test_export_loads_in_transformers_with_the_checkpoint_logits(shared, tmp_path):
   config = small_config(shared, steps=2)
+  config.train.export_every = 2                 # and one written during training
   workdir = tmp_path / "run"
   run(config, workdir)
   before = {str(p): p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
@@ -50,6 +51,16 @@ def test_export_loads_in_transformers_with_the_checkpoint_logits(shared, tmp_pat
   assert tokenizer("1 + 2 =")["input_ids"]
   generation = json.loads((out / "generation_config.json").read_text())
   assert generation["eos_token_id"] is not None
+
+  # train.export_every wrote the same policy while training: same files, same tensors.
+  from safetensors.numpy import load_file
+  during = workdir / "exports" / "step_2"
+  assert sorted(p.name for p in during.iterdir()) == result["files"]
+  trained, exported = load_file(during / "model.safetensors"), load_file(out / "model.safetensors")
+  assert trained.keys() == exported.keys()
+  for name in trained:
+    np.testing.assert_array_equal(trained[name], exported[name])
+  assert (during / "config.json").read_text() == (out / "config.json").read_text()
 
   with pytest.raises(ValueError, match="exists already"):
     export(str(workdir), str(out))
