@@ -451,7 +451,7 @@ def _define_flags():
   from ml_collections import config_flags
 
   config_flags.DEFINE_config_file("config", None, "comparison config (a training config "
-                                  "with a 'compare' section).", lock_config=False)
+                                  "with a 'compare' section).", lock_config=True)
   flags.DEFINE_string("workdir", None, "Comparison directory.")
   flags.DEFINE_string("arms", None, "Comma-separated arms to run (default: all).")
   flags.DEFINE_bool("merge_only", False, "Only build the report from arms/ (no training).")
