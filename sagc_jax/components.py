@@ -88,9 +88,13 @@ def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, m
                    (eval_rows,), r.prompt_buckets, **common)
   # Sampled evaluation has its own fixed batch layout, so its random numbers do not
   # depend on the G buckets: every arm of a comparison draws the same ones.
+  # Its groups are 1 sample per example, or train.eval_k for pass@k (the segmented
+  # sampler compiles per group size).
+  k = config.train.get("eval_k", 0)
   sampled = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      **eval_params), (eval_rows,), r.prompt_buckets, **common)
+      **eval_params), (eval_rows,), r.prompt_buckets,
+                    group_sizes=(1, k) if k > 1 else (1,), **common)
   return greedy, sampled
 
 

@@ -47,9 +47,10 @@ def base_config() -> ml_collections.ConfigDict:
       use_chat_template=False,
       # name='jsonl' / 'parquet': your own prompt/answer records. files / eval_files: glob
       # patterns of the train / 'test' split's files, relative to manual_dir if set (else
-      # the current directory); no eval_files: eval_split must be part of train
-      # ('train[:200]'). prompt_template: '' = the prompt as is, else every '{prompt}' in
-      # it is replaced by the prompt (sagc_jax.data.prompt_files).
+      # to the directory the run starts in, then recorded in config.json as manual_dir);
+      # no eval_files: eval_split must be part of train ('train[:200]').
+      # prompt_template: '' = the prompt as is, else every '{prompt}' in it is replaced
+      # by the prompt (sagc_jax.data.prompt_files).
       files=(), eval_files=(), prompt_field="prompt", answer_field="answer",
       prompt_template="",
       # Settings of the built-in task (sagc_jax.data.synthetic.SyntheticConfig).
@@ -167,10 +168,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"data.eval_split={config.data.eval_split!r}: data.eval_files is "
                        "empty, so the dataset has only a train split; set data.eval_files "
                        "or evaluate on part of train (data.eval_split='train[:200]')")
-  elif config.data.files or config.data.eval_files:
-    raise ValueError(f"data.files / data.eval_files are set but data.name="
-                     f"{config.data.name!r} does not read them (they are for "
-                     f"{FILE_DATASETS})")
+  else:
+    defaults = base_config().data
+    ignored = [k for k in ("files", "eval_files", "prompt_field", "answer_field",
+                           "prompt_template") if config.data[k] != defaults[k]]
+    if ignored:
+      raise ValueError(f"data.{', data.'.join(ignored)} set but data.name="
+                       f"{config.data.name!r} does not read them (they are for "
+                       f"{FILE_DATASETS})")
   if config.data.name == "synthetic":
     from sagc_jax.data.synthetic import SyntheticConfig
     try:
@@ -232,10 +237,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if importlib.util.find_spec("wandb") is None:
       raise ValueError(f"train.wandb_project={project!r} needs the wandb package, which is "
                        "not installed: pip install wandb (or set train.wandb_project='')")
-  if checks.lookup(config, "train.eval_k") > checks.lookup(config, "rollout.eval_batch"):
-    raise ValueError(f"train.eval_k={config.train.eval_k} must be <= rollout.eval_batch="
+  eval_k = config.train.eval_k
+  if eval_k == 1:
+    raise ValueError("train.eval_k=1 must be 0 (off) or >= 2 (pass@k needs k samples; one "
+                     "sample per example is eval_sampled_accuracy already)")
+  if eval_k > checks.lookup(config, "rollout.eval_batch"):
+    raise ValueError(f"train.eval_k={eval_k} must be <= rollout.eval_batch="
                      f"{config.rollout.eval_batch} (the k samples of an example are one "
                      "evaluation group)")
+  if 0 < checks.lookup(config, "rollout.max_rows_per_call") < eval_k:
+    raise ValueError(f"train.eval_k={eval_k} must be <= rollout.max_rows_per_call="
+                     f"{config.rollout.max_rows_per_call} (a group is never split over "
+                     "sampler calls)")
   limit = checks.lookup(config, "train.max_consecutive_skipped")
   if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
     raise ValueError(f"train.max_consecutive_skipped={limit!r} must be an int >= 0 "

@@ -12,6 +12,7 @@ as JSON.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -51,6 +52,11 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
                                    load_checkpoint_weights)
   from sagc_jax.storage import cache_root, local_mirror
 
+  # Evaluation measures accuracy with the task verifier only: the training reward's
+  # user functions (maybe not importable here) and W&B are not needed.
+  config = copy.deepcopy(config)
+  config.reward.update(dict(fns=(), weights=()))
+  config.train.wandb_project = ""
   validate(config)
   root = cache_root(config.train.local_cache_dir)
   compile_count.install()

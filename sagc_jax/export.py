@@ -82,12 +82,12 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   return {"step": step, "out": out, "files": files}
 
 
-def write_hf_folder(model: Any, cfg: Any, folder: Path, out: str, *,
+def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
                     replace: bool = False) -> list[str]:
   """Writes ``model`` (its weights in their own dtype) as an HF folder at ``out``,
   with every other file of ``folder`` (tokenizer, chat template, generation
   settings); returns the file names. Multi-process: every process must call it
-  (the weights are all-gathered); process 0 writes. ``replace``: an existing ``out``
+  (the weights are all-gathered); process 0 writes (the others may pass no folder). ``replace``: an existing ``out``
   (a step written again after a resume) is replaced once the new folder is complete.
   """
   import jax
@@ -96,9 +96,18 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path, out: str, *,
   from sagc_jax.storage import FolderUpload, is_remote, run_path
 
   writer = jax.process_index() == 0
-  with tempfile.TemporaryDirectory(prefix="sagc_export_") as tmp:
+  # A local folder is written next to its destination and renamed into place (a
+  # kill leaves a hidden partial folder, never a partial export); a bucket's goes
+  # through the local temporary directory.
+  parent = None if is_remote(out) else Path(out).absolute().parent
+  if parent is not None and writer:
+    parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix=f".{Path(out).name}.partial-",
+                                   dir=parent if writer else None) as tmp:
     local = Path(tmp) / "export"
     if writer:
+      if folder is None:
+        raise ValueError("write_hf_folder: process 0 needs the starting folder")
       local.mkdir(parents=True)
       for path in sorted(folder.iterdir()):
         if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \
@@ -117,11 +126,11 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path, out: str, *,
     if is_remote(out):
       FolderUpload(local, run_path(out)).sync()
     else:
-      target = Path(out)
+      target = Path(out).absolute()
       if target.exists() and replace:
-        shutil.rmtree(target)
-      target.parent.mkdir(parents=True, exist_ok=True)
-      shutil.move(os.fspath(local), os.fspath(target))
+        old = Path(tmp) / "replaced"
+        target.rename(old)             # removed with the temporary directory
+      local.rename(target)
   return files
 
 

@@ -21,8 +21,11 @@ A user function must never cost the run: when a call raises, times out
 (``reward.timeout_s``) or returns something malformed, each completion is scored on
 its own; a completion whose call still fails scores 0 for that term, is counted in
 ``errors`` (``reward/errors`` in the metrics), and the first failure of each term is
-logged with the offending completion truncated. Calls run in a daemon thread, so a
-function that hangs is abandoned (it cannot be interrupted) and never blocks exit.
+logged with the offending completion truncated. User functions run in one worker
+process (spawned, so its calls run on its own main thread: math-verify's signal
+timeouts work there); a call that overruns the timeout is stopped by killing that
+process, which the next call restarts. Even code that never releases the GIL (a
+backtracking regex) cannot stall the trainer.
 
 This module imports neither JAX nor TFDS.
 """
@@ -32,8 +35,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import multiprocessing
 import re
-import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -73,6 +76,9 @@ def term_name(spec: str) -> str:
 
 def _check_distinct(specs: Sequence[str]) -> None:
   names = [term_name(s) for s in specs]
+  if "errors" in names:
+    raise ValueError(f"reward.fns={tuple(specs)!r}: a term named 'errors' would overwrite "
+                     "reward/errors (the failed-call count); rename the function")
   duplicates = sorted({n for n in names if names.count(n) > 1})
   if duplicates:
     raise ValueError(f"reward.fns={tuple(specs)!r}: two terms are named {duplicates}; "
@@ -111,32 +117,15 @@ class _CallFailed(Exception):
   pass
 
 
-def _call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
-  """``fn()`` in a daemon thread; raises ``_CallFailed`` naming a timeout or error."""
-  box: dict[str, Any] = {}
-
-  def target() -> None:
-    try:
-      box["value"] = fn()
-    except BaseException as err:  # noqa: BLE001 - reported to the caller
-      box["error"] = err
-
-  thread = threading.Thread(target=target, daemon=True, name="sagc-reward-call")
-  thread.start()
-  thread.join(timeout_s)
-  if thread.is_alive():
-    raise _CallFailed(f"timed out after {timeout_s:g} s (reward.timeout_s)")
-  if "error" in box:
-    err = box["error"]
-    raise _CallFailed(f"raised {type(err).__name__}: {err}")
-  return box.get("value")
-
-
 def _as_values(out: Any, n: int) -> list[float]:
   """A user function's output as n floats (NaN for None); raises ``_CallFailed``."""
   if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
     raise _CallFailed(f"returned {type(out).__name__}, not a sequence of {n} values")
-  values = list(out)
+  try:
+    values = list(out)
+  except Exception as err:  # noqa: BLE001 - e.g. a 0-d array: malformed, not fatal
+    raise _CallFailed(f"returned {type(out).__name__} that cannot be read as a sequence "
+                      f"({type(err).__name__}: {err})") from None
   if len(values) != n:
     raise _CallFailed(f"returned {len(values)} values for {n} completions")
   floats = []
@@ -147,22 +136,122 @@ def _as_values(out: Any, n: int) -> list[float]:
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
       raise _CallFailed(f"returned {v!r} ({type(v).__name__}) at position {i}: "
                         "a float or None is expected")
-    if not math.isfinite(float(v)):
-      raise _CallFailed(f"returned {v!r} at position {i}: rewards must be finite")
-    floats.append(float(v))
+    try:
+      value = float(v)
+    except OverflowError:
+      value = math.inf
+    if not math.isfinite(value):
+      raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be finite")
+    floats.append(value)
   return floats
+
+
+def _worker_main(conn: Any, specs: Sequence[str]) -> None:
+  """The reward-worker process: imports the user functions, then answers calls
+  ``(spec, kwargs, n)`` with ``("ok", floats)`` or ``("error", message)``. Calls run on
+  this process's main thread (so functions that use ``signal`` timeouts, such as
+  math-verify, work)."""
+  fns = {spec: load_callable(spec) for spec in specs}
+  conn.send(("ready", None))
+  while True:
+    try:
+      message = conn.recv()
+    except EOFError:
+      return
+    if message is None:
+      return
+    spec, kwargs, n = message
+    try:
+      conn.send(("ok", _as_values(fns[spec](**kwargs), n)))
+    except _CallFailed as err:
+      conn.send(("error", str(err)))
+    except BaseException as err:  # noqa: BLE001 - reported to the trainer
+      conn.send(("error", f"raised {type(err).__name__}: {str(err)[:500]}"))
+
+
+class _RewardWorker:
+  """One process that runs the user reward functions, killed and restarted when a call
+  overruns ``reward.timeout_s``: a thread could not be stopped, and code that holds
+  the GIL (a backtracking regex) would block the trainer itself."""
+
+  _START_TIMEOUT_S = 300.0        # spawn + imports of the user modules
+
+  def __init__(self, specs: Sequence[str]):
+    self.specs = list(specs)
+    self._proc = None
+    self._conn = None
+    self.restarts = 0
+
+  def _start(self) -> None:
+    ctx = multiprocessing.get_context("spawn")   # forking a process running JAX can hang
+    parent, child = ctx.Pipe()
+    self._proc = ctx.Process(target=_worker_main, args=(child, self.specs), daemon=True,
+                             name="sagc-reward-worker")
+    self._proc.start()
+    child.close()
+    self._conn = parent
+    if not parent.poll(self._START_TIMEOUT_S):
+      self._stop()
+      raise RuntimeError("the reward worker process did not start within "
+                         f"{self._START_TIMEOUT_S:.0f} s")
+    try:
+      parent.recv()
+    except EOFError:
+      self._stop()
+      raise RuntimeError("the reward worker process died while importing "
+                         f"{self.specs}; see its error above") from None
+
+  def _stop(self) -> None:
+    if self._proc is not None:
+      self._proc.kill()
+      self._proc.join(5)
+    if self._conn is not None:
+      self._conn.close()
+    self._proc = self._conn = None
+
+  def call(self, spec: str, kwargs: dict[str, Any], n: int, timeout_s: float) -> list[float]:
+    if self._proc is None or not self._proc.is_alive():
+      if self._proc is not None:
+        self._stop()
+        self.restarts += 1
+      self._start()
+    self._conn.send((spec, kwargs, n))
+    if not self._conn.poll(timeout_s):
+      self._stop()                   # the next call starts a fresh worker
+      self.restarts += 1
+      raise _CallFailed(f"timed out after {timeout_s:g} s (reward.timeout_s)")
+    try:
+      status, payload = self._conn.recv()
+    except EOFError:
+      self._stop()
+      self.restarts += 1
+      raise _CallFailed("crashed the reward worker process") from None
+    if status != "ok":
+      raise _CallFailed(payload)
+    return payload
+
+  def close(self) -> None:
+    if self._conn is not None:
+      try:
+        self._conn.send(None)
+      except OSError:
+        pass
+    if self._proc is not None:
+      self._proc.join(5)
+    self._stop()
 
 
 class _UserTerm:
   """One user reward function, called safely (see the module docstring)."""
 
-  def __init__(self, name: str, fn: Callable[..., Any], timeout_s: float,
+  def __init__(self, name: str, spec: str, worker: _RewardWorker, timeout_s: float,
                log: Callable[[str], None]):
     self.name = name
-    self.fn = fn
+    self.spec = spec
+    self.worker = worker
     self.timeout_s = timeout_s
     self.log = log
-    self.accepted = _accepted_keywords(fn)
+    self.accepted = _accepted_keywords(load_callable(spec))
     self.failures_logged = 0
 
   def _call(self, prompts: list[str], completions: list[str],
@@ -170,8 +259,7 @@ class _UserTerm:
     kwargs = {k: [v[r] for r in rows] for k, v in {"prompts": prompts, **fields}.items()
               if self.accepted is None or k in self.accepted}
     kwargs["completions"] = [completions[r] for r in rows]
-    out = _call_with_timeout(lambda: self.fn(**kwargs), self.timeout_s)
-    return _as_values(out, len(rows))
+    return self.worker.call(self.spec, kwargs, len(rows), self.timeout_s)
 
   def __call__(self, prompts: list[str], completions: list[str],
                fields: dict[str, list[Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -218,12 +306,14 @@ class RewardMix:
     self.verifier_name = verifier
     self._verifiers: dict[str, RewardFunction] = {}
     self._users: dict[str, _UserTerm] = {}
+    user_specs = [t.spec for t in terms if t.spec not in BUILTIN_TERMS]
+    self._worker = _RewardWorker(user_specs) if user_specs else None
     try:
       for name in {verifier, *(t.spec for t in terms if t.spec in REWARD_NAMES)}:
         self._verifiers[name] = make_reward_fn(name, format_weight, workers)
       for t in terms:
         if t.spec not in BUILTIN_TERMS:
-          self._users[t.spec] = _UserTerm(t.name, load_callable(t.spec), timeout_s, log)
+          self._users[t.spec] = _UserTerm(t.name, t.spec, self._worker, timeout_s, log)
     except Exception:
       self.close()
       raise
@@ -268,6 +358,8 @@ class RewardMix:
   def close(self) -> None:
     for fn in self._verifiers.values():
       fn.close()
+    if self._worker is not None:
+      self._worker.close()
 
   def __enter__(self) -> "RewardMix":
     return self

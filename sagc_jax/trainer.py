@@ -34,7 +34,7 @@ import numpy as np
 from sagc_jax import compile_count, distributed
 from sagc_jax.checkpoint import Checkpointer
 from sagc_jax.components import build_components, candidate_group_sizes, prompts_for
-from sagc_jax.config import validate
+from sagc_jax.config import FILE_DATASETS, validate
 from sagc_jax.controller import controller_from_config
 from sagc_jax.data import PromptLoader
 from sagc_jax.evaluation import Evaluator
@@ -72,6 +72,10 @@ class Trainer:
     damaged checkpoints are skipped in place). ``restore=False`` keeps the policy
     the config names instead of the run's newest checkpoint."""
     validate(config)
+    if config.data.name in FILE_DATASETS and not config.data.manual_dir:
+      # Relative file patterns mean the directory the run starts in: recorded in
+      # config.json, so that eval / export / a resume from elsewhere find the same files.
+      config.data.manual_dir = os.path.abspath(os.curdir)
     self.read_only = read_only
     self.config = config
     # The workdir may be a bucket (gs://): every run file goes through storage.run_path.
@@ -128,7 +132,8 @@ class Trainer:
     self.consecutive_skipped = 0
     self.history: list[dict[str, Any]] = []
     self.eval_history: list[dict[str, Any]] = []
-    self._stop_requested = False
+    self._stop_requested = False      # this process received SIGTERM / SIGINT
+    self._stopped_by_signal = False   # the run stopped early on an agreed signal
     if restore:
       self._restore()
     # Only once the checkpoints are known to fit this config: a refused resume leaves
@@ -146,19 +151,28 @@ class Trainer:
     root = self.config.train.export_dir or os.fspath(self.workdir / "exports")
     out = f"{root.rstrip('/')}/step_{self.step}"
     start = time.perf_counter()
-    write_hf_folder(self.model, self.inputs.model_cfg,
-                    base_folder(self.config, os.fspath(self.workdir)), out, replace=True)
+    # Only process 0 writes (and copies the starting folder's files); all gather.
+    folder = base_folder(self.config, os.fspath(self.workdir)) if self.is_primary else None
+    write_hf_folder(self.model, self.inputs.model_cfg, folder, out, replace=True)
     self.log(f"step {self.step}: exported the policy to {out} "
              f"({time.perf_counter() - start:.1f} s)")
     return out
 
   def _start_wandb(self):
-    """A W&B run for this workdir: its id is derived from the workdir, so a resumed
-    run continues the same W&B run (``resume="allow"``)."""
-    import hashlib
+    """A W&B run for this workdir. Its id is drawn at the first start and kept in
+    ``<workdir>/wandb_run_id``, so a resumed run continues the same W&B run
+    (``resume="allow"``) and a fresh run in a reused path starts a new one. W&B keeps
+    the first value logged at a step: rows of steps redone after a crash keep their
+    first version there (``metrics.jsonl`` holds the redone ones)."""
+    import uuid
 
     import wandb
-    run_id = hashlib.sha1(str(self.workdir).encode()).hexdigest()[:16]
+    id_file = self.workdir / "wandb_run_id"
+    if self.step and id_file.exists():
+      run_id = id_file.read_text().strip()
+    else:
+      run_id = uuid.uuid4().hex[:16]
+      id_file.write_text(run_id + "\n")
     return wandb.init(project=self.config.train.wandb_project, id=run_id, resume="allow",
                       name=self.workdir.name, config=self.config.to_dict(),
                       dir=str(self.local_dir))
@@ -267,6 +281,13 @@ class Trainer:
     else:
       say("SIGTERM received: checkpointing after the current step")
 
+  def _agree_on_stop(self) -> bool:
+    """True on every process if any received a stop signal (all must call it)."""
+    stop = distributed.any_on_all(self._stop_requested)
+    if stop and not self._stop_requested:
+      self.log("another process received a stop signal: checkpointing and stopping with it")
+    return stop
+
   def run(self, max_steps: int | None = None) -> dict[str, Any]:
     """Trains until ``train.steps`` (or ``max_steps`` more steps); returns a summary."""
     c = self.config
@@ -280,7 +301,11 @@ class Trainer:
         self.log(f"eval before RL: held-out accuracy {first['eval_accuracy']:.3f} greedy, "
                  f"{first['eval_sampled_accuracy']:.3f} sampled")
       end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
-      while self.step < end and not self._stop_requested:
+      # Processes leave the loop on the flag they agreed on (a signal reaches each host
+      # on its own, maybe during warm-up): one leaving alone would wait forever in a
+      # collective the others never enter.
+      stop = self._agree_on_stop()
+      while self.step < end and not stop:
         row = self.train_step()
         if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
           evaluation = self.evaluate()
@@ -299,13 +324,11 @@ class Trainer:
           self.save_checkpoint()
         if c.train.export_every and self.step % c.train.export_every == 0:
           self.export_policy()
-        # A signal reaches each host on its own; all must leave the loop together.
-        if distributed.any_on_all(self._stop_requested) and not self._stop_requested:
-          self._stop_requested = True
-          self.log("another process received a stop signal: checkpointing and stopping "
-                   "with it")
-      if self._stop_requested and self.step % c.train.checkpoint_every:
+        stop = self._agree_on_stop()
+      if (stop and self.step % c.train.checkpoint_every
+          and self.step not in self.checkpointer.all_steps()):   # e.g. stopped in warm-up
         self.save_checkpoint()
+      self._stopped_by_signal = stop
       self.checkpointer.wait()
     finally:
       for sig, handler in previous.items():
@@ -347,7 +370,7 @@ class Trainer:
 
   def summary(self) -> dict[str, Any]:
     out: dict[str, Any] = {**summarize(self.history), "steps": self.step,
-                           "preempted": self._stop_requested}
+                           "preempted": self._stopped_by_signal}
     if self.eval_history:
       for key in ("eval_accuracy", "eval_sampled_accuracy"):
         out[f"{key}_start"] = self.eval_history[0][key]

@@ -49,6 +49,8 @@ def test_completions_are_logged_every_n_steps_with_their_rewards(shared, tmp_pat
   # W&B (offline mode): the run was created and finished.
   offline = list((tmp_path / "run").parent.rglob("offline-run-*"))
   assert offline, list((tmp_path).rglob("*"))[:20]
+  run_id = (tmp_path / "run" / "wandb_run_id").read_text().strip()
+  assert re.fullmatch(r"[0-9a-f]{16}", run_id) and any(run_id in p.name for p in offline)
 
 
 def test_a_resumed_run_drops_the_completions_of_steps_it_redoes(tmp_path):

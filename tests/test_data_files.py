@@ -236,11 +236,17 @@ def test_config_keys_and_validation(tmp_path):
       (dict(answer_field="question"), r"data\.answer_field='question' is also the prompt"),
       (dict(files=("gs://b/train.jsonl",)), r"data\.files=.*is a URL.*data\.manual_dir"),
       (dict(files=("",)), r"data\.files=\('',\): every glob pattern"),
-      (dict(name="synthetic", manual_dir=""), r"data\.files / data\.eval_files are set"),
+      (dict(name="synthetic", manual_dir=""),
+       r"data\.files, data\.prompt_field set but data\.name='synthetic' "
+       r"does not read them"),
   ]
   for changes, message in cases:
     with pytest.raises(ValueError, match=message):
       config_lib.validate(files_config(tmp_path, **changes))
+  synthetic = config_lib.base_config()
+  synthetic.data.prompt_template = "Q: {prompt}"      # would be silently ignored
+  with pytest.raises(ValueError, match=r"data\.prompt_template set but data\.name='synthetic'"):
+    config_lib.validate(synthetic)
 
 
 def test_run_inputs_reads_a_jsonl_dataset(tmp_path):

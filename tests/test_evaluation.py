@@ -46,11 +46,15 @@ def test_length_stats_are_numpy_percentiles():
                  "len_p90": pytest.approx(np.percentile(flat, 90)), "len_max": 100.0}
 
 
-@pytest.mark.parametrize("k, match", [(-1, "train.eval_k=-1 must be an integer >= 0"),
-                                      (65, "train.eval_k=65 must be <= rollout.eval_batch=64")])
-def test_bad_eval_k_is_refused(k, match):
+@pytest.mark.parametrize("k, rows, match", [
+    (-1, 0, "train.eval_k=-1 must be an integer >= 0"),
+    (1, 0, "train.eval_k=1 must be 0 .off. or >= 2"),
+    (65, 0, "train.eval_k=65 must be <= rollout.eval_batch=64"),
+    (32, 16, "train.eval_k=32 must be <= rollout.max_rows_per_call=16")])
+def test_bad_eval_k_is_refused(k, rows, match):
   c = preset("grpo", "sagc")
   c.train.eval_k = k
+  c.rollout.max_rows_per_call = rows
   with pytest.raises(ValueError, match=match):
     validate(c)
 

@@ -19,7 +19,9 @@ def test_two_processes_agree_on_every_group_size_and_end_with_identical_params(s
   config_file = write_config_file(
       tmp_path / "cfg.py", shared, steps,
       "c.mesh.shape = (-1, 1)            # 2 processes x 2 CPU devices",
-      "c.train.compilation_cache = False  # processes must not share a cache dir")
+      "c.train.compilation_cache = False  # processes must not share a cache dir",
+      "c.train.export_every = 2             # every process takes part in the gather",
+      "c.train.log_completions_every = 1")
   workdir = tmp_path / "run"
   logs = tmp_path / "logs"
   proc = subprocess.run(
@@ -45,3 +47,8 @@ def test_two_processes_agree_on_every_group_size_and_end_with_identical_params(s
   assert max(r["learner/logprob_mismatch_max"] for r in load_history(workdir)) < 1e-4
   checkpoints = sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
   assert checkpoints == ["2", "4"]
+  assert sorted(p.name for p in (workdir / "exports").iterdir()) == ["step_2", "step_4"]
+  assert (workdir / "exports" / "step_4" / "model.safetensors").stat().st_size > 0
+  # Process 0 logs its own share of each step's completions.
+  records = [json.loads(line) for line in (workdir / "completions.jsonl").read_text().splitlines()]
+  assert sorted({r["step"] for r in records}) == list(range(1, steps + 1))

@@ -100,8 +100,12 @@ def test_sigkill_of_one_process_ends_the_other_within_seconds_and_the_run_resume
   print(f"survivor (process {1 - victim}) ended {seconds:.1f} s after the kill")
   assert survivor.returncode != 0, output
   assert seconds < HEARTBEAT_S + 30, output
-  assert "Traceback" not in (logs / f"process_{1 - victim}.log").read_text() or (
-      "error: process" in output), output
+  # Either path ends it: its next collective failed (our one-line error, at once), or
+  # it was blocked in one until the coordination service missed the dead heartbeat.
+  survivor_log = (logs / f"process_{1 - victim}.log").read_text()
+  assert (f"error: process {1 - victim} of 2 stopped" in survivor_log or
+          "Terminating process because the JAX distributed service detected fatal errors"
+          in survivor_log), survivor_log[-3000:]
   saved = _complete_steps(workdir)
   assert saved and saved[-1] >= 2, output
   if victim == 0:
@@ -166,6 +170,7 @@ def test_sigkill_in_the_middle_of_a_checkpoint_save_resumes_from_the_last_comple
                         and os.listdir(checkpoints / n)), None)
       except (FileNotFoundError, ValueError):
         pass
+      time.sleep(0.002)
     proc.kill()                                  # SIGKILL: no handler runs
     proc.wait(timeout=60)
   finally:

@@ -52,9 +52,28 @@ def fails_on_odd_length(prompts, completions, **fields):
 
 
 def hangs_on_seven(prompts, completions, **fields):
+  """Catastrophic regex backtracking: holds the GIL for minutes (a thread-based
+  timeout could not return; the worker process is killed)."""
+  import re
   if any("7" in c for c in completions):
-    time.sleep(5)
+    re.match(r"^(a+)+$", "a" * 40 + "!")
   return [1.0] * len(completions)
+
+
+def math_verify_reward(completions, answer, **fields):
+  """What TRL's accuracy reward does: math-verify, whose timeouts use signal.alarm
+  (main thread only)."""
+  import math_verify
+  return [float(math_verify.verify(math_verify.parse("$" + a + "$"), math_verify.parse(c)))
+          for c, a in zip(completions, answer)]
+
+
+def zero_dim_array(prompts, completions, **fields):
+  return np.array(0.5)
+
+
+def overflowing(prompts, completions, **fields):
+  return [10 ** 400] * len(completions)
 
 
 def wrong_length(prompts, completions, **fields):
@@ -125,17 +144,30 @@ def test_long_offending_completions_are_truncated_in_the_log():
   assert "x" * 190 in messages[0] and "x" * 300 not in messages[0] and "..." in messages[0]
 
 
-def test_a_hanging_function_times_out_per_completion():
-  mix = _mix("test_reward_mix:hangs_on_seven", timeout_s=0.3, log=lambda m: None)
-  start = time.perf_counter()
-  out = mix(COMPLETIONS, ANSWERS)
-  elapsed = time.perf_counter() - start
-  np.testing.assert_allclose(out.terms[:, 0], [1, 1, 1, 0])
-  np.testing.assert_array_equal(out.errors, [0, 0, 0, 1])
-  assert elapsed < 2.0, elapsed                 # batch call + one retry, each <= 0.3 s
+def test_a_hanging_function_times_out_per_completion_even_holding_the_gil():
+  with _mix("test_reward_mix:hangs_on_seven", timeout_s=1.0, log=lambda m: None) as mix:
+    mix(COMPLETIONS[:1], ANSWERS[:1])           # the worker process is up
+    start = time.perf_counter()
+    out = mix(COMPLETIONS, ANSWERS)
+    elapsed = time.perf_counter() - start
+    np.testing.assert_allclose(out.terms[:, 0], [1, 1, 1, 0])
+    np.testing.assert_array_equal(out.errors, [0, 0, 0, 1])
+    # Two timed-out calls (the batch, then the completion) and two worker restarts;
+    # the backtracking alone would take hours.
+    assert elapsed < 60, elapsed
+    assert mix._worker.restarts == 2
+    np.testing.assert_allclose(mix(COMPLETIONS[:3], ANSWERS[:3]).terms[:, 0], 1.0)
 
 
-@pytest.mark.parametrize("spec", ["wrong_length", "returns_text"])
+def test_user_functions_may_use_math_verify_and_its_signal_timeouts():
+  with _mix("test_reward_mix:math_verify_reward") as mix:
+    out = mix(["so $\\frac{1}{2}$", "it is 0.5", "maybe 3"], ["0.5", "\\frac{1}{2}", "4"])
+  np.testing.assert_allclose(out.terms[:, 0], [1, 1, 0])
+  np.testing.assert_array_equal(out.errors, 0)
+
+
+@pytest.mark.parametrize("spec", ["wrong_length", "returns_text", "zero_dim_array",
+                                  "overflowing"])
 def test_malformed_output_scores_zero_and_is_counted(spec):
   messages = []
   out = _mix("exact_match", f"test_reward_mix:{spec}", log=messages.append)(COMPLETIONS,
@@ -146,7 +178,9 @@ def test_malformed_output_scores_zero_and_is_counted(spec):
   else:
     np.testing.assert_array_equal(out.errors, 1)
     np.testing.assert_allclose(out.scores, CORRECT)
-    assert "a float or None is expected" in messages[0]
+    assert {"returns_text": "a float or None is expected",
+            "zero_dim_array": "cannot be read as a sequence",
+            "overflowing": "rewards must be finite"}[spec] in messages[0]
 
 
 @pytest.mark.parametrize("fns, weights, timeout, match", [
@@ -157,6 +191,7 @@ def test_malformed_output_scores_zero_and_is_counted(spec):
     (("exact_match",), (float("nan"),), 10.0, "must be a finite number"),
     (("test_reward_mix:length_bonus", "other.mod:length_bonus"), (), 10.0, "two terms"),
     (("exact_match",), (), 0.0, "reward.timeout_s=0.0"),
+    (("my_module:errors",), (), 10.0, "a term named 'errors' would overwrite reward/errors"),
 ])
 def test_bad_reward_settings_are_refused_at_start_up(fns, weights, timeout, match):
   c = preset("grpo", "sagc")

@@ -355,7 +355,12 @@ def test_eval_builds_only_what_evaluation_needs_and_matches_the_trainer(shared, 
   monkeypatch.setattr(controller_module, "controller_from_config", refuse)
   keys = ("eval_accuracy", "eval_sampled_accuracy", "eval_response_len",
           "eval_sampled_response_len")
-  result = eval_cli.evaluate_run(config, tmp_path, log=lambda m: None)
+  # Training-only settings do not stop an evaluation: a reward module that is not
+  # importable here, a W&B project (accuracy comes from the task verifier).
+  trained_elsewhere = config.copy_and_resolve_references()
+  trained_elsewhere.reward.fns = ("module_only_on_the_training_host:bonus",)
+  trained_elsewhere.train.wandb_project = "some-project"
+  result = eval_cli.evaluate_run(trained_elsewhere, tmp_path, log=lambda m: None)
   assert result["step"] == 2
   assert {k: result[k] for k in keys} == {k: by_step[2][k] for k in keys}
 
