@@ -59,9 +59,12 @@ def test_bad_eval_k_is_refused(k, rows, match):
     validate(c)
 
 
-def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("segmented", [False, True], ids=["fused", "segmented"])
+def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_path_factory,
+                                                               segmented):
   """k samples per example go through the sampled eval sampler's compiled bucket (one
-  group per example); the greedy and one-sample results do not change with k."""
+  group per example; the segmented sampler compiles the k-group at warm-up); the
+  greedy and one-sample results do not change with k."""
   from test_trainer import small_config
 
   from sagc_jax import compile_count
@@ -69,11 +72,17 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_pat
 
   root = tmp_path_factory.mktemp("evaluation_shared")
   config = small_config({"data_dir": str(root / "tfds"), "cache": str(root / "cache")})
-  trainer = Trainer(config, tmp_path, log=lambda m: None)
+  config.rollout.segmented_eval = segmented
+  plain_trainer = Trainer(config, tmp_path / "plain", log=lambda m: None)
+  try:
+    plain_trainer.warmup()
+    plain = plain_trainer.evaluate()
+  finally:
+    plain_trainer.close()
+  config.train.eval_k = 4
+  trainer = Trainer(config, tmp_path / "with_k", log=lambda m: None)
   try:
     trainer.warmup()
-    plain = trainer.evaluate()
-    trainer.config.train.eval_k = 4
     compile_count.install()
     before = compile_count.compile_count()
     with_k = trainer.evaluate()
