@@ -52,7 +52,9 @@ class Claim:
   text: str
   key: str
   kind: str          # "paired_difference", "paired_speedup", "competitive", "posterior"
-  side: str          # "below" / "above" null (competitive: SAGC >= best static - CI)
+  side: str          # "below" / "above" null: the interval excludes it; "not_above" /
+                     # "not_below": it does not show the opposite (competitive: SAGC >=
+                     # best static - CI)
   null: float
   fmt: str
 
@@ -68,6 +70,11 @@ CLAIMS = (
           "competitive", "above", 0.0, ".3f"),
     Claim("held-out sampled accuracy competitive: within the best static arm's 95% CI",
           "eval_sampled_accuracy_end", "competitive", "above", 0.0, ".3f"),
+    Claim("train reward at equal wall-clock: not below static max-G when SAGC ends",
+          "reward_at_sagc_time", "paired_difference", "not_below", 0.0, "+.3f"),
+    Claim("held-out sampled accuracy at equal wall-clock: not below static max-G's last "
+          "evaluation by then", "sampled_accuracy_at_sagc_time", "paired_difference",
+          "not_below", 0.0, "+.3f"),
     Claim("the posterior learns p(max G) > p(min G)", "posterior_gap", "posterior",
           "above", 0.0, "+.3f"),
     Claim("output length shorter or equal: not longer than static max-G",
@@ -90,7 +97,8 @@ def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
   if n < 2:
     return "?"
   lo, hi = mean - half, mean + half
-  holds = {"below": hi < null, "above": lo > null, "not_above": lo <= null}[side]
+  holds = {"below": hi < null, "above": lo > null, "not_above": lo <= null,
+           "not_below": hi >= null}[side]
   return "✓" if holds else "✗"
 
 

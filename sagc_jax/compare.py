@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -45,7 +46,7 @@ RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "
                   "eval_sampled_accuracy_end", "final_reward",
                   "eval_sampled_gain", "response_len_mean", "response_len_start",
                   "response_len_end", "max_over_median_start", "max_over_median_end",
-                  "mean_g")
+                  "mean_g", "reward_at_sagc_time", "sampled_accuracy_at_sagc_time")
 # What results.md reports per arm, as mean +- 95% CI over the seeds: (column, header, format).
 SUMMARY_COLUMNS = (
     ("group_straggler_rate", "group straggler rate", ".3f"),
@@ -217,6 +218,30 @@ def time_to_target(metrics: Sequence[dict[str, Any]], target: float | None,
   return float(clock[hits[0] + window - 1]) if hits.size else float("nan")
 
 
+def reward_at_time(metrics: Sequence[dict[str, Any]], seconds: float,
+                   window: int = 10) -> float:
+  """The train reward of a run when its cumulative step wall-clock reached ``seconds``:
+  the mean over the ``window`` steps ending at the last step done by then (nan when
+  none was, or when the run ended before ``seconds``: it would have gone on)."""
+  clock = np.cumsum([r["time_total_s"] for r in metrics])
+  done = int(np.searchsorted(clock, seconds * (1 + 1e-9), side="right"))  # sums' rounding
+  if not done or not math.isfinite(seconds) or (done == len(metrics)
+                                                and clock[-1] < seconds * (1 - 1e-9)):
+    return float("nan")
+  return float(np.mean([r["reward_mean"] for r in metrics[max(0, done - window):done]]))
+
+
+def sampled_accuracy_at_time(metrics: Sequence[dict[str, Any]], seconds: float) -> float:
+  """The held-out sampled accuracy of the last evaluation a run made within its first
+  ``seconds`` of step wall-clock (nan when it made none, or ended before then)."""
+  clock = np.cumsum([r["time_total_s"] for r in metrics])
+  if not len(metrics) or not math.isfinite(seconds) or clock[-1] < seconds * (1 - 1e-9):
+    return float("nan")
+  evals = [r["eval_sampled_accuracy"] for r, t in zip(metrics, clock)
+           if t <= seconds * (1 + 1e-9) and "eval_sampled_accuracy" in r]
+  return float(evals[-1]) if evals else float("nan")
+
+
 def window_mean(metrics: Sequence[dict[str, Any]], key: str, end: str,
                 window: int = TREND_WINDOW) -> float:
   """Mean of ``key`` over the first (``end="start"``) or last ``window`` steps that
@@ -282,6 +307,13 @@ def results_table(arms: Sequence[dict[str, Any]],
                and r["static_g"] == largest_g]
     row["speedup_vs_largest_static"] = (largest[0]["wall_clock_s"] / row["wall_clock_s"]
                                         if largest else float("nan"))
+    # At equal wall-clock: where this run stood when the same seed's SAGC run ended
+    # (the fair comparison for a method that trades rollouts for time; claims.py).
+    sagc = [r for r in rows if r["algorithm"] == row["algorithm"]
+            and r["seed"] == row["seed"] and r["controller"] == "sagc"]
+    seconds = sagc[0]["wall_clock_s"] if sagc else float("nan")
+    row["reward_at_sagc_time"] = reward_at_time(arm["rows"], seconds)
+    row["sampled_accuracy_at_sagc_time"] = sampled_accuracy_at_time(arm["rows"], seconds)
   return rows
 
 

@@ -86,6 +86,22 @@ def test_time_to_target_is_the_first_crossing_of_the_trailing_mean():
   assert np.isnan(compare.time_to_target(rows, None))
 
 
+def test_reward_and_accuracy_at_a_wall_clock_are_read_off_the_cumulative_clock():
+  rows = [{"reward_mean": float(i), "time_total_s": 2.0} for i in range(1, 13)]
+  rows[3]["eval_sampled_accuracy"] = 0.25             # evaluated after step 4 (t = 8 s)
+  rows[8]["eval_sampled_accuracy"] = 0.5              # after step 9 (t = 18 s)
+  # By 15 s, 7 steps were done (t = 14 s): mean reward of steps 1..7 (window 10) = 4.
+  assert compare.reward_at_time(rows, 15.0) == 4.0
+  assert compare.reward_at_time(rows, 15.0, window=3) == 6.0       # steps 5..7
+  assert compare.reward_at_time(rows, 24.0) == np.mean(range(3, 13))   # its own end
+  assert np.isnan(compare.reward_at_time(rows, 1.0))                # no step done yet
+  assert np.isnan(compare.reward_at_time(rows, 30.0))               # it ended before
+  assert compare.sampled_accuracy_at_time(rows, 15.0) == 0.25
+  assert compare.sampled_accuracy_at_time(rows, 18.0) == 0.5
+  assert np.isnan(compare.sampled_accuracy_at_time(rows, 7.0))
+  assert np.isnan(compare.sampled_accuracy_at_time(rows, 30.0))
+
+
 def test_window_means_give_the_start_and_end_trend():
   rows = [{"response_len_mean": float(i)} for i in range(1, 13)] + [{"other": 1.0}]
   assert compare.window_mean(rows, "response_len_mean", "start") == 3.0     # 1..5
