@@ -79,6 +79,11 @@ JOBS = (
     Job("compare_paper_regime", "The paper's regime on CPU: comparison + claims (3 seeds)",
         29.0, lambda d: [_PY, "-m", "sagc_jax.compare",
                          "--config=configs/compare_paper_regime_cpu.py", f"--workdir={d}"]),
+    Job("compare_paper_regime_evals", "The paper's regime on CPU: accuracy at equal "
+        "wall-clock (SAGC and static 16, evaluations every 4 steps)", 16.0,
+        lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_paper_regime_cpu.py",
+                   "--config.train.eval_every=4", f"--workdir={d}",
+                   "--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
     Job("aot_llama3_2_3b", "Sizing a 3B run: Llama 3.2 3B on v5e:4x4 (TPU AOT)", 8.0,
         lambda d: [_PY, "-m", "sagc_jax.aot", "--config=configs/llama3_2_3b.py",
                    "--topology=v5e:4x4", "--largest_only", "--markdown",
