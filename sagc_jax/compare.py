@@ -218,15 +218,24 @@ def time_to_target(metrics: Sequence[dict[str, Any]], target: float | None,
   return float(clock[hits[0] + window - 1]) if hits.size else float("nan")
 
 
+def _steps_done_by(metrics: Sequence[dict[str, Any]], seconds: float) -> int | None:
+  """How many steps a run had done when its cumulative step wall-clock reached
+  ``seconds`` (a relative 1e-9 absorbs the rounding of summing the same times in
+  another order); None when ``seconds`` is not finite or the run ended before it (it
+  would have gone on)."""
+  clock = np.cumsum([r["time_total_s"] for r in metrics])
+  if not len(metrics) or not math.isfinite(seconds) or clock[-1] < seconds * (1 - 1e-9):
+    return None
+  return int(np.searchsorted(clock, seconds * (1 + 1e-9), side="right"))
+
+
 def reward_at_time(metrics: Sequence[dict[str, Any]], seconds: float,
                    window: int = 10) -> float:
   """The train reward of a run when its cumulative step wall-clock reached ``seconds``:
   the mean over the ``window`` steps ending at the last step done by then (nan when
-  none was, or when the run ended before ``seconds``: it would have gone on)."""
-  clock = np.cumsum([r["time_total_s"] for r in metrics])
-  done = int(np.searchsorted(clock, seconds * (1 + 1e-9), side="right"))  # sums' rounding
-  if not done or not math.isfinite(seconds) or (done == len(metrics)
-                                                and clock[-1] < seconds * (1 - 1e-9)):
+  none was, or when the run ended before ``seconds``)."""
+  done = _steps_done_by(metrics, seconds)
+  if not done:
     return float("nan")
   return float(np.mean([r["reward_mean"] for r in metrics[max(0, done - window):done]]))
 
@@ -234,11 +243,9 @@ def reward_at_time(metrics: Sequence[dict[str, Any]], seconds: float,
 def sampled_accuracy_at_time(metrics: Sequence[dict[str, Any]], seconds: float) -> float:
   """The held-out sampled accuracy of the last evaluation a run made within its first
   ``seconds`` of step wall-clock (nan when it made none, or ended before then)."""
-  clock = np.cumsum([r["time_total_s"] for r in metrics])
-  if not len(metrics) or not math.isfinite(seconds) or clock[-1] < seconds * (1 - 1e-9):
-    return float("nan")
-  evals = [r["eval_sampled_accuracy"] for r, t in zip(metrics, clock)
-           if t <= seconds * (1 + 1e-9) and "eval_sampled_accuracy" in r]
+  done = _steps_done_by(metrics, seconds)
+  evals = [r["eval_sampled_accuracy"] for r in metrics[:done or 0]
+           if "eval_sampled_accuracy" in r]
   return float(evals[-1]) if evals else float("nan")
 
 

@@ -16,7 +16,7 @@ pod in the next collective, so it is turned into an error instead).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -62,12 +62,14 @@ def is_multiprocess() -> bool:
   return jax.process_count() > 1
 
 
-def process_index() -> int:
-  return jax.process_index()
-
-
-def process_count() -> int:
-  return jax.process_count()
+def on_every_process(log: Callable[[str], None]) -> Callable[[str], None]:
+  """``log`` on process 0 (the run's console and log); on the others a print prefixed
+  with the process index, for messages about what that process alone saw (a signal,
+  a failing reward on its share of the rollouts)."""
+  if jax.process_index() == 0:
+    return log
+  index = jax.process_index()
+  return lambda message: print(f"[process {index}] {message}", flush=True)
 
 
 def barrier(name: str) -> None:

@@ -4,9 +4,9 @@ Rebuilds the run from ``DIR/config.json``, restores its newest usable
 checkpoint (or, with ``--hf_path``, evaluates an exported HF checkpoint folder
 instead), and reports held-out accuracy (greedy, sampled, and pass@j / mean@k with
 ``--config.train.eval_k=K``) and the response length distribution on
-``data.eval_split``. ``--config.KEY=VALUE`` changes any setting for this evaluation. Read-only on the run: nothing in DIR is written, truncated or
-moved (a live run can be evaluated safely); ``--out FILE`` also writes the result
-as JSON.
+``data.eval_split``. ``--config.KEY=VALUE`` changes any setting for this
+evaluation. Read-only on the run: nothing in DIR is written, truncated or moved (a
+live run can be evaluated safely); ``--out FILE`` also writes the result as JSON.
 """
 
 from __future__ import annotations

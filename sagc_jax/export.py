@@ -87,8 +87,9 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
   """Writes ``model`` (its weights in their own dtype) as an HF folder at ``out``,
   with every other file of ``folder`` (tokenizer, chat template, generation
   settings); returns the file names. Multi-process: every process must call it
-  (the weights are all-gathered); process 0 writes (the others may pass no folder). ``replace``: an existing ``out``
-  (a step written again after a resume) is replaced once the new folder is complete.
+  (the weights are all-gathered); process 0 writes (the others may pass no folder).
+  ``replace``: an existing ``out`` (a step written again after a resume) is replaced
+  once the new folder is complete.
   """
   import jax
 

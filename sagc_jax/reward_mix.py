@@ -13,9 +13,9 @@ every run did before pluggable rewards). A term is
   functions, ``fn(prompts=[...], completions=[...], **fields)``, where ``fields`` are
   the examples' dataset fields (``answer``, ``id``, ...), one list entry per
   completion (only the fields the function accepts are passed unless it takes
-  ``**kwargs``; ``prompts`` too). It returns one float per completion, or None where the term does not
-  apply (it then adds nothing to that completion's reward, and is left out of the
-  term's logged mean).
+  ``**kwargs``; ``prompts`` too). It returns one float per completion, or None where
+  the term does not apply (it then adds nothing to that completion's reward, and is
+  left out of the term's logged mean).
 
 A user function must never cost the run: when a call raises, times out
 (``reward.timeout_s``) or returns something malformed, each completion is scored on
@@ -114,6 +114,10 @@ def _accepted_keywords(fn: Callable[..., Any]) -> set[str] | None:
 
 
 class _CallFailed(Exception):
+  pass
+
+
+class _CallTimedOut(_CallFailed):
   pass
 
 
@@ -219,7 +223,7 @@ class _RewardWorker:
     if not self._conn.poll(timeout_s):
       self._stop()                   # the next call starts a fresh worker
       self.restarts += 1
-      raise _CallFailed(f"timed out after {timeout_s:g} s (reward.timeout_s)")
+      raise _CallTimedOut(f"timed out after {timeout_s:g} s (reward.timeout_s)")
     try:
       status, payload = self._conn.recv()
     except EOFError:
@@ -281,7 +285,7 @@ class _UserTerm:
         values[r] = self._call(prompts, completions, fields, [r])[0]
       except _CallFailed as err:
         failed[r] = True
-        timeouts += "timed out" in str(err)
+        timeouts += isinstance(err, _CallTimedOut)
         if not self.failures_logged:
           shown = completions[r][:_SHOWN_CHARS] + ("..." if len(completions[r]) >
                                                    _SHOWN_CHARS else "")

@@ -103,7 +103,8 @@ class RLStep:
         group_max=group_max, group_median=group_median, records=records,
         lengths=samples.lengths[:samples.num_rows], scores=result.scores,
         correct=result.correct, formatted=result.formatted, terms=result.terms,
-        reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1)
+        reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots,
+        rollout_s=t1 - t0, reward_s=t2 - t1)
     return rollout_batch(samples, result.scores), stats
 
   def _completion_records(self, local: list[dict], g: int, texts: list[str], own,

@@ -138,9 +138,7 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
     stop_ids.add(int(tokenizer.eos_token_id))
   pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
   # Each process scores its own share: its reward warnings must show on every process.
-  reward_log = log if is_primary else (
-      lambda m: print(f"[process {jax.process_index()}] {m}", flush=True))
-  reward_fn = reward_mix_from_config(config.reward, reward_log)
+  reward_fn = reward_mix_from_config(config.reward, distributed.on_every_process(log))
   return RunInputs(config=config, mesh=mesh, train_source=train_source,
                    eval_source=eval_source, model=model, model_cfg=model_cfg,
                    tokenizer=tokenizer, reward_fn=reward_fn, pad_id=pad_id,

@@ -87,9 +87,10 @@ def main(argv: Sequence[str], flags) -> None:
     # Most often another process died (kill -9, a lost host) and this one's next
     # collective failed. A normal exit would wait in jax.distributed's shutdown barrier
     # for the dead process's heartbeat timeout (~1-2 minutes) and then abort anyway.
+    import jax
     traceback.print_exc()
-    _exit_now(f"error: process {distributed.process_index()} of "
-              f"{distributed.process_count()} stopped: {type(err).__name__}: "
+    _exit_now(f"error: process {jax.process_index()} of "
+              f"{jax.process_count()} stopped: {type(err).__name__}: "
               f"{_first_line(err)}\n(in a multi-process run this usually means another "
               "process died first: see its log; rerun the same command to resume from the "
               "last checkpoint)", 1)

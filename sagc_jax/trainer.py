@@ -272,8 +272,7 @@ class Trainer:
     del frame
     self._stop_requested = True
     # Every process says so (a pod's preemption notice may reach one host only).
-    say = self.log if self.is_primary else (
-        lambda m: print(f"[process {jax.process_index()}] {m}", flush=True))
+    say = distributed.on_every_process(self.log)
     if signum == signal.SIGINT:
       signal.signal(signal.SIGINT, signal.default_int_handler)
       say("SIGINT received: checkpointing after the current step "

@@ -120,7 +120,8 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   shutil.copytree(init_dir, tmp)
   save_pretrained(model, cfg, tmp)
   (tmp / SFT_MARKER).write_text(json.dumps({
-      "steps": sft.steps, "guess_stage_steps": sft.guess_stage_steps, "first_loss": losses[0], "final_loss": losses[-1],
+      "steps": sft.steps, "guess_stage_steps": sft.guess_stage_steps,
+      "first_loss": losses[0], "final_loss": losses[-1],
       "seconds": time.perf_counter() - start}))
   shutil.rmtree(sft_dir, ignore_errors=True)
   tmp.rename(sft_dir)

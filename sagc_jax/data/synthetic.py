@@ -39,8 +39,8 @@ guesses ~13% (chance); RL then raised held-out accuracy by 29-50 points by writi
 work more often, and response lengths doubled. The within-group max/median ratio
 rises while a growing minority of a group writes the work and falls once most do.
 The guess is drawn last, after the example is complete, so data with
-``guess_prob = 0`` is identical to data generated before the knob existed, and every example that is not
-a guess is the always-work example of the same index.
+``guess_prob = 0`` is identical to data generated before the knob existed, and every
+example that is not a guess is the always-work example of the same index.
 
 Determinism and held-out split: example ``i`` of split ``s`` is drawn from its own
 generator seeded with ``(seed, split_code(s), i)``. The prompt space is small (200
