@@ -6,7 +6,7 @@
 #       --workdir DIR
 #
 # Every process runs the same command with SAGC_COORDINATOR / SAGC_NUM_PROCESSES /
-# SAGC_PROCESS_ID / SAGC_LOCAL_DEVICES set; sagc_jax.distributed.initialize() turns them
+# SAGC_PROCESS_ID / SAGC_LOCAL_DEVICES set; sagc_jax.runtime.distributed.initialize() turns them
 # into jax.distributed.initialize(...) with DEVICES_PER_PROCESS CPU devices each. If one
 # process dies, the others end within HEARTBEAT_S seconds [10] (SAGC_HEARTBEAT_TIMEOUT_S).
 # Output of process i goes to LOG_DIR/process_i.log (process 0 is also echoed). The

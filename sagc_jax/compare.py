@@ -35,8 +35,8 @@ import numpy as np
 from sagc_jax.cli import reject_positional, run_absl_tool
 from sagc_jax.claims import claims_markdown, mean_ci
 from sagc_jax.machine import machine_info, machine_line, stamp
-from sagc_jax.metrics import read_jsonl, summarize
-from sagc_jax.storage import is_remote
+from sagc_jax.runtime.metrics import read_jsonl, summarize
+from sagc_jax.runtime.storage import is_remote
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
                   "straggler_event", "straggler_rate", "group_straggler_rate",

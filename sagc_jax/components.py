@@ -21,7 +21,7 @@ from sagc_jax.config import learner_config
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
-from sagc_jax.programs import warm
+from sagc_jax.runtime.compilation import warm
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.sampler import SampleBatch
 

@@ -18,7 +18,7 @@ from sagc_jax import config_checks as checks
 from sagc_jax.controller import controller_from_config
 from sagc_jax.rl.learner import ALGORITHM_PRESETS, DERIVED_FIELDS, LearnerConfig
 from sagc_jax.sampling.sampler import SamplingParams
-from sagc_jax.storage import is_remote
+from sagc_jax.runtime.storage import is_remote
 
 ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
 DATASETS = ("synthetic", "gsm8k_local", "math_local", "jsonl", "parquet")

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from sagc_jax.storage import run_path
+from sagc_jax.runtime.storage import run_path
 
 
 def load_run_config(workdir: Any):
@@ -43,14 +43,14 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
   the result; 0 when the starting policy is evaluated). No learner, optimizer state
   or controller is built, and nothing in ``workdir`` is written.
   """
-  from sagc_jax import compile_count
+  from sagc_jax.runtime import compilation
   from sagc_jax.components import build_eval_samplers
   from sagc_jax.config import validate
   from sagc_jax.evaluation import Evaluator
-  from sagc_jax.programs import warm
+  from sagc_jax.runtime.compilation import warm
   from sagc_jax.run_inputs import (build_run_inputs, configure_compilation_cache,
                                    load_checkpoint_weights)
-  from sagc_jax.storage import cache_root, local_mirror
+  from sagc_jax.runtime.storage import cache_root, local_mirror
 
   # Evaluation measures accuracy with the task verifier only: the training reward's
   # user functions (maybe not importable here) and W&B are not needed.
@@ -59,7 +59,7 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
   config.train.wandb_project = ""
   validate(config)
   root = cache_root(config.train.local_cache_dir)
-  compile_count.install()
+  compilation.install()
   configure_compilation_cache(config, workdir, root, read_only=True)
   inputs = build_run_inputs(config, local_mirror(workdir, root), root, log)
   try:

@@ -42,7 +42,7 @@ def _define_flags():
 
 def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
   """The HF folder the run started from (tokenizer, config, generation settings)."""
-  from sagc_jax.storage import cache_root, local_mirror, stage
+  from sagc_jax.runtime.storage import cache_root, local_mirror, stage
   from sagc_jax.warm_start import SFT_MARKER
 
   root = cache_root(config.train.local_cache_dir)
@@ -64,7 +64,7 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   from sagc_jax.eval import load_run_config
   from sagc_jax.models import from_pretrained
   from sagc_jax.run_inputs import load_checkpoint_weights
-  from sagc_jax.storage import run_path
+  from sagc_jax.runtime.storage import run_path
 
   if run_path(out).exists():
     raise ValueError(f"--out {out} exists already; pick a new folder (nothing is overwritten)")
@@ -94,7 +94,7 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
   import jax
 
   from sagc_jax.models import save_pretrained
-  from sagc_jax.storage import FolderUpload, is_remote, run_path
+  from sagc_jax.runtime.storage import FolderUpload, is_remote, run_path
 
   writer = jax.process_index() == 0
   # A local folder is written next to its destination and renamed into place (a

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax.machine import stamp
-from sagc_jax.storage import run_path
+from sagc_jax.runtime.storage import run_path
 
 
 def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str, Any]],

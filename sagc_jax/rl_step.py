@@ -26,7 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from sagc_jax import compile_count, distributed
+from sagc_jax.runtime import compilation
+from sagc_jax.runtime import distributed
 from sagc_jax.components import RLComponents, prompts_for, rollout_batch
 from sagc_jax.controller import SAGCController, StaticController
 from sagc_jax.data import PromptLoader
@@ -127,7 +128,7 @@ class RLStep:
   def __call__(self, step: int, log=print) -> dict[str, Any]:
     """Runs the step after ``step`` (steps done so far) and returns its metrics row."""
     start = time.perf_counter()
-    compiles_before = compile_count.counts_by_function()
+    compiles_before = compilation.counts_by_function()
     learner = self.components.learner
     g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
@@ -153,7 +154,7 @@ class RLStep:
     ctrl = self.controller.observe(group_max, group_median)
 
     compiled = {name: n - compiles_before.get(name, 0)
-                for name, n in compile_count.counts_by_function().items()
+                for name, n in compilation.counts_by_function().items()
                 if n > compiles_before.get(name, 0)}
     if compiled:     # after warm-up every program should exist: name what did not
       log(f"step {step + 1}: {sum(compiled.values())} new compilation(s): "

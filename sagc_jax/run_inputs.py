@@ -24,13 +24,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax import distributed
+from sagc_jax.runtime import distributed
 from sagc_jax.data import builder_options, load_split
-from sagc_jax.mesh import make_mesh
+from sagc_jax.runtime.mesh import make_mesh
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.reward_mix import RewardMix, reward_mix_from_config
-from sagc_jax.storage import stage
+from sagc_jax.runtime.storage import stage
 from sagc_jax.warm_start import prepare_policy, starting_folder
 
 __all__ = ["RunInputs", "build_run_inputs", "check_prompt_lengths", "configure_compilation_cache",
@@ -154,7 +154,7 @@ def load_checkpoint_weights(model: Transformer, directory: str | os.PathLike,
   checkpoint whose weights read back finite is used; older ones are tried when a newer
   one is damaged (each failure is logged). A given ``step`` must restore or it raises.
   """
-  from sagc_jax.checkpoint import Checkpointer, _all_finite
+  from sagc_jax.runtime.checkpoint import Checkpointer, _all_finite
 
   _, params, _ = nnx.split(model, nnx.Param, ...)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,

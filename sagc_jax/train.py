@@ -57,11 +57,11 @@ def main(argv: Sequence[str], flags) -> None:
   from absl import logging
   import tensorflow_datasets as tfds
 
-  from sagc_jax import distributed
+  from sagc_jax.runtime import distributed
   distributed.initialize(tpu_pod=flags.distributed)   # before any JAX computation
 
-  from sagc_jax.checkpoint import CheckpointWriteError
-  from sagc_jax.metrics import MetricsWriteError
+  from sagc_jax.runtime.checkpoint import CheckpointWriteError
+  from sagc_jax.runtime.metrics import MetricsWriteError
   from sagc_jax.plots import plot_run
   from sagc_jax.trainer import Trainer
 

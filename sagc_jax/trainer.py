@@ -31,19 +31,20 @@ import jax
 import ml_collections
 import numpy as np
 
-from sagc_jax import compile_count, distributed
-from sagc_jax.checkpoint import Checkpointer
+from sagc_jax.runtime import compilation
+from sagc_jax.runtime import distributed
+from sagc_jax.runtime.checkpoint import Checkpointer
 from sagc_jax.components import build_components, candidate_group_sizes, prompts_for
 from sagc_jax.config import FILE_DATASETS, validate
 from sagc_jax.controller import controller_from_config
 from sagc_jax.data import PromptLoader
 from sagc_jax.evaluation import Evaluator
-from sagc_jax.metrics import MetricsWriter, read_jsonl, summarize
+from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.rl_step import RLStep
 from sagc_jax.run_inputs import build_run_inputs, configure_compilation_cache
-from sagc_jax.run_lock import RunLock
-from sagc_jax.storage import cache_root, local_mirror, run_path
+from sagc_jax.runtime.run_lock import RunLock
+from sagc_jax.runtime.storage import cache_root, local_mirror, run_path
 
 _TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
                 "learner_seconds", "eval_seconds")
@@ -107,7 +108,7 @@ class Trainer:
                                  sync_secs=config.train.metrics_sync_secs,
                                  local_dir=self.local_dir)
     self.log = log or (print if read_only else self.metrics.log)
-    compile_count.install()
+    compilation.install()
     configure_compilation_cache(config, self.workdir, self.cache_root, read_only)
     self.inputs = build_run_inputs(config, self.local_dir, self.cache_root, self.log)
     self.model = self.inputs.model

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sagc_jax.checkpoint import Checkpointer, CheckpointMismatch
+from sagc_jax.runtime.checkpoint import Checkpointer, CheckpointMismatch
 from sagc_jax.trainer import config_changes
 
 
@@ -89,7 +89,7 @@ def test_config_changes_names_every_changed_key():
 _WRITE_FAILURE_SCRIPT = """
 import os, shutil, sys, time
 import jax.numpy as jnp
-from sagc_jax.checkpoint import Checkpointer, CheckpointWriteError
+from sagc_jax.runtime.checkpoint import Checkpointer, CheckpointWriteError
 ckpt = Checkpointer(sys.argv[1], log=print)
 ckpt.save(1, {"w": jnp.ones((3,))}, {"m": jnp.ones((3,))}, {"step": 1})
 ckpt.wait()

@@ -54,7 +54,7 @@ def test_completions_are_logged_every_n_steps_with_their_rewards(shared, tmp_pat
 
 
 def test_a_resumed_run_drops_the_completions_of_steps_it_redoes(tmp_path):
-  from sagc_jax.metrics import MetricsWriter
+  from sagc_jax.runtime.metrics import MetricsWriter
   writer = MetricsWriter(tmp_path, 10, tensorboard=False)
   for step in (1, 2, 3):
     writer.write_completions(step, [{"group": 0, "prompt": "p", "completion": "c",

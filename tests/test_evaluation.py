@@ -67,7 +67,7 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_pat
   greedy and one-sample results do not change with k."""
   from test_trainer import small_config
 
-  from sagc_jax import compile_count
+  from sagc_jax.runtime import compilation
   from sagc_jax.trainer import Trainer
 
   root = tmp_path_factory.mktemp("evaluation_shared")
@@ -83,10 +83,10 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_pat
   trainer = Trainer(config, tmp_path / "with_k", log=lambda m: None)
   try:
     trainer.warmup()
-    compile_count.install()
-    before = compile_count.compile_count()
+    compilation.install()
+    before = compilation.compile_count()
     with_k = trainer.evaluate()
-    assert compile_count.compile_count() == before
+    assert compilation.compile_count() == before
   finally:
     trainer.close()
   for key, value in plain.items():

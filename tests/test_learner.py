@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sagc_jax import compile_count
+from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, tiny_config
 from sagc_jax.rl.learner import Learner, LearnerConfig
 from sagc_jax.components import rollout_batch
@@ -194,7 +194,7 @@ def test_zero_compilations_after_warmup_across_group_sizes(samples, packing):
   # 8-row microbatch per response bucket.
   expected = 3 + 2 * (2 * 4 if packing else 2)
   assert learner.warmup() == expected
-  before = compile_count.compile_count()
+  before = compilation.compile_count()
   rng = np.random.default_rng(1)
   for step in range(10):
     batch = samples[int(rng.integers(0, 2))]
@@ -206,7 +206,7 @@ def test_zero_compilations_after_warmup_across_group_sizes(samples, packing):
     metrics = learner.update(trimmed, seed=step)
     assert metrics["response_bucket"] == (6 if cut <= 6 else N_NEW)
     assert metrics["updates"] == 2
-  assert compile_count.compile_count() == before
+  assert compilation.compile_count() == before
   assert learner.num_executables == expected
 
 

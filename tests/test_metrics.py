@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tensorboardX.proto.event_pb2 import Event
 
-from sagc_jax.metrics import MetricsWriter, read_jsonl
+from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_full_disk_is_raised_naming_the_file_not_hung(tmp_path):
   script = textwrap.dedent(f"""
       import io, resource, signal, sys
       sys.path.insert(0, {str(REPO)!r})
-      from sagc_jax.metrics import MetricsWriteError, MetricsWriter
+      from sagc_jax.runtime.metrics import MetricsWriteError, MetricsWriter
       writer = MetricsWriter({str(tmp_path)!r}, 10**6, stream=io.StringIO())
       signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
       resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))

@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sagc_jax import compile_count
-from sagc_jax.programs import ProgramCache, WarmupJob, warm
+from sagc_jax.runtime import compilation
+from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 
 
 def _cache(scale: float) -> tuple[ProgramCache, list]:
@@ -23,18 +23,18 @@ def test_warm_compiles_each_missing_key_once_and_get_reuses_it():
   b, b_lowered = _cache(3.0)
   jobs = [WarmupJob(a, [3, 5, 3], (jnp.float32,)), WarmupJob(b, [5], (jnp.float32,)),
           WarmupJob(a, [5, 7], (jnp.float32,))]
-  before = compile_count.compile_count()
+  before = compilation.compile_count()
   assert warm(jobs, workers=2) == 4          # a: 3, 5, 7; b: 5
-  assert compile_count.compile_count() - before == 4
+  assert compilation.compile_count() - before == 4
   assert a_lowered == [3, 5, 7] and b_lowered == [5]
   assert len(a) == 3 and 7 in a and 7 not in b
   assert warm(jobs) == 0                     # nothing missing: nothing lowered again
   assert a_lowered == [3, 5, 7]
-  after_warm = compile_count.compile_count()
+  after_warm = compilation.compile_count()
   x = np.arange(5, dtype=np.float32)
   np.testing.assert_allclose(a.get(5)(x), np.cumsum(2.0 * x))
   np.testing.assert_allclose(b.get(5)(x), np.cumsum(3.0 * x))
-  assert compile_count.compile_count() == after_warm
+  assert compilation.compile_count() == after_warm
   # A key outside the warm-up compiles on first use, once.
   np.testing.assert_allclose(b.get(2, jnp.float32)(x[:2]), [0.0, 3.0])
-  assert compile_count.compile_count() == after_warm + 1 and len(b) == 2
+  assert compilation.compile_count() == after_warm + 1 and len(b) == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sagc_jax.run_lock import LOCK_NAME, RunLock, WorkdirLocked
+from sagc_jax.runtime.run_lock import LOCK_NAME, RunLock, WorkdirLocked
 
 REPO = Path(__file__).resolve().parents[1]
 

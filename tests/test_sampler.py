@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 
 import hf_fixtures as hf
-from sagc_jax import compile_count
+from sagc_jax.runtime import compilation
 from sagc_jax.models import from_pretrained
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.group_stats import LengthStatsSink
@@ -231,7 +231,7 @@ def test_zero_compilations_after_warmup_across_random_group_sizes(llama, segment
   else:
     expected = 6
   assert sampler.warmup(llama.model) == expected
-  before_total = compile_count.compile_count()
+  before_total = compilation.compile_count()
   rng = np.random.default_rng(9)
   slots, full = 0, 0
   for step in range(20):
@@ -241,7 +241,7 @@ def test_zero_compilations_after_warmup_across_random_group_sizes(llama, segment
     assert batch.response_tokens.shape[0] == 2 * g
     slots += batch.decode_slots
     full += 2 * g * batch.decode_steps
-  assert compile_count.compile_count() == before_total
+  assert compilation.compile_count() == before_total
   assert sampler.num_executables == expected
   assert (slots < full) if segment else (slots == full)   # compaction dropped done rows
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sagc_jax import compile_count
+from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, tiny_config
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.rl import losses
@@ -189,12 +189,12 @@ def test_no_compilation_after_warmup_with_every_knob_on_a_mesh(rollouts):
                            attention="blocked", attention_block=8, logits_chunk=8, fsdp=True)
   model = init_model(small_config(), seed=0, init_std=0.1, mesh=mesh, dtype=jnp.bfloat16)
   learner = Learner(model, cfg, (16,), (PROMPT,), (N_NEW,), mesh=mesh)
-  compile_count.install()
+  compilation.install()
   learner.warmup()
-  before = compile_count.compile_count()
+  before = compilation.compile_count()
   for seed in range(2):
     learner.update(rollouts, seed=seed)
-  assert compile_count.compile_count() == before
+  assert compilation.compile_count() == before
 
 
 # ------------------------------------------------------------------- sampler

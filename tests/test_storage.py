@@ -13,7 +13,7 @@ import pytest
 from etils import epath
 
 from gcs_emulator import BUCKET, environment, gcs_emulator
-from sagc_jax import storage
+from sagc_jax.runtime import storage
 from sagc_jax.config import validate
 from sagc_jax.export import export
 from sagc_jax.plots import plot_run
@@ -66,7 +66,7 @@ def test_stage_copies_once_reuses_and_recopies_a_changed_source(gcs, tmp_path):
 
 
 def test_metrics_in_a_bucket_are_rewritten_whole_and_survive_truncation(gcs):
-  from sagc_jax.metrics import MetricsWriter, read_jsonl
+  from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl
 
   workdir = f"{gcs}/metrics_run"
   writer = MetricsWriter(workdir, 5, tensorboard=False, sync_secs=3600,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sagc_jax.checkpoint import CheckpointMismatch
+from sagc_jax.runtime.checkpoint import CheckpointMismatch
 from sagc_jax.config import preset, validate
 from sagc_jax.models import build_tiny_checkpoint
 from sagc_jax.trainer import Trainer, deterministic_view, load_history

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax import compile_count
+from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, tiny_config
-from sagc_jax.programs import warm
+from sagc_jax.runtime.compilation import warm
 from sagc_jax.rl.learner import Learner, LearnerConfig
 from sagc_jax.rl.rollout import RolloutBatch
 
@@ -95,7 +95,7 @@ def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
   warmup_s = time.perf_counter() - start
   vocab = tiny_config().vocab_size
   rng = np.random.default_rng(seed)
-  before = compile_count.compile_count()
+  before = compilation.compile_count()
   records = []
   for step in range(steps):
     g = CANDIDATES[step % len(CANDIDATES)]
@@ -110,7 +110,7 @@ def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
     records.append(row)
     log(f"  [{mix}] step {step + 1}/{steps}: G={g} packed {row['packed_seconds']:.2f} s, "
         f"padded {row['padded_seconds']:.2f} s")
-  compiles = compile_count.compile_count() - before
+  compiles = compilation.compile_count() - before
   timed = records[len(CANDIDATES):]
   lengths = np.concatenate([r.pop("lengths") for r in records])
 
@@ -136,7 +136,7 @@ def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
 
 
 def run(steps: int = 15, seed: int = 0, log=print) -> dict[str, Any]:
-  compile_count.install()
+  compilation.install()
   heavy = run_mix("heavy", steps, seed, log)
   main = run_mix("main_job", steps, seed, log)
   cfg = tiny_config()

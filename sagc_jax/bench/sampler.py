@@ -45,7 +45,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sagc_jax import compile_count
+from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, save_pretrained, tiny_config
 from sagc_jax.sampling import Sampler, SamplingParams
 
@@ -144,9 +144,9 @@ def _throughput(name, model, cfg, torch_model, rows: int, max_new_tokens: int, r
   start = time.perf_counter()
   sampler.warmup(model)
   warmup_s = time.perf_counter() - start
-  before = compile_count.compile_count()
+  before = compilation.compile_count()
   ours, ours_s = _timed(sampler, model, prompt_ids, GROUP, runs, seed)
-  compiles = compile_count.compile_count() - before
+  compiles = compilation.compile_count() - before
   batch = ours[0]
   hf_rows = [p for p in prompt_ids for _ in range(GROUP)]
   _hf_generate(torch_model, hf_rows, max_new_tokens)                   # warm-up
@@ -222,7 +222,7 @@ def run(steps: int = 3, max_new_tokens: int = 128, straggler_tokens: int = 256,
     raise SystemExit(f"the sampler benchmark needs torch and transformers "
                      f"(pip install -e '.[test]'): {err}") from None
   torch.set_num_threads(max(os.cpu_count() or 1, 1))
-  compile_count.install()
+  compilation.install()
   table, models = [], {}
   for name, cfg in (("tiny", tiny_config()), ("small_25m", small_config())):
     model = init_model(cfg, seed=seed, init_std=0.1 if name == "tiny" else 0.05)

@@ -33,7 +33,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.transformer import Transformer, abstract_model, place_state, to_device
+from sagc_jax.models.transformer import Transformer, abstract_model, place_state
+from sagc_jax.runtime.distributed import to_device
 
 __all__ = ["from_pretrained", "hf_tensor_name", "read_config", "save_pretrained"]
 

@@ -65,6 +65,7 @@ from sagc_jax.models.attention import (ATTENTION_KINDS, DECODE_KINDS, AttentionM
                                        decode_attend)
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.rope import apply_rope, rope_cos_sin
+from sagc_jax.runtime.distributed import to_device
 
 __all__ = [
     "ForwardOptions",
@@ -605,13 +606,6 @@ def init_model(cfg: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.float3
     host = _init_value(path, var, rng, init_std).astype(np_dtype)
     var.set_value(to_device(host, shardings[path]))
   return nnx.merge(graphdef, state)
-
-
-def to_device(host: np.ndarray, sharding: jax.sharding.Sharding | None) -> jax.Array:
-  """Host array -> device array; with a sharding each device receives only its slice."""
-  if sharding is None:
-    return jnp.asarray(host)
-  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
 def param_count(model: Transformer) -> int:

@@ -56,10 +56,10 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sagc_jax.distributed import put_global, to_host
+from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.models import sharding as shd
 from sagc_jax.models.transformer import ForwardOptions, Transformer
-from sagc_jax.programs import ProgramCache, WarmupJob, warm
+from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
 from sagc_jax.rl.packing import (LearnerBatch, StepSequences, pack_minibatch, pad_minibatch,

@@ -48,11 +48,11 @@ from flax import nnx
 from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sagc_jax.distributed import put_global, to_host
+from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
                                          cache_sharding, decode_cache_read_for, init_cache)
-from sagc_jax.programs import ProgramCache, WarmupJob, warm
+from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 

@@ -46,10 +46,10 @@ from flax import nnx
 from jax.experimental import io_callback
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sagc_jax.distributed import put_global, to_host
+from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import cache_sharding, init_cache
-from sagc_jax.programs import ProgramCache, WarmupJob
+from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.sampling.group_stats import GroupLengthStats, group_length_stats
 
 # Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"

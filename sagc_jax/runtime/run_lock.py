@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from sagc_jax.storage import is_remote, run_path
+from sagc_jax.runtime.storage import is_remote, run_path
 
 __all__ = ["RunLock", "WorkdirLocked"]
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from sagc_jax.storage import FolderUpload, is_remote, line_file, run_path
+from sagc_jax.runtime.storage import FolderUpload, is_remote, line_file, run_path
 
 __all__ = ["MetricsWriteError", "MetricsWriter", "read_jsonl", "summarize"]
 

@@ -226,8 +226,14 @@ def put_global(value: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
   which is what a multi-process mesh needs; with one process it equals
   ``jax.device_put``.
   """
-  from sagc_jax.models.transformer import to_device
   return to_device(np.asarray(value), sharding)
+
+
+def to_device(host: np.ndarray, sharding: jax.sharding.Sharding | None) -> jax.Array:
+  """Host array -> device array; with a sharding each device receives only its slice."""
+  if sharding is None:
+    return jax.numpy.asarray(host)
+  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
 
 
 def share_sink_stats(group_max: np.ndarray, group_median: np.ndarray, num_groups: int
