@@ -26,7 +26,14 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   app.define_help_flags()       # --help / --helpfull, which app.run would define
   argv = list(sys.argv)
   try:
-    remaining = flags(argv)     # config files load and overrides apply here
+    try:
+      remaining = flags(argv)   # config files load and overrides apply here
+    except SystemExit as done:
+      # absl's help flags print the usage and exit with status 1; asking for help
+      # is not an error.
+      if done.code == 1 and _asks_for_help(argv):
+        raise SystemExit(0) from None
+      raise
   # ml_collections raises AttributeError / KeyError / TypeError for an unknown key or a
   # type it cannot override.
   except (absl_flags.Error, AttributeError, KeyError, TypeError) as err:
@@ -35,6 +42,14 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
     app.run(lambda args: main(args, flags), argv=argv, flags_parser=lambda _: remaining)
   except (ValueError, OSError) as err:     # bad settings, unreadable or missing files
     _fail(str(err))
+
+
+_HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def _asks_for_help(argv: Sequence[str]) -> bool:
+  return any(arg.split("=")[0].replace("--", "-", 1) in
+             {h.replace("--", "-", 1) for h in _HELP_FLAGS} for arg in argv[1:])
 
 
 def _fail(message: str) -> None:
@@ -91,40 +106,3 @@ def apply_config_overrides(config: Any, overrides: Sequence[str]) -> Any:
 def reject_positional(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected positional arguments: {list(argv[1:])}")
-
-
-def config_with_algorithm_override(flags: Any, name: str = "config"):
-  """The parsed config of ``--config``, with a changed ``learner.algorithm`` honoured.
-
-  ``learner.algorithm`` names a preset (``ALGORITHM_PRESETS``): overriding only the
-  label would train the file's algorithm under the other's name. When the command
-  line sets it to something else than the config file does, the preset is re-applied
-  (``apply_algorithm``) and then every other ``--config.learner.*`` override of the
-  command line is applied again, so the user's explicit choices win.
-  """
-  from ml_collections import config_flags
-
-  from sagc_jax.config import apply_algorithm
-
-  config = getattr(flags, name)
-  overrides = config_flags.get_override_values(flags[name])
-  algorithm = overrides.get("learner.algorithm")
-  if algorithm is None or algorithm == _file_config(flags[name]).learner.get("algorithm"):
-    return config
-  with config.unlocked():
-    apply_algorithm(config, algorithm)
-    config.update_from_flattened_dict(
-        {k: v for k, v in overrides.items() if k.startswith("learner.")})
-  return config
-
-
-def _file_config(flag):
-  """The config file's own config (no command-line overrides): evaluated again."""
-  import importlib.util
-
-  from ml_collections import config_flags
-  path, _, arg = config_flags.get_config_filename(flag).partition(":")
-  spec = importlib.util.spec_from_file_location("_sagc_config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg) if arg else module.get_config()

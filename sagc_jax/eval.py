@@ -12,68 +12,13 @@ live run can be evaluated safely); ``--out FILE`` also writes the result as JSON
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
 from typing import Any
 
 from sagc_jax.runtime.storage import run_path
-
-
-def load_run_config(workdir: Any):
-  """The run's ``config.json`` over today's defaults: settings added since the run
-  was written (e.g. ``reward.fns``, ``train.eval_k``) take their default value."""
-  from sagc_jax.config import base_config
-
-  path = workdir / "config.json"
-  if not path.exists():
-    raise SystemExit(f"error: {path} not found: --workdir must be a training run directory")
-  config = base_config()
-  config.update(json.loads(path.read_text()))
-  return config
-
-
-def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
-                 limit: int | None = None, log=print) -> dict[str, Any]:
-  """Held-out evaluation of a run's policy, building only what evaluation needs.
-
-  The data, the starting policy and the greedy and sampled eval samplers; with
-  ``restore`` the newest checkpoint's weights replace the starting ones (``step`` in
-  the result; 0 when the starting policy is evaluated). No learner, optimizer state
-  or controller is built, and nothing in ``workdir`` is written.
-  """
-  from sagc_jax.runtime import compilation
-  from sagc_jax.components import build_eval_samplers
-  from sagc_jax.config import validate
-  from sagc_jax.evaluation import Evaluator
-  from sagc_jax.runtime.compilation import warm
-  from sagc_jax.run_inputs import (build_run_inputs, configure_compilation_cache,
-                                   load_checkpoint_weights)
-  from sagc_jax.runtime.storage import cache_root, local_mirror
-
-  # Evaluation measures accuracy with the task verifier only: the training reward's
-  # user functions (maybe not importable here) and W&B are not needed.
-  config = copy.deepcopy(config)
-  config.reward.update(dict(fns=(), weights=()))
-  config.train.wandb_project = ""
-  validate(config)
-  root = cache_root(config.train.local_cache_dir)
-  compilation.install()
-  configure_compilation_cache(config, workdir, root, read_only=True)
-  inputs = build_run_inputs(config, local_mirror(workdir, root), root, log)
-  try:
-    step = 0
-    if restore:
-      directory = config.train.checkpoint_dir or workdir / "checkpoints"
-      step = load_checkpoint_weights(inputs.model, directory, log=log)
-    evaluator = Evaluator(inputs, *build_eval_samplers(
-        config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids, pad_id=inputs.pad_id),
-                          log=log)
-    warm(evaluator.warmup_jobs(inputs.model), log=log)
-    return {**evaluator.evaluate(inputs.model, limit), "step": step}
-  finally:
-    inputs.close()
+from sagc_jax.training.evaluation import evaluate_run, load_run_config
 
 
 def main(argv: list[str] | None = None) -> int:

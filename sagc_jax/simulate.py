@@ -1,362 +1,20 @@
-"""Rollout-length simulator and synchronous step cost model for tuning SAGC.
+"""``python -m sagc_jax.simulate [--config configs/simulate.py]``: the SAGC
+controller against every static G on simulated rollout lengths, no model needed.
 
-Runs the group-size controllers without any model so that users can study the
-``tau``/``delta`` trade-off before spending accelerator hours:
-
-* ``LengthProcess``: heavy-tailed response lengths whose spread grows over
-  training (log-normal body with a growing sigma, plus a growing probability of
-  "re-check the work" tails that multiply a response's length), truncated at
-  the max response length. Long chain-of-thought RL reports exactly this drift:
-  mean length and its variance rise as the policy learns to reflect.
-* ``CostModel``: one synchronous step = prefill + a lock-step decode that runs
-  until the longest response of the step is done (decode time grows with the
-  step's max length, not its mean) + a learner pass over the padded tokens.
-* Arms: every static G in the candidate set and SAGC, simulated in lock-step
-  on common random numbers: each step draws one length matrix of
-  ``max_prompts x max(G)`` and an arm with G prompts/size reads its top-left
-  block, so differences between arms are the controller's, not the dice's.
-* Two ways of changing G: ``hold_rollouts`` (rows per step fixed, prompts =
-  rollouts / G) and ``hold_prompts`` (prompts fixed, rows = prompts * G).
-
-``python -m sagc_jax.simulate`` runs the default config in seconds, prints the
-comparison table, and writes ``--out`` (JSON) and ``--plot`` (PNG).
+Prints the comparison table in seconds and writes ``--out`` (JSON), ``--plot``
+(PNG) and, with ``--claims_seeds N``, the paper's claims table over N seeds. The
+simulator itself is ``sagc_jax.control.simulator``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import os
-import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-import numpy as np
-
-from sagc_jax import config_checks as checks
 from sagc_jax.cli import reject_positional, run_absl_tool
-from sagc_jax.controller import SAGCController, StaticController, controller_from_config
-from sagc_jax.machine import stamp
 
-MODES = ("hold_rollouts", "hold_prompts")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "simulate.py"
-
-
-@dataclasses.dataclass(frozen=True)
-class LengthProcess:
-  """Heavy-tailed response lengths that drift over training.
-
-  Length of response j of prompt i at step t (progress ``x = t / (steps-1)``)::
-
-      L = clip(round(m(x) * d_i * exp(s(x) * z_ij) * T_ij), 1, max_len)
-
-  with ``m`` the median length, ``d_i ~ LogNormal(0, prompt_sigma)`` the prompt
-  difficulty (shared by the group, so it cancels in max/median), ``z_ij`` a
-  standard normal with spread ``s(x)``, and ``T_ij`` = 1 or, with probability
-  ``q(x)``, a tail factor ~ Uniform[tail_factor_min, tail_factor_max] (the
-  response re-checks its work several times). ``m``, ``s`` and ``q`` move
-  linearly from their ``*_start`` to their ``*_end`` values.
-  """
-
-  steps: int
-  max_len: int
-  median_start: float
-  median_end: float
-  sigma_start: float
-  sigma_end: float
-  tail_prob_start: float
-  tail_prob_end: float
-  tail_factor_min: float
-  tail_factor_max: float
-  prompt_sigma: float
-  seed: int
-
-  def _progress(self, step: int) -> float:
-    return step / max(self.steps - 1, 1)
-
-  def schedule(self, step: int) -> tuple[float, float, float]:
-    """(median, sigma, tail probability) at ``step``."""
-    x = self._progress(step)
-    lerp = lambda a, b: a + (b - a) * x
-    return (lerp(self.median_start, self.median_end),
-            lerp(self.sigma_start, self.sigma_end),
-            lerp(self.tail_prob_start, self.tail_prob_end))
-
-  def draw(self, step: int, prompts: int, group: int) -> np.ndarray:
-    """Lengths of step ``step`` as an int matrix ``[prompts, group]``.
-
-    Deterministic in ``(seed, step)``; arms read top-left blocks of the same
-    matrix (common random numbers).
-    """
-    median, sigma, tail_prob = self.schedule(step)
-    rng = np.random.Generator(np.random.PCG64([self.seed, step]))
-    difficulty = np.exp(self.prompt_sigma * rng.standard_normal((prompts, 1)))
-    body = np.exp(sigma * rng.standard_normal((prompts, group)))
-    tail = rng.random((prompts, group)) < tail_prob
-    factor = rng.uniform(self.tail_factor_min, self.tail_factor_max, (prompts, group))
-    lengths = median * difficulty * body * np.where(tail, factor, 1.0)
-    return np.clip(np.rint(lengths), 1, self.max_len).astype(np.int64)
-
-
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-  """Wall-clock of one synchronous RL step (seconds).
-
-  * prefill: ``prefill_s_per_token * rows * prompt_len``;
-  * decode: every row advances in lock-step until the longest response of the
-    step is done, each iteration costing ``decode_s_per_iter +
-    decode_s_per_row_iter * rows`` (memory-bound: a fixed weight-streaming
-    cost plus a per-row KV-cache cost);
-  * learner: ``learner_s_per_token * rows * (prompt_len + max_len_step)``, the
-    padded tokens (responses padded to the step's longest);
-  * ``step_overhead_s`` for rewards, host work and the optimizer update.
-  """
-
-  prefill_s_per_token: float
-  decode_s_per_iter: float
-  decode_s_per_row_iter: float
-  learner_s_per_token: float
-  step_overhead_s: float
-
-  def step(self, lengths: np.ndarray, prompt_len: int) -> dict[str, float]:
-    rows = lengths.size
-    longest = int(lengths.max())
-    rollout = (self.prefill_s_per_token * rows * prompt_len
-               + longest * (self.decode_s_per_iter + self.decode_s_per_row_iter * rows))
-    learner = self.learner_s_per_token * rows * (prompt_len + longest)
-    return {
-        "rollout_s": rollout,
-        "learner_s": learner,
-        "total_s": rollout + learner + self.step_overhead_s,
-        "real_tokens": float(lengths.sum()),
-        "padded_tokens": float(rows * longest),
-    }
-
-
-def validate_config(config: Any) -> None:
-  """Fails fast, naming the key, on any invalid simulator setting."""
-  steps = checks.positive_int(config, "sim.steps")
-  mode = checks.one_of(config, "sim.mode", MODES)
-  max_len = checks.positive_int(config, "sim.max_len")
-  checks.positive_int(config, "sim.prompt_len")
-  for key in ("median_start", "median_end"):
-    checks.number_in(config, f"sim.{key}", 1.0, max_len)
-  for key in ("sigma_start", "sigma_end", "prompt_sigma"):
-    checks.number_in(config, f"sim.{key}", 0.0)
-  for key in ("tail_prob_start", "tail_prob_end"):
-    checks.number_in(config, f"sim.{key}", 0.0, 1.0)
-  low = checks.number_in(config, "sim.tail_factor_min", 1.0)
-  high = checks.number_in(config, "sim.tail_factor_max", 1.0)
-  if high < low:
-    raise ValueError(f"sim.tail_factor_max={high} is below sim.tail_factor_min={low}")
-  for key in ("prefill_s_per_token", "decode_s_per_iter", "decode_s_per_row_iter",
-              "learner_s_per_token", "step_overhead_s"):
-    checks.number_in(config, f"cost.{key}", 0.0)
-  candidates = tuple(checks.lookup(config, "controller.candidates"))
-  checks.group_budget(config, "sim", mode, candidates)
-  del steps
-
-
-def length_process_from_config(config: Any) -> LengthProcess:
-  sim = config.sim
-  return LengthProcess(
-      steps=sim.steps, max_len=sim.max_len, median_start=sim.median_start,
-      median_end=sim.median_end, sigma_start=sim.sigma_start, sigma_end=sim.sigma_end,
-      tail_prob_start=sim.tail_prob_start, tail_prob_end=sim.tail_prob_end,
-      tail_factor_min=sim.tail_factor_min, tail_factor_max=sim.tail_factor_max,
-      prompt_sigma=sim.prompt_sigma, seed=config.seed)
-
-
-def cost_model_from_config(config: Any) -> CostModel:
-  return CostModel(**{f.name: float(config.cost[f.name]) for f in dataclasses.fields(CostModel)})
-
-
-def prompts_for(g: int, config: Any) -> int:
-  """Prompts per step for group size ``g`` (``config_checks.prompts_per_round``)."""
-  return checks.prompts_per_round(config.sim, g)
-
-
-def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],
-                       delta: float) -> float | None:
-  """Best mean log2 G of any fixed randomised choice of G with rate <= delta.
-
-  Solves ``max sum_k w_k log2 G_k  s.t.  sum_k w_k p_k <= delta, w in simplex``
-  given each static arm's measured straggler rate ``p_k``. A two-constraint LP
-  has an optimal vertex using at most two arms, so checking every single arm
-  and every pair straddling ``delta`` is exact. Returns None when no mixture is
-  feasible.
-  """
-  utility = np.log2(np.asarray(candidates, dtype=np.float64))
-  best = None
-  for i, (u_i, p_i) in enumerate(zip(utility, rates)):
-    if p_i <= delta:
-      best = u_i if best is None else max(best, u_i)
-    for u_j, p_j in zip(utility[i + 1:], rates[i + 1:]):
-      lo, hi = sorted([(p_i, u_i), (p_j, u_j)])
-      if lo[0] < delta < hi[0]:
-        w = (delta - lo[0]) / (hi[0] - lo[0])
-        value = (1 - w) * lo[1] + w * hi[1]
-        best = value if best is None else max(best, value)
-  return None if best is None else float(best)
-
-
-def _arms(config: Any) -> list[tuple[str, SAGCController | StaticController]]:
-  section = config.controller.to_dict()
-  section["kind"] = "sagc"
-  arms = []
-  shared = {k: section[k] for k in ("tau", "delta", "forgetting", "prior_alpha",
-                                    "prior_beta", "seed", "event") if k in section}
-  for g in sorted(section["candidates"]):
-    arms.append((f"static_G{g}", StaticController(g, **shared)))
-  arms.append(("sagc", controller_from_config(section)))
-  return arms
-
-
-def simulate(config: Any) -> dict[str, Any]:
-  """Runs every arm in lock-step; returns per-arm summaries and per-step traces."""
-  validate_config(config)
-  process = length_process_from_config(config)
-  cost = cost_model_from_config(config)
-  arms = _arms(config)
-  candidates = arms[-1][1].candidates
-  max_prompts = max(prompts_for(g, config) for g in candidates)
-  traces = {name: [] for name, _ in arms}
-  started = time.perf_counter()
-  for step in range(config.sim.steps):
-    world = process.draw(step, max_prompts, max(candidates))
-    for name, ctrl in arms:
-      g = ctrl.propose()
-      lengths = world[:prompts_for(g, config), :g]
-      metrics = ctrl.observe(lengths.max(axis=1), np.median(lengths, axis=1))
-      metrics.update(cost.step(lengths, config.sim.prompt_len))
-      traces[name].append(metrics)
-  elapsed = time.perf_counter() - started
-  summary = {name: _summarise(rows) for name, rows in traces.items()}
-  largest = f"static_G{max(candidates)}"
-  for row in summary.values():
-    row["speedup_vs_largest_static"] = summary[largest]["wall_clock_s"] / row["wall_clock_s"]
-  static_rates = [summary[f"static_G{g}"]["straggler_rate"] for g in candidates]
-  delta = float(config.controller.delta)
-  return {
-      "config": config.to_dict(),
-      "candidates": list(candidates),
-      "summary": summary,
-      "best_fixed_mixture_log2_g": best_fixed_mixture(candidates, static_rates, delta),
-      "simulator_seconds": elapsed,
-      "traces": {name: _columns(rows) for name, rows in traces.items()},
-  }
-
-
-def claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
-  """One ``claims`` row per arm of a simulation (``algorithm="simulator"``).
-
-  Rewards, accuracy and output lengths are left out: the simulator has no policy,
-  and every arm reads the same exogenous lengths, so those claims are not applicable.
-  """
-  candidates = result["candidates"]
-  rows = []
-  for name, summary in result["summary"].items():
-    trace = result["traces"][name]
-    static = name != "sagc"
-    rows.append({
-        "algorithm": "simulator", "controller": "static" if static else "sagc",
-        "static_g": int(name.removeprefix("static_G")) if static else "", "seed": seed,
-        "step_straggler_rate": summary["step_straggler_rate"],
-        "group_straggler_rate": summary["group_straggler_rate"],
-        "wall_clock_s": summary["wall_clock_s"],
-        "p_smallest_end": trace.get(f"p_mean/G{min(candidates)}", [math.nan])[-1],
-        "p_largest_end": trace.get(f"p_mean/G{max(candidates)}", [math.nan])[-1]})
-  return rows
-
-
-def simulate_claims(config: Any, seeds: int) -> tuple[str, list[dict[str, Any]]]:
-  """The claims table (``sagc_jax.claims``) over ``seeds`` simulations: seed k draws
-  the lengths with ``config.seed + k`` and seeds the controllers with
-  ``controller.seed + k``."""
-  from sagc_jax.claims import claims_markdown
-
-  rows = []
-  for k in range(seeds):
-    seeded = config.copy_and_resolve_references()
-    seeded.seed = config.seed + k
-    seeded.controller.seed = config.controller.seed + k
-    rows += claim_rows(simulate(seeded), k)
-  return claims_markdown(rows), rows
-
-
-def _summarise(rows: list[dict[str, float]]) -> dict[str, float]:
-  col = lambda key: np.array([r[key] for r in rows])
-  return {
-      "straggler_rate": float(col("straggler_rate").mean()),
-      "group_straggler_rate": float(col("group_straggler_rate").mean()),
-      "step_straggler_rate": float(col("step_straggler").mean()),
-      "wall_clock_s": float(col("total_s").sum()),
-      "rollout_s": float(col("rollout_s").sum()),
-      "learner_s": float(col("learner_s").sum()),
-      "mean_g": float(col("g").mean()),
-      "mean_log2_g": float(col("log2_g").mean()),
-      "padding_efficiency": float(col("real_tokens").sum() / col("padded_tokens").sum()),
-      "rollouts": float((col("g") * col("n_groups")).sum()),
-  }
-
-
-def _columns(rows: list[dict[str, float]]) -> dict[str, list[float]]:
-  return {key: [r[key] for r in rows] for key in rows[0]}
-
-
-def format_table(result: dict[str, Any]) -> str:
-  """Human-readable comparison table (one line per arm)."""
-  header = (f"{'arm':<12} {'groups':>7} {'steps':>7} {'wall_s':>10} {'rollout_s':>10} "
-            f"{'speedup':>8} {'mean_G':>7} {'log2_G':>7} {'pad_eff':>8}")
-  lines = [f"straggler rates: 'groups' = fraction of groups, 'steps' = fraction of steps "
-           f"with a straggler; the constraint uses "
-           f"{result['config']['controller'].get('event', 'group')!r}", header,
-           "-" * len(header)]
-  for name, row in result["summary"].items():
-    lines.append(
-        f"{name:<12} {row['group_straggler_rate']:>7.3f} {row['step_straggler_rate']:>7.3f} "
-        f"{row['wall_clock_s']:>10.1f} "
-        f"{row['rollout_s']:>10.1f} {row['speedup_vs_largest_static']:>8.2f} "
-        f"{row['mean_g']:>7.2f} {row['mean_log2_g']:>7.3f} {row['padding_efficiency']:>8.3f}")
-  best = result["best_fixed_mixture_log2_g"]
-  delta = result["config"]["controller"]["delta"]
-  event = result["config"]["controller"].get("event", "group")
-  lines.append(f"best fixed randomised G with {event} straggler rate <= {delta}: mean log2 G = "
-               + ("infeasible" if best is None else f"{best:.3f}"))
-  return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: str | os.PathLike) -> None:
-  """PNG of SAGC's G, lambda and posterior means, and every arm's running rate."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  trace = result["traces"]["sagc"]
-  steps = np.arange(len(trace["g"]))
-  fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
-  axes[0].step(steps, trace["g"], where="post", lw=0.8)
-  axes[0].set_ylabel("SAGC G")
-  axes[0].set_yscale("log", base=2)
-  axes[1].plot(steps, trace["lambda"], lw=0.8)
-  axes[1].set_ylabel("lambda")
-  for g in result["candidates"]:
-    axes[2].plot(steps, trace[f"p_mean/G{g}"], lw=0.8, label=f"G={g}")
-  axes[2].set_ylabel("posterior mean p(G)")
-  axes[2].legend(loc="upper left", fontsize=8)
-  delta = result["config"]["controller"]["delta"]
-  for name, arm in result["traces"].items():
-    running = np.cumsum(arm["straggler_rate"]) / (steps + 1)
-    axes[3].plot(steps, running, lw=0.8, label=name)
-  axes[3].axhline(delta, color="k", ls="--", lw=0.8, label="delta")
-  axes[3].set_ylabel("running straggler rate")
-  axes[3].set_xlabel("step")
-  axes[3].legend(loc="upper left", fontsize=8, ncol=2)
-  stamp(fig)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "simulate.py"
 
 
 def _define_flags():
@@ -368,13 +26,17 @@ def _define_flags():
   flags.DEFINE_string("out", "runs/simulate/results.json", "JSON output path.")
   flags.DEFINE_string("plot", None, "PNG plot path (default: --out with .png).")
   flags.DEFINE_integer("claims_seeds", 0, "also run this many seeds and write the paper's "
-                       "claims table (sagc_jax.claims) next to --out as claims.md")
+                       "claims table (sagc_jax.experiments.claims) next to --out as claims.md")
   return flags.FLAGS
 
 
 def main(argv: Sequence[str], flags) -> None:
   reject_positional(argv)
   config = flags.config
+  from sagc_jax.control.simulator import format_table, simulate
+  from sagc_jax.experiments.claims import simulate_claims
+  from sagc_jax.experiments.plots import plot_simulation
+
   result = simulate(config)
   print(f"SAGC simulator: {config.sim.steps} steps, mode={config.sim.mode}, "
         f"candidates={tuple(config.controller.candidates)}, tau={config.controller.tau}, "
@@ -384,7 +46,7 @@ def main(argv: Sequence[str], flags) -> None:
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=1))
   plot_path = Path(flags.plot) if flags.plot else out.with_suffix(".png")
-  plot(result, plot_path)
+  plot_simulation(result, plot_path)
   print(f"wrote {out} and {plot_path}")
   if flags.claims_seeds < 0:
     raise ValueError(f"--claims_seeds={flags.claims_seeds} must be >= 0")

@@ -13,7 +13,7 @@ import sys
 import traceback
 from typing import Sequence
 
-from sagc_jax.cli import config_with_algorithm_override, reject_positional, run_absl_tool
+from sagc_jax.cli import reject_positional, run_absl_tool
 
 def _define_flags():
   from absl import flags
@@ -62,14 +62,14 @@ def main(argv: Sequence[str], flags) -> None:
 
   from sagc_jax.runtime.checkpoint import CheckpointWriteError
   from sagc_jax.runtime.metrics import MetricsWriteError
-  from sagc_jax.plots import plot_run
-  from sagc_jax.trainer import Trainer
+  from sagc_jax.experiments.plots import plot_run
+  from sagc_jax.training.loop import Trainer
 
   # Keep the console to our own progress lines (library INFO logs go to absl's log file).
   logging.set_verbosity(logging.WARNING)
   tfds.disable_progress_bar()
 
-  trainer = Trainer(config_with_algorithm_override(flags), flags.workdir)
+  trainer = Trainer(flags.config, flags.workdir)
   try:
     try:
       summary = trainer.run(max_steps=flags.max_steps)

@@ -149,7 +149,7 @@ def test_decode_step_updates_the_cache_in_place_at_qwen_layout(tmp_path):
 
   from sagc_jax.aot.compile_report import _per_device_bytes, topology_mesh
   from sagc_jax.aot.hbm_traffic import hbm_traffic
-  from sagc_jax.components import build_components
+  from sagc_jax.training.build import build_components
   from sagc_jax.models.config import ModelConfig
   from sagc_jax.models.transformer import abstract_model
 

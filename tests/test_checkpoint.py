@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.runtime.checkpoint import Checkpointer, CheckpointMismatch
-from sagc_jax.trainer import config_changes
+from sagc_jax.training.loop import config_changes
 
 
 def _params(width=4, value=1.0):

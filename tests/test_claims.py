@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sagc_jax import claims
+from sagc_jax.experiments import claims
 
 T2 = 4.303     # Student-t 97.5% quantile, 2 degrees of freedom (3 seeds)
 

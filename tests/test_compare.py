@@ -13,8 +13,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from sagc_jax import compare
-from sagc_jax.config import preset, validate
+from sagc_jax.experiments import compare
+from sagc_jax.config import learner_config, preset, validate
 from test_trainer import shared, small_config  # noqa: F401 (shared is a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,8 +40,19 @@ def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
       assert arm.controller.static_g == int(name.split("static")[1])
     else:
       assert arm.controller.kind == "sagc"
-  assert arms["dapo_sagc"].learner.dynamic_sampling and arms["dapo_sagc"].learner.kl_coef == 0
-  assert arms["grpo_static4"].learner.kl_coef > 0
+  dapo, grpo = learner_config(arms["dapo_sagc"]), learner_config(arms["grpo_static4"])
+  assert dapo.dynamic_sampling and dapo.kl_coef == 0 and dapo.clip_high == 0.28
+  assert grpo.kl_coef > 0 and not grpo.dynamic_sampling
+
+
+def test_arms_run_the_recipes_and_grpo_keeps_the_files_kl():
+  config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
+  config.learner.kl_coef = 0.01
+  config.learner.clip_high = 0.3           # tuned for one algorithm: not shared
+  arms = compare.arm_configs(config)
+  grpo, dapo = learner_config(arms["grpo_sagc"]), learner_config(arms["dapo_sagc"])
+  assert (grpo.kl_coef, grpo.clip_high) == (0.01, 0.2)
+  assert (dapo.kl_coef, dapo.clip_high) == (0.0, 0.28)
   with pytest.raises(ValueError, match="unknown arm"):
     compare.select_arms(arms, "grpo_sagc,ppo_sagc")
 

@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from sagc_jax.controller import (SAGCController, StaticController,
+from sagc_jax.control.controller import (SAGCController, StaticController,
                                  controller_from_config, straggler_flags)
 
 CANDIDATES = (4, 8, 16)
@@ -330,7 +330,7 @@ def test_from_config_builds_both_kinds_and_names_bad_keys():
 
 
 def test_controller_module_does_not_import_jax():
-  code = ("import sys, sagc_jax.controller; "
+  code = ("import sys, sagc_jax.control.controller; "
           "sys.exit(1 if any(m == 'jax' or m.startswith('jax.') for m in sys.modules) else 0)")
   assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -425,7 +425,7 @@ def test_controller_imports_and_runs_with_numpy_alone():
       "    if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'transformers', 'torch'):\n"
       "      raise ImportError('blocked ' + name)\n"
       "sys.meta_path.insert(0, Block())\n"
-      "from sagc_jax.controller import SAGCController\n"
+      "from sagc_jax.control.controller import SAGCController\n"
       "c = SAGCController((4, 8, 16), tau=2.0, delta=0.2, seed=0)\n"
       "g = c.propose()\n"
       "c.observe([10.0] * 4, [5.0] * 4)\n"

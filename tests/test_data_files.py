@@ -250,7 +250,7 @@ def test_config_keys_and_validation(tmp_path):
 
 
 def test_run_inputs_reads_a_jsonl_dataset(tmp_path):
-  from sagc_jax.run_inputs import build_run_inputs
+  from sagc_jax.training.inputs import build_run_inputs
 
   rows = [{"question": f"{a}+{b}=?", "answer": a + b} for a, b in ((1, 2), (3, 4), (5, 6))]
   write_jsonl(tmp_path / "m" / "train.jsonl", rows)

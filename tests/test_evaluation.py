@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import preset, validate
-from sagc_jax.evaluation import length_stats, pass_at_k
+from sagc_jax.training.evaluation import length_stats, pass_at_k
 
 
 def _pass_at_j_by_enumeration(row: np.ndarray, j: int) -> float:
@@ -68,7 +68,7 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_pat
   from test_trainer import small_config
 
   from sagc_jax.runtime import compilation
-  from sagc_jax.trainer import Trainer
+  from sagc_jax.training.loop import Trainer
 
   root = tmp_path_factory.mktemp("evaluation_shared")
   config = small_config({"data_dir": str(root / "tfds"), "cache": str(root / "cache")})

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import hf_fixtures as hf
-from sagc_jax.export import export
+from sagc_jax.training.export import export
 from sagc_jax.models import from_pretrained
-from sagc_jax.trainer import Trainer
+from sagc_jax.training.loop import Trainer
 from test_trainer import run, shared, small_config  # noqa: F401 (fixture)
 
 torch = pytest.importorskip("torch")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sagc_jax import figures
-from sagc_jax.machine import machine_info, machine_line, stamp
+from sagc_jax.experiments import figures
+from sagc_jax.experiments.machine import machine_info, machine_line, stamp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,6 +55,6 @@ def test_figures_cli_runs_jobs_records_the_machine_and_resumes(tmp_path):
 
 def test_unknown_jobs_are_refused_with_the_list():
   with pytest.raises(ValueError, match=r"unknown job\(s\) \['nope'\]; the jobs are: main_job"):
-    figures._select("simulate,nope", None)
-  assert [j.name for j in figures._select(None, "aot_llama3_2_3b,aot_qwen2_5_3b")] == [
+    figures.select_jobs("simulate,nope", None)
+  assert [j.name for j in figures.select_jobs(None, "aot_llama3_2_3b,aot_qwen2_5_3b")] == [
       j.name for j in figures.JOBS if not j.name.startswith("aot_")]

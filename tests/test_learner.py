@@ -12,8 +12,9 @@ from flax import nnx
 
 from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, tiny_config
-from sagc_jax.rl.learner import Learner, LearnerConfig
-from sagc_jax.components import rollout_batch
+from sagc_jax.rl.config import LearnerConfig
+from sagc_jax.rl.learner import Learner
+from sagc_jax.training.build import rollout_batch
 from sagc_jax.rl.rollout import concat_rollouts, select_groups
 from sagc_jax.sampling import Sampler, SamplingParams
 

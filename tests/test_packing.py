@@ -14,7 +14,8 @@ from flax import nnx
 from sagc_jax.models import init_model
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.rl import losses
-from sagc_jax.rl.learner import Learner, LearnerConfig
+from sagc_jax.rl.config import LearnerConfig
+from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.packing import (first_fit_decreasing, ladder_split, row_ladder,
                                  sequence_weights)
 from sagc_jax.rl.rollout import RolloutBatch

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import preset, validate
-from sagc_jax.reward_mix import RewardMix, RewardTerm, check_reward_config, term_name
+from sagc_jax.rewards.mix import RewardMix, RewardTerm, check_reward_config, term_name
 
 COMPLETIONS = ["12-3=9\nanswer 9", "answer 4", "no answer here", "answer 7\n"]
 ANSWERS = ["9", "5", "3", "7"]
@@ -217,7 +217,7 @@ def test_training_logs_each_term_and_the_weighted_total(tmp_path, tmp_path_facto
                                  "test_reward_mix:fails_on_odd_length"),
                             weights=(1.0, 0.5, 0.25)))
   run(config, tmp_path)
-  from sagc_jax.trainer import load_history
+  from sagc_jax.training.loop import load_history
   rows = load_history(tmp_path)
   assert len(rows) == 2
   for row in rows:

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from sagc_jax.rewards import (REWARD_NAMES, ExactMatchReward, MathVerifyReward, RewardResult,
+from sagc_jax.rewards.verifiers import (REWARD_NAMES, ExactMatchReward, MathVerifyReward, RewardResult,
                               extract_synthetic_answer, last_boxed_content, make_reward_fn)
 
 

@@ -23,8 +23,9 @@ from sagc_jax.models import init_model, tiny_config
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
-from sagc_jax.rl.learner import Learner, LearnerConfig
-from sagc_jax.components import rollout_batch
+from sagc_jax.rl.config import LearnerConfig
+from sagc_jax.rl.learner import Learner
+from sagc_jax.training.build import rollout_batch
 from sagc_jax.sampling import Sampler, SamplingParams
 
 PROMPT, N_NEW = 8, 12

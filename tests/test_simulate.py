@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sagc_jax import simulate
+from sagc_jax.control import simulator as simulate
+from sagc_jax.control.budget import ROLLOUT_MODES, prompts_per_round
+from sagc_jax.experiments.claims import simulate_claims
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +78,7 @@ def test_best_fixed_mixture_matches_brute_force():
       assert got == pytest.approx(best, abs=5e-3)
 
 
-@pytest.mark.parametrize("mode", simulate.MODES)
+@pytest.mark.parametrize("mode", ROLLOUT_MODES)
 def test_simulation_arms_share_random_streams(mode):
   config = load_default_config()
   config.sim.steps = 60
@@ -87,7 +89,7 @@ def test_simulation_arms_share_random_streams(mode):
   # Re-derive static G=8's straggler rate directly from the length process.
   rates = []
   for t in range(60):
-    block = process.draw(t, simulate.prompts_for(4, config), 16)[:simulate.prompts_for(8, config), :8]
+    block = process.draw(t, prompts_per_round(config.sim, 4), 16)[:prompts_per_round(config.sim, 8), :8]
     rates.append(np.mean(block.max(1) > 2.0 * np.median(block, 1)))
   assert result["summary"]["static_G8"]["straggler_rate"] == pytest.approx(np.mean(rates))
   assert result["summary"]["static_G16"]["speedup_vs_largest_static"] == 1.0
@@ -138,11 +140,11 @@ def test_cli_reports_bad_override_with_key(tmp_path):
 
 
 def test_claims_rows_are_per_seed_simulations_and_the_table_covers_every_claim():
-  from sagc_jax.claims import CLAIMS
+  from sagc_jax.experiments.claims import CLAIMS
 
   config = load_default_config()
   config.sim.steps = 150
-  table, rows = simulate.simulate_claims(config, seeds=3)
+  table, rows = simulate_claims(config, seeds=3)
   arms = len(config.controller.candidates) + 1
   assert len(rows) == 3 * arms and {r["seed"] for r in rows} == {0, 1, 2}
   # Seed k is exactly the simulation with seed + k (lengths and controller RNG).

@@ -102,7 +102,7 @@ def test_kernel_cost_counts_the_tiles_the_kernel_visits():
 
 
 def test_a_run_off_tpu_refuses_splash_and_names_the_alternative():
-  from sagc_jax.components import build_components
+  from sagc_jax.training.build import build_components
   from sagc_jax.config import tiny_cpu_config
   from sagc_jax.runtime.mesh import make_mesh
   from sagc_jax.models import init_model, tiny_config

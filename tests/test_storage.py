@@ -15,9 +15,9 @@ from etils import epath
 from gcs_emulator import BUCKET, environment, gcs_emulator
 from sagc_jax.runtime import storage
 from sagc_jax.config import validate
-from sagc_jax.export import export
-from sagc_jax.plots import plot_run
-from sagc_jax.trainer import deterministic_view, load_history
+from sagc_jax.training.export import export
+from sagc_jax.experiments.plots import plot_run
+from sagc_jax.training.loop import deterministic_view, load_history
 from test_trainer import run, shared, small_config  # noqa: F401 (fixture)
 
 

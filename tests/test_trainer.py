@@ -20,7 +20,7 @@ from flax import nnx
 from sagc_jax.runtime.checkpoint import CheckpointMismatch
 from sagc_jax.config import preset, validate
 from sagc_jax.models import build_tiny_checkpoint
-from sagc_jax.trainer import Trainer, deterministic_view, load_history
+from sagc_jax.training.loop import Trainer, deterministic_view, load_history
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {"step", "g", "lambda", "p_mean/G2", "p_mean/G4", "straggler_rate",
@@ -340,9 +340,9 @@ def test_eval_builds_only_what_evaluation_needs_and_matches_the_trainer(shared, 
   """``evaluate_run`` (the eval CLI) builds no learner, optimizer or controller, yet
   measures what the trainer measured for the same checkpoint; with the newest
   checkpoint damaged it falls back to the previous one and moves nothing."""
-  from sagc_jax import eval as eval_cli
+  from sagc_jax.training import evaluation as eval_cli
   from sagc_jax.rl import learner as learner_module
-  from sagc_jax import controller as controller_module
+  from sagc_jax.control import controller as controller_module
 
   config = small_config(shared, steps=2)
   config.train.update(dict(eval_every=1, checkpoint_every=1))   # both at steps 1 and 2

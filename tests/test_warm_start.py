@@ -12,7 +12,7 @@ from sagc_jax.config import tiny_cpu_config
 from sagc_jax.data import load_split
 from sagc_jax.data.synthetic import SyntheticConfig, draw_example
 from sagc_jax.models import from_pretrained, load_tokenizer
-from sagc_jax.warm_start import SFT_MARKER, answer_only, prepare_policy
+from sagc_jax.training.warm_start import SFT_MARKER, answer_only, prepare_policy
 
 
 def test_answer_only_reduces_the_given_share_and_keeps_the_rest():

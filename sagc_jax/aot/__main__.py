@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import config_with_algorithm_override, reject_positional, run_absl_tool
+from sagc_jax.cli import reject_positional, run_absl_tool
 
 
 def _define_flags():
@@ -104,7 +104,7 @@ def main(argv: Sequence[str], flags) -> None:
   logging.set_verbosity(logging.WARNING)
   from sagc_jax.aot.compile_report import compile_report
 
-  report = compile_report(config_with_algorithm_override(flags), flags.topology,
+  report = compile_report(flags.config, flags.topology,
                           model_config=flags.model_config,
                           largest_only=flags.largest_only, only=flags.only,
                           log=lambda m: print(m, flush=True))

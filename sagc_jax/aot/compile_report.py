@@ -44,8 +44,8 @@ from jax.sharding import Mesh
 
 from sagc_jax.aot.chips import ChipSpec, generation_of
 from sagc_jax.aot.hbm_traffic import hbm_traffic
-from sagc_jax.components import (RLComponents, build_components, candidate_group_sizes,
-                                 prompts_for)
+from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
+from sagc_jax.training.build import RLComponents, build_components
 from sagc_jax.config import validate
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.splash import head_layout, kernel_cost
@@ -389,11 +389,11 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode,
   rounds = 1 + (lc.dynamic_max_rounds - 1 if lc.dynamic_sampling else 0)
   sampler = parts.sampler
   calls = 1
-  for g in candidate_group_sizes(config):         # generate's own split, worst G
-    bucket = sampler.row_bucket_for(prompts_for(config, g) * g)
+  for g in candidate_group_sizes(config.controller):         # generate's own split, worst G
+    bucket = sampler.row_bucket_for(prompts_per_round(config.rollout, g) * g)
     call_rows = sampler.call_rows(bucket)
     per_call = bucket if call_rows == bucket else (call_rows // g) * g
-    calls = max(calls, -(-prompts_for(config, g) * g // per_call))
+    calls = max(calls, -(-prompts_per_round(config.rollout, g) * g // per_call))
   def rollout_seconds(decode_step_ms: float) -> float:
     return calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * decode_step_ms) / 1e3
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.controller import SAGCController, StaticController
+from sagc_jax.control.controller import SAGCController, StaticController
 
 
 def _time_pairs(ctrl, group_max: np.ndarray, group_median: np.ndarray) -> np.ndarray:

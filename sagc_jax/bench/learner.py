@@ -33,7 +33,8 @@ import numpy as np
 from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, tiny_config
 from sagc_jax.runtime.compilation import warm
-from sagc_jax.rl.learner import Learner, LearnerConfig
+from sagc_jax.rl.config import LearnerConfig
+from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
 
 CANDIDATES = (4, 8, 16)

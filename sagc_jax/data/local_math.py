@@ -41,7 +41,7 @@ from typing import Any
 
 from sagc_jax.data.record_files import (FileRecordsBuilder, Sources, has_pyarrow,
                                         source_fingerprint, text_field)
-from sagc_jax.rewards import last_boxed_content
+from sagc_jax.rewards.verifiers import last_boxed_content
 
 __all__ = [
     "BOXED_INSTRUCTION",

@@ -37,7 +37,6 @@ serves as the PPO "old" log-prob.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -53,51 +52,11 @@ from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
                                          cache_sharding, decode_cache_read_for, init_cache)
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
+from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-  """Static decoding settings (each distinct value compiles its own program).
-
-  Attributes:
-    max_new_tokens: response length cap (tokens, including the stop token).
-    temperature: 0 = greedy; otherwise logits are divided by it.
-    top_p: nucleus mass in (0, 1]; 1 disables it.
-    top_k: keep the k most likely tokens; 0 disables it.
-    stop_ids: token ids that end a response (EOS and any stop tokens).
-    pad_id: id written in padding positions.
-  """
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = 0
-  stop_ids: tuple[int, ...] = ()
-  pad_id: int = 0
-
-  def __post_init__(self):
-    """The one check of these settings (the training config's ``rollout`` section
-    is validated by building one)."""
-    def is_int(v):
-      return isinstance(v, int) and not isinstance(v, bool)
-
-    def is_number(v):
-      return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    if not is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
-      raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be a positive int")
-    if not is_number(self.temperature) or self.temperature < 0:
-      raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
-    if not is_number(self.top_p) or not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
-    if not is_int(self.top_k) or self.top_k < 0:
-      raise ValueError(f"top_k={self.top_k!r} must be an int >= 0 (0 = off)")
-    object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
-    if not self.stop_ids:
-      raise ValueError("stop_ids is empty: give at least the EOS id")
 
 
 @dataclasses.dataclass

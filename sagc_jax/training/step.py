@@ -14,7 +14,7 @@ the controller's observations travel as an explicit value of the round, not thro
 shared state a caller must remember to drain. Everything random is a function of
 ``(config.seed, step, round)``, so a resumed run redraws exactly what the
 uninterrupted one drew. The loop around this step (evaluation, metrics, checkpoints,
-signals) is ``sagc_jax.trainer``.
+signals) is ``sagc_jax.training.loop``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ import numpy as np
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
-from sagc_jax.components import RLComponents, prompts_for, rollout_batch
-from sagc_jax.controller import SAGCController, StaticController
+from sagc_jax.control.budget import prompts_per_round
+from sagc_jax.training.build import RLComponents, rollout_batch
+from sagc_jax.control.controller import SAGCController, StaticController
 from sagc_jax.data import PromptLoader
-from sagc_jax.evaluation import seed_for
+from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
 from sagc_jax.rl.rollout import RolloutBatch
-from sagc_jax.run_inputs import RunInputs
+from sagc_jax.training.inputs import RunInputs
 
 __all__ = ["RLStep", "RoundStats"]
 
@@ -70,9 +71,6 @@ class RLStep:
     self.loader = loader
     self.completions: list[dict[str, Any]] = []
 
-  def prompts_for(self, g: int) -> int:
-    return prompts_for(self.config, g)
-
   def sample_round(self, step: int, g: int, round_index: int
                    ) -> tuple[RolloutBatch, RoundStats]:
     """One sampling round of P(G) fresh prompts for the step after ``step``, scored.
@@ -83,7 +81,7 @@ class RLStep:
     """
     inputs = self.inputs
     t0 = time.perf_counter()
-    local = self.loader.next_batch(self.prompts_for(g) // jax.process_count())
+    local = self.loader.next_batch(prompts_per_round(self.config.rollout, g) // jax.process_count())
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
     samples = self.components.sampler.generate(
         inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index))
@@ -132,12 +130,12 @@ class RLStep:
     learner = self.components.learner
     g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
-    rows = self.components.sampler.row_bucket_for(self.prompts_for(g) * g)
+    rows = self.components.sampler.row_bucket_for(prompts_per_round(self.config.rollout, g) * g)
     lc = learner.config
     if lc.dynamic_sampling:
       result = collect_informative_groups(
           lambda i: self.sample_round(step, g, i), lambda b: learner.prepare(b)[1],
-          target_groups=self.prompts_for(g), rows=rows, max_rounds=lc.dynamic_max_rounds)
+          target_groups=prompts_per_round(self.config.rollout, g), rows=rows, max_rounds=lc.dynamic_max_rounds)
       batch, rounds = result.batch, result.round_stats
       if result.message:
         log(f"step {step + 1}: {result.message}")
@@ -178,7 +176,7 @@ class RLStep:
         # The straggler statistic itself (the event is ratio > tau), averaged over groups.
         group_max_over_median=float(np.mean(group_max / np.maximum(group_median, 1.0))),
         sampling_rounds=float(len(rounds)),
-        prompts=float(self.prompts_for(g)), rows=float(rows), rollouts=float(lengths.size),
+        prompts=float(prompts_per_round(self.config.rollout, g)), rows=float(rows), rollouts=float(lengths.size),
         new_compilations=float(sum(compiled.values())),
         update_skipped=float(batch is None))
     terms = np.concatenate([r.terms for r in rounds])

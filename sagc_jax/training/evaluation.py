@@ -6,20 +6,18 @@ Used by the training loop (before RL and every ``train.eval_every`` steps) and b
 
 from __future__ import annotations
 
+import copy
+import json
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from sagc_jax.run_inputs import RunInputs
+from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.sampling import Sampler
+from sagc_jax.training.inputs import RunInputs
 
-__all__ = ["Evaluator", "length_stats", "pass_at_k", "seed_for"]
-
-
-def seed_for(*parts: int) -> int:
-  """A 32-bit seed derived from integers (stable across runs and resumes)."""
-  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+__all__ = ["Evaluator", "evaluate_run", "length_stats", "load_run_config", "pass_at_k"]
 
 
 class Evaluator:
@@ -121,3 +119,56 @@ def pass_at_k(correct: np.ndarray) -> dict[str, float]:
       fail *= np.clip(k - c - i, 0, None) / (k - i)
     out[f"eval_pass@{j}"] = float(1.0 - fail.mean())
   return out
+
+
+def load_run_config(workdir: Any):
+  """The run's ``config.json`` over today's defaults: settings added since the run
+  was written (e.g. ``reward.fns``, ``train.eval_k``) take their default value."""
+  from sagc_jax.config import base_config
+
+  path = workdir / "config.json"
+  if not path.exists():
+    raise SystemExit(f"error: {path} not found: --workdir must be a training run directory")
+  config = base_config()
+  config.update(json.loads(path.read_text()))
+  return config
+
+
+def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
+                 limit: int | None = None, log=print) -> dict[str, Any]:
+  """Held-out evaluation of a run's policy, building only what evaluation needs.
+
+  The data, the starting policy and the greedy and sampled eval samplers; with
+  ``restore`` the newest checkpoint's weights replace the starting ones (``step`` in
+  the result; 0 when the starting policy is evaluated). No learner, optimizer state
+  or controller is built, and nothing in ``workdir`` is written.
+  """
+  from sagc_jax.config import validate
+  from sagc_jax.runtime import compilation
+  from sagc_jax.runtime.storage import cache_root, local_mirror
+  from sagc_jax.training.build import build_eval_samplers
+  from sagc_jax.training.inputs import (build_run_inputs, configure_compilation_cache,
+                                        load_checkpoint_weights)
+
+  # Evaluation measures accuracy with the task verifier only: the training reward's
+  # user functions (maybe not importable here) and W&B are not needed.
+  config = copy.deepcopy(config)
+  config.reward.update(dict(fns=(), weights=()))
+  config.train.wandb_project = ""
+  validate(config)
+  root = cache_root(config.train.local_cache_dir)
+  compilation.install()
+  configure_compilation_cache(config, workdir, root, read_only=True)
+  inputs = build_run_inputs(config, local_mirror(workdir, root), root, log)
+  try:
+    step = 0
+    if restore:
+      directory = config.train.checkpoint_dir or workdir / "checkpoints"
+      step = load_checkpoint_weights(inputs.model, directory, log=log)
+    evaluator = Evaluator(inputs, *build_eval_samplers(
+        config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids, pad_id=inputs.pad_id),
+                          log=log)
+    compilation.warm(evaluator.warmup_jobs(inputs.model), log=log)
+    return {**evaluator.evaluate(inputs.model, limit), "step": step}
+  finally:
+    inputs.close()

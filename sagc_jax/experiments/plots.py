@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sagc_jax.machine import stamp
+from sagc_jax.experiments.machine import stamp
 from sagc_jax.runtime.storage import run_path
 
 
@@ -54,4 +54,35 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
   stamp(fig)
   with run_path(path).open("wb") as f:         # local or gs://
     fig.savefig(f, format="png", dpi=100)
+  plt.close(fig)
+
+
+def plot_simulation(result: dict[str, Any], path: str | os.PathLike) -> None:
+  """PNG of SAGC's G, lambda and posterior means, and every arm's running rate."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  trace = result["traces"]["sagc"]
+  steps = np.arange(len(trace["g"]))
+  fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+  axes[0].step(steps, trace["g"], where="post", lw=0.8)
+  axes[0].set_ylabel("SAGC G")
+  axes[0].set_yscale("log", base=2)
+  axes[1].plot(steps, trace["lambda"], lw=0.8)
+  axes[1].set_ylabel("lambda")
+  for g in result["candidates"]:
+    axes[2].plot(steps, trace[f"p_mean/G{g}"], lw=0.8, label=f"G={g}")
+  axes[2].set_ylabel("posterior mean p(G)")
+  axes[2].legend(loc="upper left", fontsize=8)
+  delta = result["config"]["controller"]["delta"]
+  for name, arm in result["traces"].items():
+    running = np.cumsum(arm["straggler_rate"]) / (steps + 1)
+    axes[3].plot(steps, running, lw=0.8, label=name)
+  axes[3].axhline(delta, color="k", ls="--", lw=0.8, label="delta")
+  axes[3].set_ylabel("running straggler rate")
+  axes[3].set_xlabel("step")
+  axes[3].legend(loc="upper left", fontsize=8, ncol=2)
+  stamp(fig)
+  fig.savefig(path, dpi=110)
   plt.close(fig)

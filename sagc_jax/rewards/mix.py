@@ -1,7 +1,7 @@
 """The training reward: a weighted sum of named reward terms, built-in or the user's.
 
 ``reward.name`` is the task's *verifier* (``exact_match`` or ``math_verify``, see
-``sagc_jax.rewards``): its correctness flags define accuracy everywhere (training
+``sagc_jax.rewards.verifiers``): its correctness flags define accuracy everywhere (training
 metrics, held-out evaluation, pass@k). ``reward.fns`` / ``reward.weights`` define what
 the learner maximises; left empty, the reward is the verifier's score alone (what
 every run did before pluggable rewards). A term is
@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from sagc_jax.rewards import REWARD_NAMES, RewardFunction, make_reward_fn
+from sagc_jax.rewards.verifiers import REWARD_NAMES, RewardFunction, make_reward_fn
 
 __all__ = ["BUILTIN_TERMS", "MixedReward", "RewardMix", "RewardTerm", "check_reward_config",
            "load_callable", "reward_mix_from_config", "term_name"]

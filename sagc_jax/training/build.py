@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from sagc_jax import config_checks as checks
+from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.config import learner_config
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
@@ -25,8 +25,7 @@ from sagc_jax.runtime.compilation import warm
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.sampler import SampleBatch
 
-__all__ = ["RLComponents", "build_components", "build_eval_samplers", "candidate_group_sizes", "prompts_for",
-           "rollout_batch"]
+__all__ = ["RLComponents", "build_components", "build_eval_samplers", "rollout_batch"]
 
 
 @dataclasses.dataclass
@@ -42,18 +41,6 @@ class RLComponents:
     return warm(self.sampler.warmup_jobs(model) + self.eval_sampler.warmup_jobs(model)
                 + self.eval_sampled_sampler.warmup_jobs(model) + self.learner.warmup_jobs(),
                 log=log)
-
-
-def candidate_group_sizes(config: ml_collections.ConfigDict) -> tuple[int, ...]:
-  """The group sizes the controller may pick."""
-  if config.controller.kind == "sagc":
-    return tuple(config.controller.candidates)
-  return (config.controller.static_g,)
-
-
-def prompts_for(config: ml_collections.ConfigDict, g: int) -> int:
-  """Prompts per sampling round at group size ``g`` (``config_checks.prompts_per_round``)."""
-  return checks.prompts_per_round(config.rollout, g)
 
 
 def _sampler_options(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
@@ -76,7 +63,6 @@ def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, m
   """The greedy and the sampled held-out evaluation samplers (all ``eval`` needs)."""
   r = config.rollout
   data_axis = mesh.shape["data"]
-  stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
   common = _sampler_options(config, mesh)
   eval_rows = -(-r.eval_batch // data_axis) * data_axis
   eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
@@ -103,14 +89,14 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   """Samplers and learner for ``config`` (validated) around ``model`` on ``mesh``."""
   r = config.rollout
   data_axis = mesh.shape["data"]
-  row_buckets = row_buckets_for(candidate_group_sizes(config),
-                                lambda g: prompts_for(config, g), multiple_of=data_axis)
-  stop_ids = tuple(sorted(set(int(i) for i in stop_ids)))
+  row_buckets = row_buckets_for(candidate_group_sizes(config.controller),
+                                lambda g: prompts_per_round(config.rollout, g), multiple_of=data_axis)
   common = _sampler_options(config, mesh)
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets,
-      group_sizes=candidate_group_sizes(config), prompts_for=lambda g: prompts_for(config, g),
+      group_sizes=candidate_group_sizes(config.controller),
+      prompts_for=lambda g: prompts_per_round(config.rollout, g),
       **common)
   eval_sampler, eval_sampled_sampler = build_eval_samplers(config, model, mesh,
                                                            stop_ids=stop_ids, pad_id=pad_id)

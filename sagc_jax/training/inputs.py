@@ -1,8 +1,8 @@
 """What training and evaluation both build from a run's config: mesh, data, policy, rewards.
 
 A training run needs much more (rollout sampler, learner, controller, checkpoints,
-metrics: ``sagc_jax.trainer``), but ``python -m sagc_jax.eval`` needs only this plus
-its evaluation samplers (``sagc_jax.evaluation``), so it builds no learner, no
+metrics: ``sagc_jax.training.loop``), but ``python -m sagc_jax.eval`` needs only this plus
+its evaluation samplers (``sagc_jax.training.evaluation``), so it builds no learner, no
 optimizer state and no controller, and writes nothing into the run.
 
 Order matters for the user's time: prompt lengths are checked against the prompt
@@ -29,9 +29,9 @@ from sagc_jax.data import builder_options, load_split
 from sagc_jax.runtime.mesh import make_mesh
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.models.transformer import Transformer
-from sagc_jax.reward_mix import RewardMix, reward_mix_from_config
+from sagc_jax.rewards.mix import RewardMix, reward_mix_from_config
 from sagc_jax.runtime.storage import stage
-from sagc_jax.warm_start import prepare_policy, starting_folder
+from sagc_jax.training.warm_start import prepare_policy, starting_folder
 
 __all__ = ["RunInputs", "build_run_inputs", "check_prompt_lengths", "configure_compilation_cache",
            "load_checkpoint_weights"]

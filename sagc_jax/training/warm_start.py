@@ -22,7 +22,7 @@ import numpy as np
 
 from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokenizer, \
     save_pretrained
-from sagc_jax.sft import supervised_finetune, tokenize_examples
+from sagc_jax.training.sft import supervised_finetune, tokenize_examples
 
 SFT_MARKER = "sft_done.json"
 TINY_MARKER = "sagc_tiny_model.json"      # which tiny model a cached init_model is

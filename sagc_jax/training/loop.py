@@ -34,15 +34,16 @@ import numpy as np
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
 from sagc_jax.runtime.checkpoint import Checkpointer
-from sagc_jax.components import build_components, candidate_group_sizes, prompts_for
+from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
+from sagc_jax.training.build import build_components
 from sagc_jax.config import FILE_DATASETS, validate
-from sagc_jax.controller import controller_from_config
+from sagc_jax.control.controller import controller_from_config
 from sagc_jax.data import PromptLoader
-from sagc_jax.evaluation import Evaluator
+from sagc_jax.training.evaluation import Evaluator
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
-from sagc_jax.rl_step import RLStep
-from sagc_jax.run_inputs import build_run_inputs, configure_compilation_cache
+from sagc_jax.training.step import RLStep
+from sagc_jax.training.inputs import build_run_inputs, configure_compilation_cache
 from sagc_jax.runtime.run_lock import RunLock
 from sagc_jax.runtime.storage import cache_root, local_mirror, run_path
 
@@ -116,7 +117,7 @@ class Trainer:
                                shard_index=jax.process_index(), num_shards=jax.process_count())
     self.controller = controller_from_config(config)
     processes = jax.process_count()
-    uneven = [g for g in candidate_group_sizes(config) if prompts_for(config, g) % processes]
+    uneven = [g for g in candidate_group_sizes(config.controller) if prompts_per_round(config.rollout, g) % processes]
     if uneven:
       raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
                        "processes (each process reads an equal share of the prompts)")
@@ -147,7 +148,7 @@ class Trainer:
     """Writes the current policy as a Hugging Face folder (``train.export_every``):
     ``<train.export_dir or workdir/exports>/step_<N>``, replaced when a resumed run
     reaches the same step again. Every process must call it (weights are gathered)."""
-    from sagc_jax.export import base_folder, write_hf_folder
+    from sagc_jax.training.export import base_folder, write_hf_folder
 
     root = self.config.train.export_dir or os.fspath(self.workdir / "exports")
     out = f"{root.rstrip('/')}/step_{self.step}"
@@ -246,8 +247,8 @@ class Trainer:
     stats of one round, or a [rows, sequence] int32/float32 array fetched from the
     devices (sampler tokens, learner log-probs)."""
     r = self.config.rollout
-    sizes = candidate_group_sizes(self.config)
-    prompts = max(prompts_for(self.config, g) for g in sizes)
+    sizes = candidate_group_sizes(self.config.controller)
+    prompts = max(prompts_per_round(self.config.rollout, g) for g in sizes)
     local = -(-prompts // jax.process_count())
     sequence = max(r.prompt_buckets) + max(r.response_buckets)
     per_row = max(8, 4 * len(self.inputs.reward_fn.term_names))   # the reward terms

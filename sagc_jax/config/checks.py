@@ -62,15 +62,6 @@ def one_of(config: Any, key: str, allowed: Iterable[Any]) -> Any:
   return value
 
 
-def prompts_per_round(section: Any, g: int) -> int:
-  """Prompts per sampling round at group size ``g``: the one rule for both ways of
-  changing G (``section``: a rollout or simulator section with ``mode``,
-  ``rollouts_per_step`` and ``prompts_per_step``; ``group_budget`` validates it)."""
-  if section.mode == "hold_rollouts":
-    return section.rollouts_per_step // g
-  return section.prompts_per_step
-
-
 def group_budget(config: Any, section: str, mode: str, group_sizes: Iterable[int]) -> None:
   """Checks the per-step budget of ``<section>`` for the two ways of changing G.
 

@@ -1,0 +1,255 @@
+"""The SAGC paper's claims, each checked on per-seed results of a comparison.
+
+Input rows are one run each (an arm and a seed): ``algorithm`` (the table's column
+group, e.g. GRPO and DAPO, or the simulator), ``controller`` (``"sagc"`` or
+``"static"``), ``static_g``, ``seed`` and the measured values. Every claim compares
+SAGC with static arms *of the same seed*, so the dice that both saw cancel:
+
+* rates, lengths: the per-seed difference SAGC - static max-G;
+* wall-clock: the per-seed speedup static max-G / SAGC;
+* reward and accuracy: SAGC's mean against the best static arm's 95% interval (the
+  claim is "competitive", not "better");
+* the posterior: SAGC's final p(max G) - p(min G) per seed.
+
+Each is reported as mean ± 95% Student-t half-width over the seeds with a verdict:
+``✓`` when the interval lies on the claimed side, ``✗`` otherwise, ``?`` with fewer
+than two seeds (no interval) and ``n/a`` when the rows lack the value (the simulator
+has no policy, so no reward or accuracy). Nothing here is tuned per run: the verdicts
+are a fixed function of the rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from sagc_jax.control.simulator import simulate
+
+__all__ = ["CLAIMS", "Claim", "adaptation_table", "claims_markdown", "claims_table", "mean_ci"]
+
+# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
+         2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
+  """(mean, 95% confidence half-width, n) of the finite ``values``: Student's t with
+  n - 1 degrees of freedom (half-width nan for a single value)."""
+  x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
+  if not x.size:
+    return float("nan"), float("nan"), 0
+  if x.size == 1:
+    return float(x[0]), float("nan"), 1
+  t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
+  return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One claim: how its statistic is formed and which side of ``null`` it claims."""
+  text: str
+  key: str
+  kind: str          # "paired_difference", "paired_speedup", "competitive", "posterior"
+  side: str          # "below" / "above" null: the interval excludes it; "not_above" /
+                     # "not_below": it does not show the opposite (competitive: SAGC >=
+                     # best static - CI)
+  null: float
+  fmt: str
+
+
+CLAIMS = (
+    Claim("step straggler rate lower than static max-G (paper: 99.6% -> 43.4%)",
+          "step_straggler_rate", "paired_difference", "below", 0.0, "+.3f"),
+    Claim("group straggler rate lower than static max-G", "group_straggler_rate",
+          "paired_difference", "below", 0.0, "+.3f"),
+    Claim("wall-clock lower than static max-G (speedup > 1)", "wall_clock_s",
+          "paired_speedup", "above", 1.0, ".2f"),
+    Claim("train reward competitive: within the best static arm's 95% CI", "final_reward",
+          "competitive", "above", 0.0, ".3f"),
+    Claim("held-out sampled accuracy competitive: within the best static arm's 95% CI",
+          "eval_sampled_accuracy_end", "competitive", "above", 0.0, ".3f"),
+    Claim("train reward at equal wall-clock: not below static max-G when SAGC ends",
+          "reward_at_sagc_time", "paired_difference", "not_below", 0.0, "+.3f"),
+    Claim("held-out sampled accuracy at equal wall-clock: not below static max-G's last "
+          "evaluation by then", "sampled_accuracy_at_sagc_time", "paired_difference",
+          "not_below", 0.0, "+.3f"),
+    Claim("the posterior learns p(max G) > p(min G)", "posterior_gap", "posterior",
+          "above", 0.0, "+.3f"),
+    Claim("output length shorter or equal: not longer than static max-G",
+          "response_len_mean", "paired_difference", "not_above", 0.0, "+.2f"),
+)
+
+
+def _finite(x: Any) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _by_seed(rows: Sequence[dict[str, Any]], match: Callable[[dict], bool]) -> dict[int, dict]:
+  return {int(r["seed"]): r for r in rows if match(r)}
+
+
+def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
+  mean, half, n = stat
+  if n == 0:
+    return "n/a"
+  if n < 2:
+    return "?"
+  lo, hi = mean - half, mean + half
+  holds = {"below": hi < null, "above": lo > null, "not_above": lo <= null,
+           "not_below": hi >= null}[side]
+  return "✓" if holds else "✗"
+
+
+def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """``{"stat": (mean, half, n), "verdict", "detail"}`` of one claim on one group."""
+  sagc = _by_seed(rows, lambda r: r["controller"] == "sagc")
+  static_gs = sorted({int(r["static_g"]) for r in rows if r["controller"] == "static"})
+  if not sagc or not static_gs:
+    return {"stat": (float("nan"), float("nan"), 0), "verdict": "n/a", "detail": ""}
+  largest = _by_seed(rows, lambda r: r["controller"] == "static"
+                     and int(r["static_g"]) == static_gs[-1])
+  detail = f"vs static G={static_gs[-1]}"
+  values: list[float] = []
+  if claim.kind in ("paired_difference", "paired_speedup"):
+    for seed, s in sagc.items():
+      base = largest.get(seed)
+      if base is None or not (_finite(s.get(claim.key)) and _finite(base.get(claim.key))):
+        continue
+      values.append(s[claim.key] - base[claim.key] if claim.kind == "paired_difference"
+                    else base[claim.key] / s[claim.key])
+    stat = mean_ci(values)
+  elif claim.kind == "posterior":
+    values = [s["p_largest_end"] - s["p_smallest_end"] for s in sagc.values()
+              if _finite(s.get("p_largest_end")) and _finite(s.get("p_smallest_end"))]
+    stat = mean_ci(values)
+    detail = "SAGC's final posterior means"
+  else:                                       # competitive
+    arms = {g: mean_ci([r.get(claim.key, float("nan")) for r in rows
+                        if r["controller"] == "static" and int(r["static_g"]) == g])
+            for g in static_gs}
+    arms = {g: a for g, a in arms.items() if a[2]}
+    ours = mean_ci([s.get(claim.key, float("nan")) for s in sagc.values()])
+    if not arms or not ours[2]:
+      return {"stat": (float("nan"), float("nan"), 0), "verdict": "n/a", "detail": ""}
+    best_g = max(arms, key=lambda g: arms[g][0])
+    best = arms[best_g]
+    margin = best[1] if math.isfinite(best[1]) else float("nan")
+    verdict = ("?" if ours[2] < 2 or not math.isfinite(margin)
+               else "✓" if ours[0] >= best[0] - margin else "✗")
+    return {"stat": ours, "verdict": verdict,
+            "detail": f"best static G={best_g}: {best[0]:{claim.fmt}} ± {margin:{claim.fmt}}"}
+  return {"stat": stat, "verdict": _verdict(stat, claim.side, claim.null), "detail": detail}
+
+
+def claims_table(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+  """Per ``algorithm`` group (first-seen order): one evaluated entry per ``CLAIMS``."""
+  groups: dict[str, list[dict[str, Any]]] = {}
+  for row in rows:
+    groups.setdefault(str(row["algorithm"]), []).append(row)
+  return {name: [{"claim": c, **_evaluate(c, group)} for c in CLAIMS]
+          for name, group in groups.items()}
+
+
+def _cell(entry: dict[str, Any]) -> str:
+  mean, half, n = entry["stat"]
+  fmt = entry["claim"].fmt
+  if not n:
+    return "–"
+  value = f"{mean:{fmt}}" + ("" if n < 2 else f" ± {half:{fmt.lstrip('+')}}")
+  if entry["claim"].kind == "paired_speedup":
+    value += "x"
+  return value + (f" ({entry['detail']})" if entry["detail"] else "")
+
+
+def claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
+  """The claims as a markdown table: one row per claim, per group the measured
+  mean ± 95% CI over seeds and the verdict."""
+  table = claims_table(rows)
+  names = list(table)
+  seeds = {name: len({int(r["seed"]) for r in rows if str(r["algorithm"]) == name})
+           for name in names}
+  header = "| claim | " + " | ".join(f"{n}, {seeds[n]} seeds | ✓/✗" for n in names) + " |"
+  lines = [header, "|---|" + "---|---|" * len(names)]
+  for i, claim in enumerate(CLAIMS):
+    cells = " | ".join(f"{_cell(table[n][i])} | {table[n][i]['verdict']}" for n in names)
+    lines.append(f"| {claim.text} | {cells} |")
+  return "\n".join(lines)
+
+
+def adaptation_table(comparisons: dict[str, Sequence[dict[str, Any]]]) -> str:
+  """The last claim of the seed: SAGC adapts to how variable a workload's lengths are.
+
+  ``comparisons`` maps a workload name (a model family, a warm start, a task) to its
+  per-run rows. Per algorithm, the workloads are ordered by their static max-G
+  group straggler rate (the length variability SAGC sees); the claim holds when the
+  calmer workload's SAGC runs use a larger mean G than the wilder one's, seed-paired
+  (mean ± 95% CI of the per-seed difference above 0).
+  """
+  names = list(comparisons)
+  if len(names) != 2:
+    raise ValueError(f"adaptation needs exactly two workloads, got {names}")
+  algorithms = sorted({str(r["algorithm"]) for rows in comparisons.values() for r in rows})
+  lines = ["| algorithm | workload: static max-G group straggler rate, SAGC mean G | "
+           "calmer - wilder SAGC mean G (per seed) | ✓/✗ |", "|---|---|---|---|"]
+  for algorithm in algorithms:
+    summary, sagc = {}, {}
+    for name in names:
+      rows = [r for r in comparisons[name] if str(r["algorithm"]) == algorithm]
+      static_gs = [int(r["static_g"]) for r in rows if r["controller"] == "static"]
+      if not static_gs:
+        continue
+      largest = max(static_gs)
+      rate = mean_ci([r["group_straggler_rate"] for r in rows if r["controller"] == "static"
+                      and int(r["static_g"]) == largest])
+      sagc[name] = _by_seed(rows, lambda r: r["controller"] == "sagc")
+      summary[name] = (rate, mean_ci([r["mean_g"] for r in sagc[name].values()]))
+    if len(summary) != 2:
+      continue
+    calm, wild = sorted(summary, key=lambda n: summary[n][0][0])
+    diffs = [sagc[calm][k]["mean_g"] - sagc[wild][k]["mean_g"]
+             for k in sorted(set(sagc[calm]) & set(sagc[wild]))]
+    stat = mean_ci(diffs)
+    described = "; ".join(f"{n}: {summary[n][0][0]:.3f}, G {summary[n][1][0]:.2f}"
+                          for n in (calm, wild))
+    lines.append(f"| {algorithm} | {described} | {stat[0]:+.2f} ± {stat[1]:.2f} | "
+                 f"{_verdict(stat, 'above', 0.0)} |")
+  return "\n".join(lines)
+
+
+def claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+  """One ``claims`` row per arm of a simulation (``algorithm="simulator"``).
+
+  Rewards, accuracy and output lengths are left out: the simulator has no policy,
+  and every arm reads the same exogenous lengths, so those claims are not applicable.
+  """
+  candidates = result["candidates"]
+  rows = []
+  for name, summary in result["summary"].items():
+    trace = result["traces"][name]
+    static = name != "sagc"
+    rows.append({
+        "algorithm": "simulator", "controller": "static" if static else "sagc",
+        "static_g": int(name.removeprefix("static_G")) if static else "", "seed": seed,
+        "step_straggler_rate": summary["step_straggler_rate"],
+        "group_straggler_rate": summary["group_straggler_rate"],
+        "wall_clock_s": summary["wall_clock_s"],
+        "p_smallest_end": trace.get(f"p_mean/G{min(candidates)}", [math.nan])[-1],
+        "p_largest_end": trace.get(f"p_mean/G{max(candidates)}", [math.nan])[-1]})
+  return rows
+
+
+def simulate_claims(config: Any, seeds: int) -> tuple[str, list[dict[str, Any]]]:
+  """The claims table (``sagc_jax.experiments.claims``) over ``seeds`` simulations: seed k draws
+  the lengths with ``config.seed + k`` and seeds the controllers with
+  ``controller.seed + k``."""
+  rows = []
+  for k in range(seeds):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = config.seed + k
+    seeded.controller.seed = config.controller.seed + k
+    rows += claim_rows(simulate(seeded), k)
+  return claims_markdown(rows), rows

@@ -1,0 +1,153 @@
+"""``python -m sagc_jax.figures --out runs/figures``: every README figure and table, fresh.
+
+One command reruns each measurement the README reports, with the same CLI a reader
+would use by hand, and writes everything under ``--out``:
+
+* ``machine.json``: the machine (CPU model, cores, jax version); every PNG carries
+  it in its footer and every comparison table in its caption;
+* ``index.md``: per job its command, status, wall-clock and output folder;
+* one folder per job (``<out>/<job>/``) with its JSON, markdown and PNG files and its
+  console output (``log.txt``).
+
+Jobs run one after another as subprocesses (timings would be meaningless with two
+sharing the cores), a failed job is reported and the others go on, and a finished job
+(its ``done.json``) is skipped when the command is rerun, so an interrupted
+regeneration resumes. ``--only`` / ``--skip`` pick jobs; ``--list`` prints them with
+their expected duration on a 2-core CPU VM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from sagc_jax.experiments.machine import machine_info, machine_line
+
+__all__ = ["JOBS", "Job", "regenerate"]
+
+_PY = sys.executable
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  name: str
+  what: str                                  # the README figure / table it produces
+  minutes: float                             # expected duration, 2-core CPU VM
+  command: Callable[[Path], list[str]]       # argv, given the job's output folder
+  needs: str = ""                            # an importable module the job requires
+
+
+def _simulate(extra: Sequence[str] = (), claims: int = 0) -> Callable[[Path], list[str]]:
+  seeds = [f"--claims_seeds={claims}"] if claims else []
+  return lambda d: [_PY, "-m", "sagc_jax.simulate", f"--out={d / 'results.json'}", *seeds,
+                    *extra]
+
+
+JOBS = (
+    Job("main_job", "Quickstart command 1: the tiny GRPO + SAGC run and its plot", 3.5,
+        lambda d: [_PY, "-m", "sagc_jax.train", "--config=configs/tiny_cpu.py",
+                   f"--workdir={d / 'run'}"]),
+    Job("simulate", "Simulator table (hold_prompts, group event) + its claims table "
+        "(5 seeds)", 0.2, _simulate(claims=5)),
+    Job("simulate_event_step", "Which straggler event: 32 prompts, step event, delta 0.25",
+        0.1, _simulate(["--config.controller.event=step"])),
+    Job("simulate_event_step_delta50", "Which straggler event: 32 prompts, step, delta 0.5",
+        0.1, _simulate(["--config.controller.event=step", "--config.controller.delta=0.5"])),
+    Job("simulate_4prompts_group", "Which straggler event: 4 prompts, group event", 0.1,
+        _simulate(["--config.sim.prompts_per_step=4"])),
+    Job("simulate_4prompts_step", "Which straggler event: 4 prompts, step event", 0.1,
+        _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step"])),
+    Job("simulate_4prompts_step_delta50", "Which straggler event: 4 prompts, step, delta 0.5",
+        0.1, _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step",
+                        "--config.controller.delta=0.5"])),
+    Job("bench_controller", "Benchmarks: controller overhead", 0.5,
+        lambda d: [_PY, "-m", "sagc_jax.bench", "controller", f"--out={d / 'bench.json'}"]),
+    Job("bench_sampler", "Benchmarks: sampler vs transformers", 12.0,
+        lambda d: [_PY, "-m", "sagc_jax.bench", "sampler", f"--out={d / 'bench.json'}"]),
+    Job("bench_learner", "Benchmarks: learner packed vs padded", 6.0,
+        lambda d: [_PY, "-m", "sagc_jax.bench", "learner", f"--out={d / 'bench.json'}"]),
+    Job("compare_quick", "Comparing GRPO and DAPO: the quick tiny comparison (3 seeds)", 16.0,
+        lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_tiny_cpu.py",
+                   f"--workdir={d}"]),
+    Job("compare_paper_regime", "The paper's regime on CPU: comparison + claims (3 seeds)",
+        29.0, lambda d: [_PY, "-m", "sagc_jax.compare",
+                         "--config=configs/compare_paper_regime_cpu.py", f"--workdir={d}"]),
+    Job("compare_paper_regime_evals", "The paper's regime on CPU: accuracy at equal "
+        "wall-clock (SAGC and static 16, evaluations every 4 steps)", 16.0,
+        lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_paper_regime_cpu.py",
+                   "--config.train.eval_every=4", f"--workdir={d}",
+                   "--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
+    Job("aot_llama3_2_3b", "Sizing a 3B run: Llama 3.2 3B on v5e:4x4 (TPU AOT)", 8.0,
+        lambda d: [_PY, "-m", "sagc_jax.aot", "--config=configs/llama3_2_3b.py",
+                   "--topology=v5e:4x4", "--largest_only", "--markdown",
+                   f"--out={d / 'aot.json'}"], needs="libtpu"),
+    Job("aot_qwen2_5_3b", "Sizing a 3B run: Qwen2.5 3B on v5e:4x4 (TPU AOT)", 8.0,
+        lambda d: [_PY, "-m", "sagc_jax.aot", "--config=configs/qwen2_5_3b.py",
+                   "--topology=v5e:4x4", "--largest_only", "--markdown",
+                   f"--out={d / 'aot.json'}"], needs="libtpu"),
+)
+
+
+def select_jobs(only: str | None, skip: str | None) -> list[Job]:
+  names = [j.name for j in JOBS]
+  wanted = [n.strip() for n in (only.split(",") if only else names) if n.strip()]
+  unwanted = {n.strip() for n in (skip.split(",") if skip else []) if n.strip()}
+  unknown = sorted((set(wanted) | unwanted) - set(names))
+  if unknown:
+    raise ValueError(f"unknown job(s) {unknown}; the jobs are: {', '.join(names)}")
+  return [j for j in JOBS if j.name in wanted and j.name not in unwanted]
+
+
+def _available(module: str) -> bool:
+  import importlib.util
+  return not module or importlib.util.find_spec(module) is not None
+
+
+def regenerate(out: Path, jobs: Sequence[Job], *, force: bool = False,
+               log: Callable[[str], None] = print) -> list[dict]:
+  """Runs ``jobs`` into ``out``; returns one status record per job (also index.md)."""
+  out.mkdir(parents=True, exist_ok=True)
+  machine = machine_info()
+  (out / "machine.json").write_text(json.dumps(machine, indent=1) + "\n")
+  records = []
+  for i, job in enumerate(jobs, 1):
+    folder = out / job.name
+    done = folder / "done.json"
+    command = job.command(folder)
+    if done.exists() and not force:
+      record = json.loads(done.read_text())
+      log(f"[{i}/{len(jobs)}] {job.name}: done before ({record['seconds']:.0f} s), skipped")
+    elif not _available(job.needs):
+      record = {"job": job.name, "status": f"skipped: needs {job.needs} (pip install "
+                f"\"jax[tpu]==<this jax>\")", "seconds": 0.0}
+      log(f"[{i}/{len(jobs)}] {job.name}: {record['status']}")
+    else:
+      if force and folder.exists():
+        shutil.rmtree(folder)
+      folder.mkdir(parents=True, exist_ok=True)
+      log(f"[{i}/{len(jobs)}] {job.name}: {job.what} (~{job.minutes:g} min): "
+          f"{' '.join(command[1:])}")
+      start = time.perf_counter()
+      with open(folder / "log.txt", "w", encoding="utf-8") as f:
+        rc = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT)
+      record = {"job": job.name, "status": "ok" if rc == 0 else f"failed (exit {rc})",
+                "seconds": time.perf_counter() - start, "machine": machine}
+      if rc == 0:
+        done.write_text(json.dumps(record, indent=1) + "\n")
+      log(f"    {record['status']} in {record['seconds']:.0f} s "
+          f"(log: {folder / 'log.txt'})")
+    records.append({**record, "what": job.what, "command": " ".join(command[1:]),
+                    "folder": str(folder)})
+  lines = [f"Regenerated with `python -m sagc_jax.figures --out {out}` on "
+           f"{machine_line(machine)}.", "", "| job | what | status | seconds | command |",
+           "|---|---|---|---|---|"]
+  lines += [f"| {r['job']} | {r['what']} | {r['status']} | {r['seconds']:.0f} | "
+            f"`{r['command']}` |" for r in records]
+  (out / "index.md").write_text("\n".join(lines) + "\n")
+  return records

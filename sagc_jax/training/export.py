@@ -1,0 +1,119 @@
+"""A run's policy as a Hugging Face folder that transformers and vLLM load as they are
+(``python -m sagc_jax.export``, and ``train.export_every`` during training).
+
+Reads the run (``DIR/config.json`` and one checkpoint's parameters, nothing
+else) and writes nothing into it. The folder gets the policy's weights as
+safetensors in HF names and layouts (``save_pretrained``), ``config.json``, and
+every other file of the folder the run started from: tokenizer files with the
+chat template and ``generation_config.json`` (written from the model's EOS /
+BOS / pad ids when the base folder has none, so generation stops where the
+sampler stopped). ``DIR`` and ``FOLDER`` may be gs:// paths; the base folder
+(the run's ``model.path``) is staged like in training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Files of the base folder that the export replaces (weights and the model config).
+_REPLACED = ("config.json", "model.safetensors", "model.safetensors.index.json")
+
+
+def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
+  """The HF folder the run started from (tokenizer, config, generation settings)."""
+  from sagc_jax.runtime.storage import cache_root, local_mirror, stage
+  from sagc_jax.training.warm_start import SFT_MARKER
+
+  root = cache_root(config.train.local_cache_dir)
+  if base or config.model.path:
+    return Path(stage(base or config.model.path, root, what="base folder"))
+  mirror = local_mirror(workdir, root)
+  for name, marker in (("sft_model", SFT_MARKER), ("init_model", "model.safetensors")):
+    if (mirror / name / marker).exists():
+      return mirror / name
+  raise FileNotFoundError(f"the run's starting folder (tiny model) is not in {mirror} on this "
+                          "host; pass --base with an HF folder holding its tokenizer")
+
+
+def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None,
+           base: str | None = None, log=print) -> dict[str, Any]:
+  """Writes the export; returns ``{"step", "out", "files"}``."""
+  import jax.numpy as jnp
+
+  from sagc_jax.training.evaluation import load_run_config
+  from sagc_jax.models import from_pretrained
+  from sagc_jax.training.inputs import load_checkpoint_weights
+  from sagc_jax.runtime.storage import run_path
+
+  if run_path(out).exists():
+    raise ValueError(f"--out {out} exists already; pick a new folder (nothing is overwritten)")
+  run = run_path(workdir)
+  config = load_run_config(run)
+  folder = base_folder(config, workdir, base)
+  dtype = dtype or config.model.dtype
+  target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+  model, cfg = from_pretrained(folder, dtype=target)
+  directory = config.train.checkpoint_dir or os.fspath(run / "checkpoints")
+  step = load_checkpoint_weights(model, directory, step, log=log)
+
+  files = write_hf_folder(model, cfg, folder, out)
+  log(f"exported step {step} of {workdir} ({dtype}) to {out}: {', '.join(files)}")
+  return {"step": step, "out": out, "files": files}
+
+
+def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
+                    replace: bool = False) -> list[str]:
+  """Writes ``model`` (its weights in their own dtype) as an HF folder at ``out``,
+  with every other file of ``folder`` (tokenizer, chat template, generation
+  settings); returns the file names. Multi-process: every process must call it
+  (the weights are all-gathered); process 0 writes (the others may pass no folder).
+  ``replace``: an existing ``out`` (a step written again after a resume) is replaced
+  once the new folder is complete.
+  """
+  import jax
+
+  from sagc_jax.models import save_pretrained
+  from sagc_jax.runtime.storage import FolderUpload, is_remote, run_path
+
+  writer = jax.process_index() == 0
+  # A local folder is written next to its destination and renamed into place (a
+  # kill leaves a hidden partial folder, never a partial export); a bucket's goes
+  # through the local temporary directory.
+  parent = None if is_remote(out) else Path(out).absolute().parent
+  if parent is not None and writer:
+    parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix=f".{Path(out).name}.partial-",
+                                   dir=parent if writer else None) as tmp:
+    local = Path(tmp) / "export"
+    if writer:
+      if folder is None:
+        raise ValueError("write_hf_folder: process 0 needs the starting folder")
+      local.mkdir(parents=True)
+      for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \
+            and not path.name.endswith((".safetensors", ".bin")) and path.name != "sft_done.json":
+          shutil.copy2(path, local / path.name)
+    save_pretrained(model, cfg, local)
+    if not writer:
+      return []
+    if not (local / "generation_config.json").exists():
+      eos = list(cfg.eos_token_ids)
+      (local / "generation_config.json").write_text(json.dumps({
+          "bos_token_id": cfg.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos,
+          "pad_token_id": cfg.pad_token_id if cfg.pad_token_id is not None else eos[0]},
+          indent=1))
+    files = sorted(p.name for p in local.iterdir())
+    if is_remote(out):
+      FolderUpload(local, run_path(out)).sync()
+    else:
+      target = Path(out).absolute()
+      if target.exists() and replace:
+        old = Path(tmp) / "replaced"
+        target.rename(old)             # removed with the temporary directory
+      local.rename(target)
+  return files
