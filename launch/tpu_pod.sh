@@ -51,7 +51,7 @@
 #   --force                train even if "aot" found it does not fit, or never ran
 #   --dry-run              print every command instead of running it
 #
-# Example (a full walk-through is in README.md, "Cloud TPU pods"):
+# Example (a full walk-through is in docs/scale.md):
 #   launch/tpu_pod.sh --project my-proj --zone us-west4-a --accelerator v5litepod-16 \
 #     --workdir gs://my-bucket/sagc/qwen --queued --spot --watch \
 #     aot create setup train export delete -- \

@@ -111,7 +111,7 @@ def test_remat_blocked_and_splash_attention_lower_the_learner_cost(tmp_path):
   train step's peak; the splash kernel moves fewer HBM bytes than blocked attention
   (its own analytic cost included, since XLA cannot see inside the custom call).
   (At this toy size splash's peak is slightly above blocked's: its float32 softmax
-  statistics are lane-padded to 128; at the presets' size it is below, see README.)"""
+  statistics are lane-padded to 128; at the presets' size it is below, see docs/scale.md.)"""
   path = _model_json(tmp_path, "deep", **SMALL)
 
   def train_row(**learner):

@@ -34,7 +34,7 @@ def _define_flags():
                     "only the samplers' executables (quick checks of one side; no step "
                     "time is projected then).")
   flags.DEFINE_string("out", None, "Write the report as JSON here.")
-  flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (README figures).")
+  flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (docs figures).")
   flags.mark_flags_as_required(["config"])
   return flags.FLAGS
 

@@ -1,5 +1,5 @@
 """Command-line benchmarks: ``python -m sagc_jax.bench <name> --out FILE.json``.
 
 Each benchmark prints its figures and writes them as JSON; performance claims in
-the README come from these, never from timed tests.
+the docs come from these, never from timed tests.
 """

@@ -32,7 +32,7 @@ seed 0): quantiles 5/25/50/75/90/95/99% = 15/21/27/35/47/56/75, max 116, mean 30
 Toward the SAGC paper's regime (``guess_prob > 0``, best with ``modulus=10``): with that
 probability the solution skips the scratchpad and states only the answer
 (``"answer 9\n"``). A model this small cannot sum several digits modulo 10 in its head,
-so longer reasoning pays. Measured (README, "The paper's regime on CPU"): after a warm
+so longer reasoning pays. Measured (docs/claims.md, "The paper's regime on CPU"): after a warm
 start on ``guess_prob=0.2`` data and a second stage on mostly answer-only solutions
 (``sft.guess_stage_*``), written-out solutions were right ~67% of the time and
 guesses ~13% (chance); RL then raised held-out accuracy by 29-50 points by writing the

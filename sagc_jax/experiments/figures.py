@@ -1,6 +1,6 @@
-"""``python -m sagc_jax.figures --out runs/figures``: every README figure and table, fresh.
+"""``python -m sagc_jax.figures --out runs/figures``: every documented figure and table, fresh.
 
-One command reruns each measurement the README reports, with the same CLI a reader
+One command reruns each measurement the docs report, with the same CLI a reader
 would use by hand, and writes everything under ``--out``:
 
 * ``machine.json``: the machine (CPU model, cores, jax version); every PNG carries
@@ -37,7 +37,7 @@ _PY = sys.executable
 @dataclasses.dataclass(frozen=True)
 class Job:
   name: str
-  what: str                                  # the README figure / table it produces
+  what: str                                  # the documented figure / table it produces
   minutes: float                             # expected duration, 2-core CPU VM
   command: Callable[[Path], list[str]]       # argv, given the job's output folder
   needs: str = ""                            # an importable module the job requires

@@ -83,7 +83,8 @@ def _describe_mismatch(saved: Any, wanted: Any, item: str, limit: int = 4) -> st
   return "; ".join(parts) or None
 
 
-def _all_finite(tree: Any) -> bool:
+def all_finite(tree: Any) -> bool:
+  """True when every floating leaf of ``tree`` is finite (a restored state worth using)."""
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
   return all(bool(jnp.isfinite(x).all()) for x in leaves)
 
@@ -178,7 +179,7 @@ class Checkpointer:
         if meta.get("step") != step:
           raise ValueError(f"meta says step {meta.get('step')!r}")
         jax.block_until_ready((restored.params, restored.opt_state))
-        if not _all_finite(restored.params):
+        if not all_finite(restored.params):
           raise ValueError("its weights restored with NaN or inf values")
       except Exception as err:  # noqa: BLE001 - any failure here means "this step is damaged"
         self._skip_damaged(step, err)

@@ -154,7 +154,7 @@ def load_checkpoint_weights(model: Transformer, directory: str | os.PathLike,
   checkpoint whose weights read back finite is used; older ones are tried when a newer
   one is damaged (each failure is logged). A given ``step`` must restore or it raises.
   """
-  from sagc_jax.runtime.checkpoint import Checkpointer, _all_finite
+  from sagc_jax.runtime.checkpoint import Checkpointer, all_finite
 
   _, params, _ = nnx.split(model, nnx.Param, ...)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,
@@ -167,7 +167,7 @@ def load_checkpoint_weights(model: Transformer, directory: str | os.PathLike,
     for candidate in candidates:
       try:
         found, restored = checkpointer.restore_params(abstract, candidate)
-        if not _all_finite(restored):
+        if not all_finite(restored):
           raise ValueError("its weights restored with NaN or inf values")
         break
       except Exception as err:  # noqa: BLE001 - a damaged step: try the previous one
