@@ -248,7 +248,7 @@ def test_zero_compilations_after_warmup_across_random_group_sizes(llama, segment
 
 def test_hold_rollouts_group_sizes_share_one_bucket():
   assert row_buckets_for((4, 8, 16), lambda g: 64 // g) == (64,)
-  assert row_buckets_for((4, 8), {4: 3, 8: 3}, multiple_of=8) == (16, 24)
+  assert row_buckets_for((4, 8), {4: 3, 8: 3}.__getitem__, multiple_of=8) == (16, 24)
 
 
 @pytest.fixture(scope="module")

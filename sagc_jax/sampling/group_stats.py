@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 
 class GroupLengthStats(NamedTuple):
@@ -62,6 +63,19 @@ def group_length_stats(lengths: jax.Array, group_ids: jax.Array, row_valid: jax.
   gmax = jax.ops.segment_max(jnp.where(row_valid, lengths, 0), gid, num_segments=num_groups + 1)
   gmax = jnp.where(present, gmax[:num_groups], 0).astype(jnp.float32)
   return GroupLengthStats(gmax, median, count)
+
+
+def report_length_stats(sink: "LengthStatsSink", lengths: jax.Array, group_ids: jax.Array,
+                        row_valid: jax.Array, num_groups: int) -> GroupLengthStats:
+  """``group_length_stats``, also sent to the host ``sink`` from inside jit.
+
+  One ordered ``io_callback`` per sampler call, whichever sampler ran it: the
+  controller sees each round's stats as the round finishes, without a device-to-host
+  copy of the whole length vector.
+  """
+  stats = group_length_stats(lengths, group_ids, row_valid, num_groups=num_groups)
+  io_callback(sink, None, *stats, ordered=True)
+  return stats
 
 
 class LengthStatsSink:

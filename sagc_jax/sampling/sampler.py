@@ -22,38 +22,34 @@ sharing a row bucket share an executable. ``warmup()`` compiles every
 ``generate`` then only looks executables up, so after warm-up the number of
 XLA compilations is zero whatever sequence of G the controller produces.
 
-Randomness. Row r's token t is drawn with the key
-``fold_in(fold_in(PRNGKey(seed), r), t)``: the result depends on the seed and
-the row's index only, not on the bucket, batch padding or mesh, so one device
-and 8 devices sample identical tokens.
-
-Log-probabilities. ``logprobs[r, t]`` is the log-probability of the sampled
-token under the sampling distribution before top-k/top-p truncation, i.e.
-``log_softmax(logits / temperature)`` (``temperature = 0``: plain
-``log_softmax(logits)``). The learner recomputes exactly this quantity, so it
-serves as the PPO "old" log-prob.
+Randomness and log-probabilities are those of ``decode.py`` (the token rule both
+samplers share): row r's token t depends on the seed and the row's global index
+only, so one device and 8 devices sample identical tokens, and ``logprobs`` is the
+log-probability under the unfiltered temperature-scaled distribution, the
+learner's PPO "old" log-prob.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
-                                         cache_sharding, decode_cache_read_for, init_cache)
+                                         cache_sharding, decode_cache_read_for)
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
+from sagc_jax.runtime.shapes import smallest_bucket
+from sagc_jax.sampling import decode
 from sagc_jax.sampling.params import SamplingParams
-from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, group_length_stats
+from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, report_length_stats
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
@@ -91,125 +87,22 @@ class SampleBatch:
     return self.num_prompts * self.group_size
 
 
-def row_buckets_for(candidates: Sequence[int], prompts_for: Any, multiple_of: int = 1
-                    ) -> tuple[int, ...]:
+def row_buckets_for(candidates: Sequence[int], prompts_for: Callable[[int], int],
+                    multiple_of: int = 1) -> tuple[int, ...]:
   """One padded row count per candidate G: ``prompts_for(G) * G`` rounded up.
 
-  ``prompts_for`` maps G to the prompts per sampling round (a callable or a
-  mapping). Rounding up to ``multiple_of`` (the data-axis size) lets the rows
-  shard evenly. Several G with the same count share one bucket.
+  ``prompts_for`` is the trainer's P(G), the prompts per sampling round at group
+  size G (``sagc_jax.control.budget.prompts_per_round``). Rounding up to
+  ``multiple_of`` (the data-axis size) lets the rows shard evenly. Several G with
+  the same count share one bucket (DESIGN.md "Shapes and compilation").
   """
   buckets = set()
   for g in candidates:
-    p = _prompts_at(prompts_for, g)
+    p = prompts_for(g)
     if p <= 0:
       raise ValueError(f"prompts_for({g})={p}: need at least one prompt per round")
     buckets.add(-(-p * g // multiple_of) * multiple_of)
   return tuple(sorted(buckets))
-
-
-def _prompts_at(prompts_for: Mapping[int, int] | Callable[[int], int], g: int) -> int:
-  """P(G) from a ``prompts_for`` given as a callable or a mapping."""
-  return prompts_for(g) if callable(prompts_for) else prompts_for[g]
-
-
-def _smallest_bucket(value: int, buckets: Sequence[int], what: str) -> int:
-  for b in buckets:
-    if value <= b:
-      return b
-  raise ValueError(f"{what}={value} exceeds the largest bucket {max(buckets)} "
-                   f"(buckets: {tuple(buckets)})")
-
-
-def _sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams
-                   ) -> tuple[jax.Array, jax.Array]:
-  """Draws one token per row; returns (tokens [B], log-probs [B]).
-
-  top-k then top-p filter the temperature-scaled logits; the draw is a Gumbel
-  arg-max with each row's own key. The returned log-prob is of the unfiltered
-  scaled distribution (see the module docstring).
-  """
-  logits = logits.astype(jnp.float32)
-  if params.temperature == 0:
-    tokens = jnp.argmax(logits, axis=-1)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-  else:
-    scaled = logits / params.temperature
-    logp_all = jax.nn.log_softmax(scaled, axis=-1)
-    filtered = scaled
-    if params.top_k:
-      k = min(params.top_k, scaled.shape[-1])
-      kth = jax.lax.top_k(scaled, k)[0][:, -1:]
-      filtered = jnp.where(scaled < kth, -jnp.inf, filtered)
-    if params.top_p < 1:
-      sorted_logits = jnp.sort(filtered, axis=-1)[:, ::-1]
-      probs = jax.nn.softmax(sorted_logits, axis=-1)
-      mass_before = jnp.cumsum(probs, axis=-1) - probs
-      # Keep the smallest prefix whose mass reaches top_p (always the top token).
-      keep = mass_before < params.top_p
-      threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-      filtered = jnp.where(filtered < threshold, -jnp.inf, filtered)
-    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[-1:]))(keys)
-    tokens = jnp.argmax(filtered + gumbel, axis=-1)
-  tokens = tokens.astype(jnp.int32)
-  logp = jnp.take_along_axis(logp_all, tokens[:, None], axis=-1)[:, 0]
-  return tokens, logp
-
-
-def initial_carry(cache: KVCache, row_valid: jax.Array, row_ids: jax.Array,
-                  params: SamplingParams) -> dict[str, Any]:
-  """The decode state before the first token: padding rows are done from the start.
-
-  ``row_ids`` are the rows' global ids (their random streams); ``slot`` is a row's
-  position in the call's output (the segmented sampler's compaction moves rows, and
-  scatters them back by slot; -1 marks a padding row added by compaction).
-  """
-  rows = row_valid.shape[0]
-  return dict(t=jnp.int32(0), cache=cache, last=jnp.zeros((rows,), jnp.int32),
-              tokens=jnp.full((rows, params.max_new_tokens), params.pad_id, jnp.int32),
-              logprobs=jnp.zeros((rows, params.max_new_tokens), jnp.float32),
-              lengths=jnp.zeros((rows,), jnp.int32), done=~row_valid,
-              row_ids=row_ids, slot=jnp.arange(rows, dtype=jnp.int32))
-
-
-def emit(carry: dict[str, Any], step_logits: jax.Array, seed: jax.Array,
-         params: SamplingParams) -> dict[str, Any]:
-  """Samples token ``t`` for the rows still running and records it.
-
-  Row r's key is ``fold_in(fold_in(key(seed), row_ids[r]), t)``: a row's tokens do
-  not depend on where in a batch (or which batch) it sits.
-  """
-  t = carry["t"]
-  base = jax.random.key(seed)
-  keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(base, r), t))(
-      carry["row_ids"])
-  tokens, logp = _sample_tokens(step_logits, keys, params)
-  alive = ~carry["done"]
-  tokens = jnp.where(alive, tokens, params.pad_id)
-  stop_ids = jnp.asarray(params.stop_ids, jnp.int32)
-  hit_stop = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
-  return dict(
-      carry, t=t + 1, last=tokens,
-      tokens=jax.lax.dynamic_update_slice(carry["tokens"], tokens[:, None], (0, t)),
-      logprobs=jax.lax.dynamic_update_slice(
-          carry["logprobs"], jnp.where(alive, logp, 0.0)[:, None], (0, t)),
-      lengths=carry["lengths"] + alive.astype(jnp.int32),
-      done=carry["done"] | (alive & hit_stop))
-
-
-def decode_until(model: Transformer, carry: dict[str, Any], seed: jax.Array,
-                 params: SamplingParams, options: ForwardOptions, t_end: int
-                 ) -> dict[str, Any]:
-  """Decodes one token per running row until token ``t_end`` or every row is done."""
-  def keep_going(c):
-    return (c["t"] < t_end) & jnp.any(~c["done"])
-
-  def decode_one(c):
-    step_logits, new_cache = model(c["last"][:, None], attention_mask=(~c["done"])[:, None],
-                                   cache=c["cache"], options=options)
-    return emit(dict(c, cache=new_cache), step_logits[:, -1, :], seed, params)
-
-  return jax.lax.while_loop(keep_going, decode_one, carry)
 
 
 class Sampler:
@@ -248,11 +141,12 @@ class Sampler:
     min_compact_rows: the smallest row count compaction goes down to.
     group_sizes: the group sizes ``warmup`` compiles a shared prefill for (the
       controller's candidates; other sizes compile on first use).
-    prompts_for: optional prompts per ``generate`` call at each group size (a mapping
-      or callable, the trainer's P(G)). With it ``warmup`` compiles a group size's
-      shared prefill only for the call rows of ``P(G) * G`` prompts (in
-      ``hold_prompts`` mode one G per row bucket, not every G in every bucket); a
-      call with another prompt count compiles its prefill on first use.
+    prompts_for: optional callable giving the prompts per ``generate`` call at each
+      group size (the trainer's P(G), ``control.budget.prompts_per_round``). With it
+      ``warmup`` compiles a group size's shared prefill only for the call rows of
+      ``P(G) * G`` prompts (in ``hold_prompts`` mode one G per row bucket, not every
+      G in every bucket); a call with another prompt count compiles its prefill on
+      first use.
 
   The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
   then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
@@ -264,7 +158,7 @@ class Sampler:
                options: ForwardOptions | None = None, max_rows_per_call: int | None = None,
                decode_segment: int | None = None, compaction: bool = True,
                min_compact_rows: int = 8, group_sizes: Sequence[int] = (1,),
-               prompts_for: Mapping[int, int] | Callable[[int], int] | None = None):
+               prompts_for: Callable[[int], int] | None = None):
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
@@ -307,6 +201,9 @@ class Sampler:
     self.group_sizes = tuple(sorted(set(int(g) for g in group_sizes)))
     if not self.group_sizes or min(self.group_sizes) <= 0:
       raise ValueError(f"group_sizes={tuple(group_sizes)} must be positive ints")
+    if prompts_for is not None and not callable(prompts_for):
+      raise TypeError(f"prompts_for={prompts_for!r} must be a callable G -> P(G) "
+                      "(e.g. lambda g: prompts_per_round(config.rollout, g)) or None")
     self.prompts_for = prompts_for
     if decode_segment is None:
       decode_segment = auto_segment(params.max_new_tokens)
@@ -314,8 +211,12 @@ class Sampler:
         or decode_segment < 0:
       raise ValueError(f"decode_segment={decode_segment!r} must be an int >= 0 "
                        "(0 = fused sampler) or None (auto)")
-    self.segmented = (SegmentedDecoder(self, decode_segment, compaction, min_compact_rows)
-                      if decode_segment else None)
+    self.segmented = None
+    if decode_segment:
+      self.segmented = SegmentedDecoder(
+          self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype, mesh=mesh,
+          options_for=self._options_for, sink=self.sink, segment=decode_segment,
+          compaction=compaction, min_rows=min_compact_rows)
 
   # ----------------------------------------------------------- jitted core
   def _make_core(self):
@@ -327,18 +228,12 @@ class Sampler:
       model = nnx.merge(graphdef, state)
       rows, prompt_len = prompt_tokens.shape
       options = self._options_for(rows)
-      cache = init_cache(cfg, rows, prompt_len + n_new, dtype=cache_dtype)
-      if self.mesh is not None:
-        cache = jax.lax.with_sharding_constraint(
-            cache, cache_sharding(cfg, rows, prompt_len + n_new, self.mesh))
-      logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
-                            fresh_cache=True, options=options, last_only=True)
-      # Left padding: every real row's last prompt token sits in the last column.
-      carry = emit(initial_carry(cache, row_valid, row_ids, params), logits[:, -1, :], seed,
-                   params)
-      carry = decode_until(model, carry, seed, params, options, t_end=n_new)
-      stats = group_length_stats(carry["lengths"], group_ids, row_valid, num_groups=rows)
-      io_callback(sink, None, *stats, ordered=True)
+      cache = decode.new_cache(cfg, rows, prompt_len + n_new, cache_dtype, self.mesh)
+      logits, cache = decode.prefill(model, prompt_tokens, prompt_mask, cache, options)
+      carry = decode.emit(decode.initial_carry(cache, row_valid, row_ids, params), logits, seed,
+                          params)
+      carry = decode.decode_until(model, carry, seed, params, options, t_end=n_new)
+      stats = report_length_stats(sink, carry["lengths"], group_ids, row_valid, num_groups=rows)
       return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
                   decode_steps=carry["t"], stats=stats)
 
@@ -372,9 +267,7 @@ class Sampler:
 
   # -------------------------------------------------------------- compile
   def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
-    def spec(shape, dtype, names):
-      sharding = None if self.mesh is None else NamedSharding(self.mesh, P(*names))
-      return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    spec = lambda shape, dtype, names: decode.sharded_spec(self.mesh, shape, dtype, names)
     return (spec((rows, prompt_len), jnp.int32, ("data", None)),
             spec((rows, prompt_len), jnp.bool_, ("data", None)),
             spec((rows,), jnp.bool_, ("data",)),
@@ -426,11 +319,7 @@ class Sampler:
     ``length`` slots (default ``prompt_len + max_new_tokens``, the fused sampler's).
     """
     max_len = prompt_len + self.params.max_new_tokens if length is None else length
-    cache = jax.eval_shape(lambda: init_cache(self.cfg, rows, max_len, dtype=self.cache_dtype))
-    if self.mesh is None:
-      return cache
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        cache, cache_sharding(self.cfg, rows, max_len, self.mesh))
+    return decode.abstract_cache(self.cfg, rows, max_len, self.cache_dtype, self.mesh)
 
   def warmup(self, model: Transformer) -> int:
     """Compiles every executable a ``generate`` call can use; returns how many were new.
@@ -463,7 +352,7 @@ class Sampler:
     if self.prompts_for is None:
       return self.group_sizes
     return tuple(g for g in self.group_sizes if self.call_rows(
-        self.row_bucket_for(_prompts_at(self.prompts_for, g) * g)) == call_rows)
+        self.row_bucket_for(self.prompts_for(g) * g)) == call_rows)
 
   # ------------------------------------------------------------- generate
   def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
@@ -486,9 +375,9 @@ class Sampler:
         raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
     num_prompts = len(prompts)
     real_rows = num_prompts * group_size
-    rows = _smallest_bucket(real_rows, self.row_buckets, "rows (prompts x group_size)")
-    prompt_len = _smallest_bucket(max(len(p) for p in prompts), self.prompt_buckets,
-                                  "prompt length")
+    rows = self.row_bucket_for(real_rows)
+    prompt_len = smallest_bucket(max(len(p) for p in prompts), self.prompt_buckets,
+                                 "prompt length")
     tokens = np.full((rows, prompt_len), self.params.pad_id, np.int32)
     mask = np.zeros((rows, prompt_len), bool)
     for i, p in enumerate(prompts):
@@ -574,7 +463,7 @@ class Sampler:
 
   def row_bucket_for(self, rows: int) -> int:
     """The padded row count a call with ``rows`` real rows uses."""
-    return _smallest_bucket(rows, self.row_buckets, "rows (prompts x group_size)")
+    return smallest_bucket(rows, self.row_buckets, "rows (prompts x group_size)")
 
   @property
   def num_executables(self) -> int:

@@ -4,7 +4,8 @@ The fused sampler (``Sampler`` with ``decode_segment=0``) prefills every row, th
 runs one ``while_loop`` in which every decode step reads the whole static cache
 (``prompt + max_new_tokens`` slots) for every row of the batch until the longest
 row stops. Three things in that are waste, and this module removes them while
-sampling the same tokens (same per-row keys, same arithmetic up to float rounding):
+sampling the same tokens (both samplers trace ``decode.py``: same per-row keys,
+same arithmetic up to float rounding):
 
 1. **Prefill once per prompt.** The G rows of a group share their prompt: the
    distinct prompts are prefilled (``Pb`` rows) and each row's cache is gathered
@@ -37,24 +38,24 @@ and ``segment``. The main job (``configs/tiny_cpu.py``: 3 row buckets, ladders o
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.experimental import io_callback
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from sagc_jax.runtime.distributed import put_global, to_host
+from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.sharding import abstract_like
-from sagc_jax.models.transformer import cache_sharding, init_cache
+from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
-from sagc_jax.sampling.group_stats import GroupLengthStats, group_length_stats
-
-# Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"
-# are shared scalars.
-_ROW_LEAVES = ("last", "tokens", "logprobs", "lengths", "done", "row_ids", "slot")
+from sagc_jax.runtime.shapes import row_ladder
+from sagc_jax.sampling import decode
+from sagc_jax.sampling.group_stats import (GroupLengthStats, LengthStatsSink, group_length_stats,
+                                           report_length_stats)
+from sagc_jax.sampling.params import SamplingParams
 
 
 def _take_rows(cache, index: jax.Array):
@@ -78,37 +79,62 @@ def auto_segment(max_new_tokens: int) -> int:
 
 
 class SegmentedDecoder:
-  """The executables and host loop of segmented decoding for one ``Sampler``."""
+  """The executables and host loop of segmented decoding for one model architecture.
 
-  def __init__(self, sampler: Any, segment: int, compaction: bool, min_rows: int):
+  It receives what its programs are built from, not the ``Sampler`` that owns it
+  (which imports this module, never the reverse):
+
+  Args:
+    graphdef: the model's graph (``nnx.split``); parameters come with every call.
+    params: ``SamplingParams`` (the fused sampler's: same tokens).
+    cfg: the model config (the cache's shape).
+    cache_dtype: KV cache dtype.
+    mesh: optional mesh (rows on 'data').
+    options_for: the ``ForwardOptions`` of a pass over a given row count, with that
+      row count's cache layout pinned (the fused sampler's own).
+    sink: host sink of the per-group length stats.
+    segment: tokens per decode segment (> 0).
+    compaction: gather the running rows into fewer between segments.
+    min_rows: the smallest row count compaction goes down to (rounded up to 'data').
+  """
+
+  def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, cfg: ModelConfig, *,
+               cache_dtype: Any, mesh: Mesh | None,
+               options_for: Callable[[int], ForwardOptions], sink: LengthStatsSink,
+               segment: int, compaction: bool, min_rows: int):
     if isinstance(segment, bool) or not isinstance(segment, int) or segment <= 0:
       raise ValueError(f"decode_segment={segment!r} must be a positive int")
     if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows <= 0:
       raise ValueError(f"min_compact_rows={min_rows!r} must be a positive int")
-    self.sampler = sampler
+    self.graphdef = graphdef
+    self.params = params
+    self.cfg = cfg
+    self.cache_dtype = cache_dtype
+    self.options_for = options_for
+    self.sink = sink
     self.segment = segment
     self.compaction = compaction
-    self.mesh = sampler.mesh
+    self.mesh = mesh
     self.data = 1 if self.mesh is None else self.mesh.shape.get("data", 1)
     self.min_rows = -(-min_rows // self.data) * self.data
     self.programs = ProgramCache(self._lower)
 
   # ----------------------------------------------------------------- shapes
   def spans(self, prompt_len: int) -> tuple[int, ...]:
-    n_new = self.sampler.params.max_new_tokens
+    """Cache slots of each segment: the prompt plus the tokens decoded by its end."""
+    n_new = self.params.max_new_tokens
     count = -(-n_new // self.segment)
     return tuple(prompt_len + min(self.segment * j, n_new) for j in range(1, count + 1))
 
   def row_ladder(self, rows: int) -> tuple[int, ...]:
-    """Row counts compaction may move to: ``rows`` divided by 4 while whole over 'data'
-    and at least ``min_rows`` (a factor 4 keeps the executable count small)."""
-    ladder = [rows]
-    if self.compaction:
-      r = rows
-      while r % 4 == 0 and (r // 4) % self.data == 0 and r // 4 >= self.min_rows:
-        r //= 4
-        ladder.append(r)
-    return tuple(ladder)
+    """Row counts compaction may move to, largest (``rows``) first: ``rows`` divided
+    by 4 while whole over 'data' and at least ``min_rows`` (a factor 4 keeps the
+    executable count small; ``runtime.shapes.row_ladder``, the learner's ladder too)."""
+    base = rows
+    while (self.compaction and base % 4 == 0 and (base // 4) % self.data == 0
+           and base // 4 >= self.min_rows):
+      base //= 4
+    return row_ladder(rows, base, factor=4)[::-1]
 
   def prompt_rows(self, rows: int, group_size: int) -> int:
     """Rows of the shared prefill: the call's prompts, whole over 'data'."""
@@ -150,12 +176,11 @@ class SegmentedDecoder:
 
   # ------------------------------------------------------------ shardings
   def _spec(self, shape, dtype, names):
-    sharding = None if self.mesh is None else NamedSharding(self.mesh, P(*names))
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    return decode.sharded_spec(self.mesh, shape, dtype, names)
 
   def _abstract_carry(self, rows: int, length: int) -> dict[str, Any]:
     """The decode state of ``rows`` rows with a ``length``-slot cache."""
-    n_new = self.sampler.params.max_new_tokens
+    n_new = self.params.max_new_tokens
     row1, row2 = ("data",), ("data", None)
     carry = dict(
         t=self._spec((), jnp.int32, ()), last=self._spec((rows,), jnp.int32, row1),
@@ -163,7 +188,7 @@ class SegmentedDecoder:
         logprobs=self._spec((rows, n_new), jnp.float32, row2),
         lengths=self._spec((rows,), jnp.int32, row1), done=self._spec((rows,), jnp.bool_, row1),
         row_ids=self._spec((rows,), jnp.int32, row1), slot=self._spec((rows,), jnp.int32, row1))
-    carry["cache"] = self.sampler.abstract_cache(rows, 0, length=length)
+    carry["cache"] = decode.abstract_cache(self.cfg, rows, length, self.cache_dtype, self.mesh)
     return carry
 
   def _jit(self, fn, in_specs: tuple, out_spec: Any, donate: tuple[int, ...] = ()):
@@ -182,27 +207,20 @@ class SegmentedDecoder:
     return getattr(self, f"_lower_{kind}")(*shape)
 
   def _lower_start(self, state, prompt_rows: int, rows: int, prompt_len: int):
-    from sagc_jax.sampling.sampler import emit, initial_carry
-    s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
+    graphdef, params, cfg = self.graphdef, self.params, self.cfg
     max_len = self.spans(prompt_len)[0]
+    options = self.options_for(prompt_rows)
 
     def sampler_start(state, prompt_tokens, prompt_mask, row_prompt, row_valid, row_ids,
                       seed):
       model = nnx.merge(graphdef, state)
-      cache = init_cache(s.cfg, prompt_rows, max_len, dtype=s.cache_dtype)
-      if self.mesh is not None:
-        cache = jax.lax.with_sharding_constraint(
-            cache, cache_sharding(s.cfg, prompt_rows, max_len, self.mesh))
-      logits, cache = model(prompt_tokens, attention_mask=prompt_mask, cache=cache,
-                            fresh_cache=True, options=s._options_for(prompt_rows),
-                            last_only=True)
+      cache = decode.new_cache(cfg, prompt_rows, max_len, self.cache_dtype, self.mesh)
+      logits, cache = decode.prefill(model, prompt_tokens, prompt_mask, cache, options)
       # Each row takes its prompt's cache and next-token logits.
-      cache = _take_rows(cache, row_prompt)
-      if self.mesh is not None:
-        cache = jax.lax.with_sharding_constraint(
-            cache, cache_sharding(s.cfg, rows, max_len, self.mesh))
-      first_logits = jnp.take(logits[:, -1, :], row_prompt, axis=0)
-      return emit(initial_carry(cache, row_valid, row_ids, params), first_logits, seed, params)
+      cache = decode.pin_cache(cfg, _take_rows(cache, row_prompt), self.mesh)
+      first_logits = jnp.take(logits, row_prompt, axis=0)
+      return decode.emit(decode.initial_carry(cache, row_valid, row_ids, params), first_logits,
+                         seed, params)
 
     inputs = (abstract_like(state), *self._start_inputs(prompt_rows, rows, prompt_len),
               self._spec((), jnp.uint32, ()))
@@ -227,9 +245,8 @@ class SegmentedDecoder:
     """Grows the received cache to ``span`` slots, then decodes to token
     ``span - prompt_len``. The cache is passed apart from the other carry leaves so
     that it is donated exactly when its size stays (the first segment)."""
-    from sagc_jax.sampling.sampler import decode_until
-    s, graphdef, params = self.sampler, self.sampler._graphdef, self.sampler.params
-    options = s._options_for(rows)
+    graphdef, params = self.graphdef, self.params
+    options = self.options_for(rows)
     extra = span - self._input_span(prompt_len, span)
     grow_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))   # [B, KV, S, D]
 
@@ -238,8 +255,8 @@ class SegmentedDecoder:
         cache = cache._replace(k=tuple(map(grow_kv, cache.k)), v=tuple(map(grow_kv, cache.v)),
                                valid=jnp.pad(cache.valid, ((0, 0), (0, extra))))
       model = nnx.merge(graphdef, state)
-      return decode_until(model, dict(rest, cache=cache), seed, params, options,
-                          t_end=span - prompt_len)
+      return decode.decode_until(model, dict(rest, cache=cache), seed, params, options,
+                                 t_end=span - prompt_len)
 
     rest = self._abstract_carry(rows, span - extra)
     cache = rest.pop("cache")
@@ -253,7 +270,7 @@ class SegmentedDecoder:
     marks padding rows, done from then on."""
     def sampler_compact(carry, index, keep):
       take = lambda x: jnp.take(x, index, axis=0)
-      out = dict(carry, **{k: take(carry[k]) for k in _ROW_LEAVES})
+      out = dict(carry, **{k: take(carry[k]) for k in decode.ROW_LEAVES})
       out["done"] = out["done"] | ~keep
       out["slot"] = jnp.where(keep, out["slot"], -1)
       out["cache"] = _take_rows(carry["cache"], index)
@@ -266,12 +283,10 @@ class SegmentedDecoder:
         self._abstract_carry(rows_to, span))
 
   def _lower_stats(self, rows: int):
-    sink = self.sampler.sink
+    sink = self.sink
 
     def sampler_stats(lengths, group_ids, row_valid):
-      stats = group_length_stats(lengths, group_ids, row_valid, num_groups=rows)
-      io_callback(sink, None, *stats, ordered=True)
-      return stats
+      return report_length_stats(sink, lengths, group_ids, row_valid, num_groups=rows)
 
     row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
     inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
@@ -302,7 +317,7 @@ class SegmentedDecoder:
     decode_steps, stats); ``slots`` is the decode work actually done, the sum over
     segments of rows x steps.
     """
-    params = self.sampler.params
+    params = self.params
     n_new = params.max_new_tokens
     prompt_rows = self.prompt_rows(rows, group_size)
     first = np.arange(0, rows, group_size)[:prompt_rows]
