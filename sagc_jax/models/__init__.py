@@ -20,8 +20,8 @@ from sagc_jax.models.config import Llama3RopeScaling, ModelConfig
 from sagc_jax.models.hf_io import from_pretrained, read_config, save_pretrained
 from sagc_jax.models.tiny import build_tiny_checkpoint, build_tiny_tokenizer, tiny_config
 from sagc_jax.models.tokenizer import encode_prompts, load_tokenizer, pad_prompts
-from sagc_jax.models.transformer import (KVCache, Transformer, cache_sharding, init_cache,
-                                         init_model, real_token_positions)
+from sagc_jax.models.kv_cache import KVCache, cache_sharding, init_cache
+from sagc_jax.models.transformer import Transformer, init_model, real_token_positions
 
 __all__ = [
     "KVCache",

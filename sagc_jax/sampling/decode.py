@@ -32,8 +32,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_sharding,
-                                         init_cache)
+from sagc_jax.models.kv_cache import KVCache, cache_sharding, init_cache
+from sagc_jax.models.transformer import ForwardOptions, Transformer
 from sagc_jax.sampling.params import SamplingParams
 
 __all__ = ["ROW_LEAVES", "abstract_cache", "decode_until", "emit", "initial_carry",

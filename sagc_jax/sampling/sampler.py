@@ -43,8 +43,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.models.sharding import abstract_like
-from sagc_jax.models.transformer import (ForwardOptions, KVCache, Transformer, cache_row_axes,
-                                         cache_sharding, decode_cache_read_for)
+from sagc_jax.models.kv_cache import KVCache, cache_row_axes, cache_sharding
+from sagc_jax.models.transformer import ForwardOptions, Transformer, decode_cache_read_for
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 from sagc_jax.runtime.shapes import smallest_bucket
 from sagc_jax.sampling import decode
