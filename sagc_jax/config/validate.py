@@ -16,6 +16,7 @@ from sagc_jax.config import checks
 from sagc_jax.config.schema import DATASETS, DTYPES, FILE_DATASETS, REWARDS, base_config
 from sagc_jax.control.budget import ROLLOUT_MODES, candidate_group_sizes, prompts_per_round
 from sagc_jax.control.controller import controller_from_config
+from sagc_jax.models.gguf_import import is_gguf_source, resolve_source
 from sagc_jax.rl.config import ALGORITHM_PRESETS, LearnerConfig
 from sagc_jax.runtime.storage import is_remote
 from sagc_jax.sampling.params import SamplingParams
@@ -39,6 +40,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError("model.path is empty: this preset needs an HF checkpoint folder, local or gs:// "
                      "(--config.model.path=/path/to/checkpoint)")
   checks.one_of(config, "model.tiny_family", ("llama", "qwen2", "qwen3"))
+  if isinstance(config.model.path, str) and is_gguf_source(config.model.path):
+    try:
+      resolve_source(config.model.path)
+    except ValueError as err:
+      raise ValueError(f"model.path={config.model.path!r}: {err}") from None
   checks.number_in(config, "model.init_std", 0.0, low_open=True)
   shape = tuple(checks.lookup(config, "mesh.shape"))
   axes = tuple(checks.lookup(config, "mesh.axes"))

@@ -30,8 +30,11 @@ def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
   from sagc_jax.training.warm_start import SFT_MARKER
 
   root = cache_root(config.train.local_cache_dir)
-  if base or config.model.path:
-    return Path(stage(base or config.model.path, root, what="base folder"))
+  if base:
+    return Path(stage(base, root, what="base folder"))
+  if config.model.path:
+    from sagc_jax.training.inputs import policy_source
+    return Path(policy_source(config, root))
   mirror = local_mirror(workdir, root)
   for name, marker in (("sft_model", SFT_MARKER), ("init_model", "model.safetensors")):
     if (mirror / name / marker).exists():

