@@ -233,7 +233,7 @@ def test_sharded_update_equals_single_device(samples):
 
 def test_bad_batches_are_refused(samples):
   learner = Learner(new_model(), LearnerConfig.grpo(), (16,), (PROMPT_BUCKET,), (6,))
-  with pytest.raises(ValueError, match="longest response 12 exceeds the largest response "
+  with pytest.raises(ValueError, match="longest response=12 exceeds the largest response "
                                        "bucket 6"):
     learner.update(samples[0])
   with pytest.raises(ValueError, match="row bucket 16 does not split"):

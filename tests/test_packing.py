@@ -16,9 +16,9 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.rl import losses
 from sagc_jax.rl.config import LearnerConfig
 from sagc_jax.rl.learner import Learner
-from sagc_jax.rl.packing import (first_fit_decreasing, ladder_split, row_ladder,
-                                 sequence_weights)
+from sagc_jax.rl.packing import first_fit_decreasing, ladder_split, sequence_weights
 from sagc_jax.rl.rollout import RolloutBatch
+from sagc_jax.runtime.shapes import row_ladder
 from test_learner import PROMPT_BUCKET, small_config
 
 N_RESP = 16
@@ -40,7 +40,7 @@ def test_row_ladder_and_split_cover_the_rows_with_little_padding():
   assert row_ladder(32, 4) == (4, 8, 16, 32)
   assert row_ladder(12, 4) == (4, 8, 12)      # doublings of the 'data' axis, and the top
   assert ladder_split(7, (4, 8, 12)) == [4, 4]
-  with pytest.raises(ValueError, match="max_rows=6 is not a multiple of unit=4"):
+  with pytest.raises(ValueError, match="top=6 must be a multiple of base=4"):
     row_ladder(6, 4)
   assert ladder_split(26, (1, 2, 4, 8, 16)) == [16, 8, 2]
   assert ladder_split(13, (4, 8, 16)) == [8, 4, 4]

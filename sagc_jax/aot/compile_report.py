@@ -118,7 +118,7 @@ def _resident_bytes(model, learner) -> dict[str, float]:
   """Per-device bytes of the state that stays in HBM for the whole run, minus what each
   executable kind receives as arguments (already in its own memory analysis)."""
   model_b = _per_device_bytes(nnx.state(model))
-  master_b = 0.0 if learner._shares_master else _per_device_bytes(learner.params)
+  master_b = 0.0 if learner.shares_master else _per_device_bytes(learner.params)
   opt_b = _per_device_bytes(learner.opt_state)
   ref_b = 0.0 if learner.reference is None else _per_device_bytes(learner.reference)
   total = model_b + master_b + opt_b + ref_b

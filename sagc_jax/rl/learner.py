@@ -1,6 +1,9 @@
-"""Jitted GRPO / DAPO learner: advantages, clipped policy loss, optax updates.
+"""GRPO / DAPO learner: weights, buckets, ahead-of-time compilation, the update loop.
 
-One ``Learner.update(batch)`` consumes a step's rollouts:
+The jitted steps themselves are pure functions in ``rl/step_fns.py``; ``Learner`` owns
+the state they are applied to (float32 master weights, optimizer state, the frozen
+reference), jits each with its shardings and donated buffers, compiles every bucket
+ahead of time and runs them. One ``Learner.update(batch)`` consumes a step's rollouts:
 
 1. ``prepare`` (jitted, per row bucket): the DAPO dynamic-sampling mask
    (rows of groups whose rewards are all equal get no loss; judged on the raw
@@ -37,8 +40,9 @@ compiled ahead of time (``warmup``), so whatever G the controller picks and what
 the lengths, no compilation happens after warm-up. Parameters keep their nnx
 shardings; batch rows are sharded on the mesh's ``'data'`` axis.
 
-References: GRPO (Shao et al. 2024, DeepSeekMath), DAPO (Yu et al. 2025),
-Dr. GRPO (Liu et al. 2025); see ``losses`` for the per-function citations.
+References: GRPO (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300), DAPO (Yu et al.
+2025, arXiv:2503.14476), Dr. GRPO (Liu et al. 2025, arXiv:2503.20783); see ``losses``
+for the per-function citations.
 """
 
 from __future__ import annotations
@@ -51,7 +55,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -59,68 +62,18 @@ from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.models import sharding as shd
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
-from sagc_jax.rl import losses
+from sagc_jax.runtime.shapes import row_ladder, smallest_bucket
+from sagc_jax.rl import step_fns, weights
 from sagc_jax.rl.config import LearnerConfig
-from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
-from sagc_jax.rl.packing import (LearnerBatch, StepSequences, pack_minibatch, pad_minibatch,
-                                 row_ladder)
+from sagc_jax.rl.packing import LearnerBatch, StepSequences, pack_minibatch, pad_minibatch
 from sagc_jax.rl.rollout import RolloutBatch
 
 __all__ = ["Learner"]
 
-def _is_abstract(tree) -> bool:
-  return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
-
-
-def _fsdp_names(names: tuple, shape: tuple[int, ...], mesh: Mesh) -> tuple:
-  """Adds 'data' to the largest dimension not already sharded (FSDP / ZeRO-3).
-
-  A dimension qualifies only if it divides by the 'data' axis; vectors (norm
-  scales, biases) stay as they are: they are tiny and gathering them is waste.
-  """
-  data = mesh.shape.get("data", 1)
-  if data == 1 or len(shape) < 2:
-    return names
-  free = [i for i, n in enumerate(names) if n is None and shape[i] % data == 0]
-  if not free:
-    return names
-  i = max(free, key=lambda j: shape[j])
-  return tuple("data" if j == i else n for j, n in enumerate(names))
-
-
-# Microbatch sums combined with max, not +, across a minibatch's microbatches.
-_MAX_SUMS = ("ratio_max", "mismatch_max")
-# Sums that are already the minibatch's value (the loss and its parts); the rest are
-# per-token sums, divided by the minibatch's real tokens.
-_EXACT_SUMS = ("loss", "pg_loss", "kl") + _MAX_SUMS
-
-
-def _smallest_holding(value: int, sizes: Sequence[int], what: str, kind: str) -> int:
-  """The smallest of the sorted ``sizes`` that is >= ``value``; else a ValueError naming
-  ``what`` and the largest ``kind``."""
-  for size in sizes:
-    if value <= size:
-      return size
-  raise ValueError(f"{what} exceeds the largest {kind} {sizes[-1]}")
-
-
-def _update_metrics(history: list) -> dict[str, list[float]]:
-  """Per-update metrics from (sums, apply info) pairs: exact minibatch values (a
-  token-mean over the minibatch, not a mean of microbatch means)."""
-  out: dict[str, list[float]] = {}
-  for sums, info in history:
-    tokens = max(float(sums["tokens"]), 1.0)
-    for key, value in sums.items():
-      if key in ("tokens", "mismatch_sum", "mismatch_max"):
-        continue
-      out.setdefault(key, []).append(float(value) if key in _EXACT_SUMS
-                                     else float(value) / tokens)
-    out.setdefault("grad_norm", []).append(float(info["grad_norm"]))
-  return out
-
 
 class Learner:
-  """Owns the optimizer state and the compiled train steps for one policy.
+  """Owns the weights, the optimizer state and the compiled steps (``step_fns``, jitted
+  with this learner's shardings, one program per bucket) for one policy.
 
   Weights. The model may hold bfloat16 weights (what the sampler reads); the
   learner keeps **float32 master weights** and float32 Adam moments, computes the
@@ -129,8 +82,8 @@ class Learner:
   updated weights back to the model cast to its dtype and sharding. At lr = 1e-6 a
   bfloat16 weight (8 mantissa bits) would absorb most updates unchanged; a float32
   master copy keeps every one. With a float32 model and no FSDP the model shares the
-  master's buffers (nothing is cast or copied); with FSDP the master is a resharded
-  copy and every sync reshards it.
+  master's buffers (``shares_master``: nothing is cast or copied); with FSDP the
+  master is a resharded copy and every sync reshards it.
 
   Sharding. The model keeps its tensor-parallel layout (heads / MLP units /
   vocabulary on 'model', replicated over 'data'), which the sampler wants. With
@@ -172,22 +125,25 @@ class Learner:
     data = 1 if mesh is None else mesh.shape.get("data", 1)
     for rows in self.row_buckets:
       config.check_split(rows, f"row bucket {rows}", data)
-    self.graphdef, model_params, self.rest = nnx.split(model, nnx.Param, ...)
-    self.abstract = _is_abstract(model_params)
+    graphdef, model_params, rest = nnx.split(model, nnx.Param, ...)
+    self.abstract = weights.is_abstract(model_params)
     self.compute_dtype = jax.tree.leaves(model_params)[0].dtype
     self.tx = config.optimizer()
     self._schedule = config.learning_rate_schedule()
 
     self._model_shardings = (None if mesh is None else
                              jax.tree.map(lambda x: x.sharding, model_params))
-    self._param_shardings = self._master_shardings(model_params)
-    master = self._to_dtype(model_params, jnp.float32, self._param_shardings)
+    self._param_shardings = weights.master_shardings(model_params, mesh, config.fsdp)
+    master = weights.to_dtype(model_params, jnp.float32, self._param_shardings)
     self.params = master
-    self._shares_master = master is model_params
+    # True when the model's buffers are the master's (float32 model, no FSDP).
+    self.shares_master = master is model_params
+    self.policy = step_fns.PolicySpec(graphdef, rest, self.compute_dtype, self.options,
+                                      self._abstract(master), self._param_shardings)
     opt_shapes = jax.eval_shape(self.tx.init, self._abstract(master))
     self._opt_shardings = (None if mesh is None else
-                           self._like_params(opt_shapes, self._param_shardings,
-                                             NamedSharding(mesh, P())))
+                           weights.like_params(opt_shapes, self._param_shardings,
+                                               NamedSharding(mesh, P())))
     if self.abstract:
       self.opt_state = jax.tree.map(
           lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_shapes,
@@ -196,8 +152,8 @@ class Learner:
       init = jax.jit(self.tx.init, **({} if mesh is None else
                                       dict(out_shardings=self._opt_shardings)))
       self.opt_state = init(master)
-    self.reference = (self._to_dtype(master, self.compute_dtype, self._param_shardings,
-                                     copy=True) if config.kl_coef > 0 else None)
+    self.reference = (weights.to_dtype(master, self.compute_dtype, self._param_shardings,
+                                       copy=True) if config.kl_coef > 0 else None)
     self.step = 0
     self.skipped_updates = 0
     # Packed microbatches: rows of a pack length holding a prompt bucket plus a response
@@ -211,54 +167,9 @@ class Learner:
     self.programs = ProgramCache(self._lower)
 
   # ------------------------------------------------------------- weights
-  def _master_shardings(self, model_params):
-    """Shardings of the master weights: the model's, plus 'data' with ``fsdp``."""
-    if self.mesh is None:
-      return None
-    if not self.config.fsdp:
-      return self._model_shardings
-
-    def fsdp(x):
-      names = tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
-      names = shd.fit_spec(x.shape, _fsdp_names(names, x.shape, self.mesh), self.mesh)
-      return NamedSharding(self.mesh, P(*names))
-    return jax.tree.map(fsdp, model_params)
-
-  @staticmethod
-  def _like_params(tree, param_shardings, default):
-    """Shardings for an optax state: subtrees shaped like the params get theirs."""
-    structure = jax.tree.structure(param_shardings)
-
-    def is_param_tree(x):
-      return jax.tree.structure(x) == structure
-    return jax.tree.map(
-        lambda x: param_shardings if is_param_tree(x) else
-        jax.tree.map(lambda _: default, x), tree, is_leaf=is_param_tree)
-
-  def _to_dtype(self, params, dtype, shardings, *, copy: bool = False):
-    """``params`` cast to ``dtype`` and placed with ``shardings`` (abstract if the
-    model is); ``params`` itself when nothing would change and ``copy`` is False."""
-    leaves = jax.tree.leaves(params)
-    same_sharding = shardings is None or all(
-        getattr(x, "sharding", None) == s
-        for x, s in zip(leaves, jax.tree.leaves(shardings)))
-    if all(x.dtype == dtype for x in leaves) and same_sharding and not copy:
-      return params
-    if self.abstract:
-      if shardings is None:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), params)
-      return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, dtype, sharding=s),
-                          params, shardings)
-    return self._cast_fn(dtype, shardings)(params)
-
-  def _cast_fn(self, dtype, shardings):
-    """Jitted ``astype(dtype)`` of a params tree, output placed with ``shardings``."""
-    return jax.jit(lambda p: jax.tree.map(lambda x: x.astype(dtype), p),
-                   **({} if shardings is None else dict(out_shardings=shardings)))
-
   def _sync_executable(self):
     """The compiled master -> model cast (None when the model shares the master)."""
-    if self._shares_master:
+    if self.shares_master:
       return None
     return self.programs.get(("sync",))
 
@@ -266,127 +177,6 @@ class Learner:
     """Writes the current master weights into the model (its dtype and layout)."""
     cast = self._sync_executable()
     nnx.update(self.model, self.params if cast is None else cast(self.params))
-
-  # ------------------------------------------------------------ jitted code
-  def _make_prepare(self):
-    cfg = self.config
-
-    def learner_prepare(scores, lengths, group_ids, row_valid):
-      scores = scores.astype(jnp.float32)
-      # DAPO drops groups whose *rewards* are all equal (all right or all wrong);
-      # the overlong penalty below must not make an all-wrong group look informative.
-      keep = (losses.dynamic_sampling_keep(scores, group_ids, mask=row_valid)
-              if cfg.dynamic_sampling else row_valid)
-      if cfg.overlong_buffer:
-        scores = scores + losses.overlong_penalty(lengths, cfg.max_response_len,
-                                                  cfg.overlong_buffer, cfg.overlong_factor)
-      scores = jnp.where(row_valid, scores, 0.0)
-      adv = losses.group_advantages(scores, group_ids, normalize_std=cfg.normalize_std,
-                                    eps=cfg.adv_eps, mask=row_valid)
-      return adv, keep, scores
-
-    return learner_prepare
-
-  def _forward_logprobs(self, params, batch: LearnerBatch):
-    """(log-probs [rows, N], entropy [rows, N]) of the batch's N target columns.
-
-    ``params`` may be the float32 master weights: they are cast to the model's
-    dtype here, inside the differentiated function.
-    """
-    params = jax.tree.map(lambda x: x.astype(self.compute_dtype), params)
-    model = nnx.merge(self.graphdef, params, self.rest)
-    hidden, _ = model.hidden_states(batch.tokens, positions=batch.positions,
-                                    segment_ids=batch.segment_ids, options=self.options)
-    _, t, n = batch.shape
-    weight, transposed = model.head_weight()
-    return chunked_logprobs_entropy(hidden[:, t - n - 1:-1], weight, transposed,
-                                    batch.tokens[:, t - n:],
-                                    temperature=self.config.temperature,
-                                    chunk=self.config.logits_chunk)
-
-  def _make_logprobs(self):
-    def learner_logprobs(params, batch: LearnerBatch):
-      logp, _ = self._forward_logprobs(params, batch)
-      return jnp.where(batch.loss_mask, logp, 0.0)
-    return learner_logprobs
-
-  def _pin_like_params(self, tree):
-    """Float32 gradients keep the master weights' (FSDP) sharding."""
-    if self._param_shardings is None:
-      return tree
-    return jax.lax.with_sharding_constraint(tree, self._param_shardings)
-
-  def _microbatch_loss(self, params, batch: LearnerBatch):
-    """(loss, token sums) of one microbatch: ``loss`` is its exact share of the
-    minibatch objective (``loss_weight`` carries the aggregation, ``packing``)."""
-    cfg = self.config
-    logp, entropy = self._forward_logprobs(params, batch)
-    real = batch.loss_mask
-    t = losses.ppo_token_terms(logp, batch.old_logp, batch.advantages, real, cfg.clip_low,
-                               cfg.clip_high, cfg.clip_c)
-    w = jnp.where(real, batch.loss_weight, 0.0)
-    pg = jnp.sum(t["pg"] * w)
-    loss = pg
-    sg = jax.lax.stop_gradient
-    f = real.astype(jnp.float32)
-    ratio = sg(t["ratio"])
-    sums = {"pg_loss": sg(pg), "tokens": jnp.sum(f),
-            "entropy": jnp.sum(entropy * f),
-            "clipfrac": jnp.sum(t["clipped"] * f), "clipfrac_lower": jnp.sum(t["dual"] * f),
-            "clipfrac_ratio_high": jnp.sum((t["clipped"] & (t["adv"] > 0)) * f),
-            "clipfrac_ratio_low": jnp.sum((t["clipped"] & (t["adv"] < 0)) * f),
-            "approx_kl": sg(jnp.sum((t["old_logp"] - t["logp"]) * f)),
-            "ratio_mean": jnp.sum(ratio * f),
-            "mismatch_sum": sg(jnp.sum(jnp.abs(t["logp"] - t["old_logp"]) * f)),
-            "ratio_max": jnp.max(jnp.where(real, ratio, 0.0)),
-            "mismatch_max": sg(jnp.max(jnp.where(real, jnp.abs(t["logp"] - t["old_logp"]),
-                                                 0.0)))}
-    if cfg.kl_coef > 0:
-      ref = jnp.where(real, batch.ref_logp, 0.0)
-      kl = jnp.sum(losses.kl_penalty(t["logp"], ref, cfg.kl_kind) * w)
-      loss = loss + cfg.kl_coef * kl
-      sums["kl"] = sg(kl)
-    sums["loss"] = sg(loss)
-    return loss, sums
-
-  @functools.cached_property
-  def _sums_shape(self):
-    """The structure of the metric sums (traced once, on the smallest batch)."""
-    return jax.eval_shape(self._microbatch_loss, self._abstract(self.params),
-                          LearnerBatch.abstract(1, 2, 1))[1]
-
-  def _zero_state(self):
-    """(float32 zero gradients, zero sums): what a minibatch's accumulation starts from."""
-    return (self._pin_like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
-                                               self.params)),
-            jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), self._sums_shape))
-
-  def _make_grad_step(self):
-    grad_fn = jax.value_and_grad(self._microbatch_loss, has_aux=True)
-
-    def learner_grad(params, grads, sums, batch: LearnerBatch):
-      (_, micro), g = grad_fn(params, batch)
-      g = self._pin_like_params(jax.tree.map(lambda x: x.astype(jnp.float32), g))
-      merged = {k: (jnp.maximum(sums[k], v) if k in _MAX_SUMS else sums[k] + v)
-                for k, v in micro.items()}
-      return jax.tree.map(jnp.add, grads, g), merged
-    return learner_grad
-
-  def _make_apply(self):
-    tx = self.tx
-
-    def learner_apply(params, opt_state, grads, loss):
-      grad_norm = optax.tree.norm(grads)
-      finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-      def apply(_):
-        updates, new_opt = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), new_opt
-
-      new_params, new_opt = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
-      return new_params, new_opt, {"grad_norm": grad_norm,
-                                   "skipped": (~finite).astype(jnp.float32)}
-    return learner_apply
 
   # --------------------------------------------------------- shapes, compile
   def _row_sharding(self, ndim: int):
@@ -400,21 +190,28 @@ class Learner:
     return jax.tree.map(lambda _: self._row_sharding(2), LearnerBatch.abstract(1, 2, 1))
 
   def _build_programs(self) -> None:
+    """The steps of ``step_fns`` jitted with this learner's shardings and donations;
+    their trailing arguments (config, policy) are static."""
     repl = None if self.mesh is None else NamedSharding(self.mesh, P())
-    params_sh = self._param_shardings
-    batch_sh = self._batch_shardings()
+    params_sh, opt_sh = self._param_shardings, self._opt_shardings
 
-    def shardings(ins, outs):
-      return {} if self.mesh is None else dict(in_shardings=ins, out_shardings=outs)
-    self._zeros = jax.jit(self._zero_state, **shardings((), (params_sh, repl)))
-    self._grad_step = jax.jit(self._make_grad_step(), donate_argnums=(1, 2),
-                              **shardings((params_sh, params_sh, repl, batch_sh),
-                                          (params_sh, repl)))
-    self._apply = jax.jit(self._make_apply(), donate_argnums=(0, 1),
-                          **shardings((params_sh, self._opt_shardings, params_sh, repl),
-                                      (params_sh, self._opt_shardings, repl)))
-    self._logprobs = jax.jit(self._make_logprobs())
-    self._prepare = jax.jit(self._make_prepare())
+    def jit(fn, static, ins=None, outs=None, donate=()):
+      shardings = {} if self.mesh is None or outs is None else dict(in_shardings=ins,
+                                                                    out_shardings=outs)
+      return jax.jit(fn, static_argnums=static, donate_argnums=donate, **shardings)
+    self._zeros = jit(step_fns.learner_zeros, (0, 1), (), (params_sh, repl))
+    self._grad_step = jit(step_fns.learner_grad, (4, 5),
+                          (params_sh, params_sh, repl, self._batch_shardings()),
+                          (params_sh, repl), donate=(1, 2))
+    self._apply = jit(step_fns.learner_apply, (4,), (params_sh, opt_sh, params_sh, repl),
+                      (params_sh, opt_sh, repl), donate=(0, 1))
+    self._logprobs = jit(step_fns.learner_logprobs, (2, 3))
+    self._prepare = jit(step_fns.learner_prepare, (4,))
+
+  @functools.cached_property
+  def _sums_shape(self):
+    """The structure of the metric sums (traced once, on the smallest batch)."""
+    return step_fns.metric_sums_shape(self.config, self.policy)
 
   def _abstract_batch(self, rows: int, seq_len: int, targets: int) -> LearnerBatch:
     return LearnerBatch.abstract(rows, seq_len, targets, self._row_sharding)
@@ -427,27 +224,26 @@ class Learner:
     """The lowered program of ``key``: ``("sync",)``, ``("prepare", rows)``, ``("zeros",)``,
     ``("apply",)``, ``("grad", rows, T, N)`` or ``("logp", "ref" | "policy", rows, T, N)``."""
     kind, *shape = key
+    cfg, policy, params = self.config, self.policy, self._abstract(self.params)
     if kind == "sync":
-      cast = self._cast_fn(self.compute_dtype, self._model_shardings)
-      return cast.lower(self._abstract(self.params))
+      return weights.cast_program(self._model_shardings).lower(params, self.compute_dtype)
     if kind == "prepare":
-      (rows,) = shape
-      return self._prepare.lower(jax.ShapeDtypeStruct((rows,), jnp.float32),
-                                 jax.ShapeDtypeStruct((rows,), jnp.int32),
-                                 jax.ShapeDtypeStruct((rows,), jnp.int32),
-                                 jax.ShapeDtypeStruct((rows,), jnp.bool_))
+      vectors = [jax.ShapeDtypeStruct(tuple(shape), dtype)
+                 for dtype in (jnp.float32, jnp.int32, jnp.int32, jnp.bool_)]
+      return self._prepare.lower(*vectors, cfg)
     if kind == "zeros":
-      return self._zeros.lower()
+      return self._zeros.lower(cfg, policy)
     sums = self._sums_shape
     if kind == "apply":
-      return self._apply.lower(self._abstract(self.params), self._abstract(self.opt_state),
-                               self._abstract(self.params), sums["loss"])
+      return self._apply.lower(params, self._abstract(self.opt_state), params, sums["loss"],
+                               cfg)
     if kind == "grad":
-      return self._grad_step.lower(self._abstract(self.params), self._abstract(self.params),
-                                   sums, self._abstract_batch(*shape))
+      return self._grad_step.lower(params, params, sums, self._abstract_batch(*shape), cfg,
+                                   policy)
     source, *shape = shape
-    params = self.reference if source == "ref" else self.params
-    return self._logprobs.lower(self._abstract(params), self._abstract_batch(*shape))
+    if source == "ref":
+      params = self._abstract(self.reference)
+    return self._logprobs.lower(params, self._abstract_batch(*shape), cfg, policy)
 
   def batch_shapes(self) -> list[tuple[int, int, int]]:
     """Every (rows, T, N) a microbatch can have: with packing, each pack length with
@@ -493,7 +289,7 @@ class Learner:
     # The logged learning rate evaluates the optax schedule eagerly: its scalar ops
     # compile on first use, so that happens here and not in the first step.
     self._learning_rate()
-    keys = [] if self._shares_master else [("sync",)]
+    keys = [] if self.shares_master else [("sync",)]
     keys += [("prepare", rows) for rows in self.row_buckets] + [("zeros",), ("apply",)]
     for shape in self.batch_shapes():
       keys.append(("grad", *shape))
@@ -509,13 +305,13 @@ class Learner:
 
   def response_bucket(self, longest: int) -> int:
     """The smallest response bucket holding a response of ``longest`` tokens."""
-    return _smallest_holding(longest, self.response_buckets,
-                             f"longest response {longest}", "response bucket")
+    return smallest_bucket(longest, self.response_buckets, "longest response",
+                           "response bucket")
 
   def pack_length(self, longest_sequence: int) -> int:
     """The smallest pack length holding a sequence of ``longest_sequence`` tokens."""
-    return _smallest_holding(longest_sequence, self.pack_lengths,
-                             f"a sequence of {longest_sequence} tokens", "pack length")
+    return smallest_bucket(longest_sequence, self.pack_lengths, "longest sequence",
+                           "pack length")
 
   # ---------------------------------------------------------------- update
   def prepare(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -600,7 +396,7 @@ class Learner:
     grads, sums, _ = self._accumulate(layout(rows))
     grads, sums = to_host((grads, sums))
     norm = float(np.sqrt(sum(np.sum(np.square(g)) for g in jax.tree.leaves(grads))))
-    metrics = _update_metrics([(sums, {"grad_norm": norm})])
+    metrics = step_fns.update_metrics([(sums, {"grad_norm": norm})])
     return grads, {k: v[0] for k, v in metrics.items()}
 
   def update(self, batch: RolloutBatch, seed: int = 0) -> dict[str, float]:
@@ -650,7 +446,7 @@ class Learner:
     out.update(updates=float(len(history)), skipped_updates=float(skipped),
                total_skipped_updates=float(self.skipped_updates))
     if history:
-      out.update({k: float(np.mean(v)) for k, v in _update_metrics(history).items()})
+      out.update({k: float(np.mean(v)) for k, v in step_fns.update_metrics(history).items()})
       out.update(adv_abs_mean=float(np.abs(adv[keep]).mean()) if keep.any() else 0.0,
                  shaped_reward_mean=float(shaped[batch.row_valid].mean())
                  if batch.row_valid.any() else 0.0)

@@ -24,9 +24,10 @@ exact share of the minibatch loss however the sequences were packed or split.
 
 Shapes come from buckets so that nothing compiles after warm-up: the pack length is the
 smallest of ``pack_lengths`` that holds the minibatch's longest sequence, and the packed
-rows of a minibatch run as microbatches whose row counts are taken from ``row_ladder``
-(largest first; the remainder rounded up to the smallest rung), so padding is at most
-one smallest rung per minibatch plus the first-fit-decreasing slack.
+rows of a minibatch run as microbatches whose row counts are taken from the learner's
+row ladder (``runtime.shapes.row_ladder``; largest first, the remainder rounded up to
+the smallest rung), so padding is at most one smallest rung per minibatch plus the
+first-fit-decreasing slack.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ from sagc_jax.rl import losses
 from sagc_jax.rl.rollout import RolloutBatch
 
 __all__ = ["LearnerBatch", "Microbatch", "StepSequences", "first_fit_decreasing",
-           "ladder_split", "pack_minibatch", "pad_minibatch", "row_ladder",
-           "sequence_weights"]
+           "ladder_split", "pack_minibatch", "pad_minibatch", "sequence_weights"]
 
 # (width, dtype) of each field: "seq" = T token columns, "targets" = the last N columns.
 _FIELDS = {
@@ -193,18 +193,6 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
       bins.append([i])
       free.append(capacity - lengths[i])
   return bins
-
-
-def row_ladder(max_rows: int, unit: int) -> tuple[int, ...]:
-  """Microbatch row counts: ``unit`` doubled while below ``max_rows``, and ``max_rows``
-  itself (every rung a multiple of ``unit``, the mesh's 'data' axis)."""
-  if max_rows < unit or max_rows % unit:
-    raise ValueError(f"row_ladder: max_rows={max_rows} is not a multiple of unit={unit}")
-  rungs, r = {max_rows}, unit
-  while r < max_rows:
-    rungs.add(r)
-    r *= 2
-  return tuple(sorted(rungs))
 
 
 def ladder_split(rows: int, ladder: Sequence[int]) -> list[int]:
