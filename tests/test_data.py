@@ -192,7 +192,8 @@ def test_load_split_errors(tmp_path):
     load_split("synthetic", "train", str(tmp_path), manual_dir=str(tmp_path), **SMALL)
   with pytest.raises(ValueError, match="no split 'validation'.*available: \\['test', 'train'\\]"):
     load_split("synthetic", "validation", str(tmp_path), **SMALL)
-  assert DATASET_NAMES == ("synthetic", "gsm8k_local", "math_local", "jsonl", "parquet")
+  assert DATASET_NAMES == ("synthetic", "word_problems", "gsm8k_local", "math_local", "jsonl",
+                           "parquet")
 
 
 # ------------------------------------------------------------------------ local GSM8K/MATH

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -193,3 +194,36 @@ def test_real_model_greedy_tokens_equal_transformers_for_64_tokens_on_8_prompts(
     theirs = theirs[0, len(ids):].numpy()
     assert ours.lengths[i] == 64 == len(theirs)
     np.testing.assert_array_equal(ours.response_tokens[i, :64], theirs, err_msg=QUESTIONS[i])
+
+
+@smollm
+def test_two_rl_steps_on_the_real_model_compile_nothing_after_warm_up(tmp_path):
+  """``configs/smollm2_cpu.py`` end to end, made small: the GGUF source in model.path is
+  converted into the run's cache, the word problems go through the chat template, and
+  two GRPO + SAGC steps run with zero compilations after warm-up."""
+  from pathlib import Path
+
+  repo = Path(__file__).resolve().parents[1]
+  workdir = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "sagc_jax.train", f"--config={repo / 'configs/smollm2_cpu.py'}",
+       f"--workdir={workdir}", "--config.train.steps=2", "--config.train.eval_every=2",
+       "--config.train.checkpoint_every=2", "--config.train.log_completions_every=0",
+       f"--config.train.local_cache_dir={tmp_path / 'cache'}",
+       "--config.rollout.rollouts_per_step=8", "--config.controller.candidates=(4, 8)",
+       "--config.rollout.max_new_tokens=32", "--config.rollout.response_buckets=(32,)",
+       "--config.rollout.eval_batch=8", "--config.data.eval_examples=8",
+       "--config.learner.grad_accum=1"],
+      # One CPU device, as a user's run has: the suite's 8 fake devices would hold 8
+      # replicas of the model, its float32 master copy and Adam moments (~22 GB).
+      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+      capture_output=True, text=True, cwd=tmp_path, timeout=1200)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  steps = [r for r in rows if "g" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  assert all(r["new_compilations"] == 0 for r in steps)
+  assert all(r["response_len_mean"] > 0 for r in steps)
+  assert list((tmp_path / "cache" / "gguf").iterdir())          # converted once, cached
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["new_compilations"] == 0

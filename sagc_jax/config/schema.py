@@ -15,7 +15,7 @@ from ml_collections import config_dict
 
 from sagc_jax.rl.config import DERIVED_FIELDS, PRESET_FIELDS, LearnerConfig
 
-DATASETS = ("synthetic", "gsm8k_local", "math_local", "jsonl", "parquet")
+DATASETS = ("synthetic", "word_problems", "gsm8k_local", "math_local", "jsonl", "parquet")
 FILE_DATASETS = ("jsonl", "parquet")   # user prompt/answer files (sagc_jax.data.prompt_files)
 REWARDS = ("exact_match", "math_verify")
 DTYPES = ("float32", "bfloat16")

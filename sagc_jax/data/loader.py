@@ -32,13 +32,14 @@ import tensorflow_datasets as tfds
 
 from sagc_jax.data.local_math import Gsm8kLocal, MathLocal
 from sagc_jax.data.prompt_files import FILE_FORMATS, FilesSpec, PromptAnswerFiles
+from sagc_jax.data.word_problems import WordProblems
 from sagc_jax.data.synthetic import (SyntheticArithmetic, SyntheticConfig,
                                      builder_config_for)
 
 __all__ = ["DATASET_NAMES", "DataSource", "PromptLoader", "builder_options", "load_split",
            "make_builder"]
 
-DATASET_NAMES = ("synthetic", "gsm8k_local", "math_local") + FILE_FORMATS
+DATASET_NAMES = ("synthetic", "word_problems", "gsm8k_local", "math_local") + FILE_FORMATS
 _LOCAL_BUILDERS = {"gsm8k_local": Gsm8kLocal, "math_local": MathLocal}
 _FILE_FORMAT = "array_record"  # random access without TensorFlow (tfrecord needs tf.data)
 
@@ -133,6 +134,8 @@ def make_builder(name: str, data_dir: str, **builder_kwargs) -> tfds.core.Datase
                              data_dir=data_dir, file_format=_FILE_FORMAT)
   if builder_kwargs:
     raise ValueError(f"{name} takes no builder options, got {sorted(builder_kwargs)}")
+  if name == "word_problems":
+    return WordProblems(data_dir=data_dir, file_format=_FILE_FORMAT)
   return _LOCAL_BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
 
 
@@ -170,7 +173,7 @@ def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = No
       (optional once prepared; when given, a change in its files triggers re-preparing);
       for ``jsonl`` / ``parquet`` the folder relative patterns are resolved against
       (default: the current directory; their files are always checked for changes).
-      Must be None for ``synthetic``.
+      Must be None for ``synthetic`` and ``word_problems``.
     **builder_kwargs: for ``synthetic``, ``config=SyntheticConfig(...)`` (or a mapping)
       and/or individual SyntheticConfig fields (``num_train=2000, seed=1``); for
       ``jsonl`` / ``parquet`` the ``FilesSpec`` fields (``files=("train.jsonl",),
@@ -182,9 +185,9 @@ def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = No
     manual_dir = os.path.abspath(manual_dir or os.curdir)
     builder_kwargs = {**builder_kwargs, "root": manual_dir}
   builder = make_builder(name, data_dir, **builder_kwargs)
-  if name == "synthetic":
+  if name in ("synthetic", "word_problems"):
     if manual_dir is not None:
-      raise ValueError(f"synthetic is generated offline and takes no manual_dir "
+      raise ValueError(f"{name} is generated offline and takes no manual_dir "
                        f"(got {manual_dir!r})")
     if not builder.is_prepared():
       builder.download_and_prepare()  # array_record: set by make_builder

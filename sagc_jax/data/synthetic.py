@@ -274,24 +274,24 @@ def builder_config_for(cfg: SyntheticConfig) -> SyntheticBuilderConfig:
                                 description="custom synthetic arithmetic task")
 
 
-class SyntheticArithmetic(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder):
-  """TFDS builder of the synthetic task; use with ``file_format="array_record"``.
+class GeneratedTaskBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder):
+  """A task generated offline: ``prompt``, ``solution``, ``answer``, ``id`` per record,
+  in generation order (shuffling disabled, so record ``i`` of a split has ``id == i``;
+  ``PromptLoader`` shuffles). Subclasses give ``DESCRIPTION``, ``SPLIT_NAMES`` and
+  ``generate(split)``."""
 
-  ``SyntheticArithmetic(data_dir=..., config=builder_config_for(cfg),
-  file_format="array_record")``. Records are stored in generation order (shuffling
-  disabled), so record ``i`` of a split has ``id == i``; ``PromptLoader`` shuffles.
-  """
+  DESCRIPTION = ""
+  SPLIT_NAMES: tuple[str, ...] = ()
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
-  BUILDER_CONFIGS = [_DEFAULT_BUILDER_CONFIG]
+  def generate(self, split: str) -> Iterator[dict]:
+    raise NotImplementedError
 
   def _info(self) -> tfds.core.DatasetInfo:
     # DatasetInfo directly: dataset_info_from_configs() looks for README/TAGS files
     # next to the module, which a builder living in a plain package does not have.
     return tfds.core.DatasetInfo(
         builder=self,
-        description="Left-to-right integer arithmetic with a written scratchpad.",
+        description=self.DESCRIPTION,
         features=tfds.features.FeaturesDict({
             "prompt": tfds.features.Text(),
             "solution": tfds.features.Text(),
@@ -303,8 +303,25 @@ class SyntheticArithmetic(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # generated offline
-    return {split: self._generate_examples(split) for split in SPLITS}
+    return {split: self._generate_examples(split) for split in self.SPLIT_NAMES}
 
   def _generate_examples(self, split: str):
-    for example in generate_split(self.builder_config.synthetic, split):
+    for example in self.generate(split):
       yield example["id"], example
+
+
+class SyntheticArithmetic(GeneratedTaskBuilder):
+  """TFDS builder of the synthetic task; use with ``file_format="array_record"``.
+
+  ``SyntheticArithmetic(data_dir=..., config=builder_config_for(cfg),
+  file_format="array_record")``.
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  BUILDER_CONFIGS = [_DEFAULT_BUILDER_CONFIG]
+  DESCRIPTION = "Left-to-right integer arithmetic with a written scratchpad."
+  SPLIT_NAMES = tuple(SPLITS)
+
+  def generate(self, split: str) -> Iterator[dict]:
+    return generate_split(self.builder_config.synthetic, split)
