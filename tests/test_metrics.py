@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from tensorboardX.proto.event_pb2 import Event
 
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl
@@ -72,3 +73,14 @@ def test_full_disk_is_raised_naming_the_file_not_hung(tmp_path):
                         timeout=120)
   assert proc.returncode == 3, proc.stdout + proc.stderr
   assert "tensorboard/events.out.tfevents." in proc.stdout and "File too large" in proc.stdout
+
+
+def test_read_jsonl_drops_a_torn_last_line_and_names_damage_elsewhere(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+  warned = []
+  assert read_jsonl(path, warn=warned.append) == [{"step": 1}, {"step": 2}]
+  assert len(warned) == 1 and f"{path}: dropping its torn last line 3" in warned[0]
+  path.write_text('{"step": 1}\n{"step": 2, \n{"step": 3}\n')
+  with pytest.raises(ValueError, match=f"{path}:2: not a JSON row"):
+    read_jsonl(path)

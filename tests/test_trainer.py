@@ -387,3 +387,20 @@ def test_more_eval_examples_than_the_split_warns_once_with_both_numbers(shared, 
   warnings = [m for m in messages if "data.eval_examples=100" in m]
   assert len(warnings) == 1 and "holds 40 examples" in warnings[0]
   assert first["eval_examples"] == second["eval_examples"] == 40
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume(shared, tmp_path, capsys):
+  """A kill -9 or a full disk can cut the last line of metrics.jsonl (or
+  completions.jsonl) short; the resume drops it with one warning naming the file and
+  rewrites the rows after the checkpoint."""
+  config = small_config(shared, steps=3)
+  run(config, tmp_path, max_steps=2)                    # checkpoint at step 2
+  for name in ("metrics.jsonl", "completions.jsonl"):
+    with open(tmp_path / name, "a", encoding="utf-8") as f:
+      f.write('{"step": 3, "g": 4, "rew')               # a write cut short
+  _, _, trainer = run(config, tmp_path)
+  assert trainer.step == 3
+  assert [r["step"] for r in load_history(tmp_path)] == [1, 2, 3]
+  out = capsys.readouterr().out
+  assert "metrics.jsonl: dropping its torn last line" in out
+  assert "completions.jsonl: dropping its torn last line" in out

@@ -41,15 +41,9 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   elsewhere), 256-position log-prob chunks, 4 minibatches x 4 interleaved
   microbatches; rollouts in sampler calls of 256 rows. Sized with
   ``python -m sagc_jax.aot --config configs/<preset>.py --topology v5e:4x4
-  --largest_only`` (2-core CPU host, no TPU): every executable fits 16 GiB
-  chips with the run's resident state counted (largest: the train step, 12.6 GiB
-  Llama-3.2-3B / 12.5 GiB Qwen2.5-3B). Projected from XLA's cost analysis plus the
-  kernel's analytic cost (rooflines, not measurements): one RL step at the worst
-  case (every response 2048 tokens) 82.1 s Llama-3.2-3B / 101.1 s Qwen2.5-3B,
-  i.e. 11.4 h / 14.0 h for the 500 steps; decoding dominates (68 s / 85 s per step).
-  With the decode step's HBM traffic estimated from the compiled program instead of
-  XLA's byte count (which also counts on-chip reads): 46.9 s / 32.8 s per step,
-  6.5 h / 4.6 h.
+  --largest_only`` (any host, no TPU needed): every executable fits 16 GiB chips
+  with the run's resident state counted. The per-executable figures and the
+  projected step time (rooflines, not measurements) are in docs/scale.md.
   """
   c = preset("grpo", "sagc")
   c.model.update(dict(path="", dtype="bfloat16", require_path=True))

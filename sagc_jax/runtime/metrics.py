@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from sagc_jax.runtime.storage import FolderUpload, is_remote, line_file, run_path
 
-__all__ = ["MetricsWriteError", "MetricsWriter", "read_jsonl", "summarize"]
+__all__ = ["MetricsWriteError", "MetricsWriter", "parse_jsonl", "read_jsonl", "summarize"]
 
 KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
                ("strag", "group_straggler_rate", "{:.2f}"), ("S_t", "step_straggler", "{:.0f}"),
@@ -42,10 +42,34 @@ KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
                ("s/step", "time_total_s", "{:.2f}"))
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """Rows of a JSON-lines file (local or ``gs://``)."""
-  return [json.loads(line) for line in run_path(path).read_text(encoding="utf-8").splitlines()
-          if line.strip()]
+def parse_jsonl(lines: Sequence[str], path: Any, warn=None) -> list[tuple[str, dict]]:
+  """``(line, row)`` of each non-empty line of a JSON-lines file.
+
+  A kill -9 or a full disk can leave the last line half-written: a torn last line is
+  dropped, with one warning naming the file (``warn``, default stderr), since every
+  row after the last checkpoint is rewritten by the resumed run anyway. A bad line
+  anywhere else is damage, not a torn write: a ``ValueError`` names the file and line.
+  """
+  numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+  parsed = []
+  for k, (number, line) in enumerate(numbered):
+    try:
+      parsed.append((line, json.loads(line)))
+    except json.JSONDecodeError as err:
+      if k + 1 < len(numbered):
+        raise ValueError(f"{path}:{number}: not a JSON row ({err.msg}); only a torn last "
+                         "line is dropped by itself: fix or remove this line") from None
+      message = (f"warning: {path}: dropping its torn last line {number} "
+                 f"({len(line)} characters, {err.msg}): a write was cut short")
+      (warn or (lambda m: print(m, file=sys.stderr, flush=True)))(message)
+  return parsed
+
+
+def read_jsonl(path: str | os.PathLike, warn=None) -> list[dict[str, Any]]:
+  """Rows of a JSON-lines file (local or ``gs://``); a torn last line is dropped."""
+  file = run_path(path)
+  return [row for _, row in parse_jsonl(file.read_text(encoding="utf-8").splitlines(), file,
+                                        warn)]
 
 
 class MetricsWriteError(RuntimeError):
@@ -136,9 +160,10 @@ class MetricsWriter:
     """Drops rows of steps > ``step`` (a resumed run rewrites them exactly)."""
     if not self.enabled:
       return
-    for file in (self._jsonl, self._completions):
+    for file, path in ((self._jsonl, self.path), (self._completions, self.completions_path)):
       lines = file.lines
-      kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+      kept = [line for line, row in parse_jsonl(lines, path, self.log)
+              if row.get("step", 0) <= step]
       if kept != lines:
         file.replace(kept)
 
