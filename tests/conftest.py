@@ -14,3 +14,26 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
 # libtpu (the `tpu` extra, for the AOT tests) takes a per-machine lockfile when JAX
 # initialises; the AOT CLI test starts a second process that must load it too.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import pytest  # noqa: E402
+
+# Modules whose tests train, start several processes, compile TPU programs or load the
+# real model: marked ``slow`` and run after everything else, so that a first failure
+# in the fast correctness tests shows within minutes. ``pytest -m "not slow"`` is the
+# quick suite, ``pytest -m slow`` the rest (docs/testing.md).
+SLOW_MODULES = frozenset({
+    "test_aot", "test_compare", "test_completion_log", "test_export", "test_import_model",
+    "test_launch", "test_multihost", "test_process_faults", "test_reward_mix",
+    "test_storage", "test_trainer"})
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
+                          "TPU or loads the real model (runs last; -m 'not slow' skips)")
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+      item.add_marker(pytest.mark.slow)
+  items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
