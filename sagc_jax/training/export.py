@@ -1,14 +1,10 @@
-"""A run's policy as a Hugging Face folder that transformers and vLLM load as they are
-(``python -m sagc_jax.export``, and ``train.export_every`` during training).
+"""The writer of a policy as a Hugging Face folder (``python -m sagc_jax.export`` and
+``train.export_every``; what the folder holds is in the CLI's docstring).
 
-Reads the run (``DIR/config.json`` and one checkpoint's parameters, nothing
-else) and writes nothing into it. The folder gets the policy's weights as
-safetensors in HF names and layouts (``save_pretrained``), ``config.json``, and
-every other file of the folder the run started from: tokenizer files with the
-chat template and ``generation_config.json`` (written from the model's EOS /
-BOS / pad ids when the base folder has none, so generation stops where the
-sampler stopped). ``DIR`` and ``FOLDER`` may be gs:// paths; the base folder
-(the run's ``model.path``) is staged like in training.
+``export`` reads one checkpoint's parameters and the run's ``config.json`` and never
+writes into the run; ``write_hf_folder`` writes the weights in HF names and layouts
+next to the starting folder's tokenizer and generation files: locally into a sibling
+folder renamed into place when complete, to gs:// by an upload of the finished folder.
 """
 
 from __future__ import annotations
