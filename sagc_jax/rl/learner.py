@@ -285,7 +285,7 @@ class Learner:
     return warm(self.warmup_jobs())
 
   def warmup_jobs(self) -> list[WarmupJob]:
-    """The programs ``warmup`` compiles, for ``programs.warm``."""
+    """The programs ``warmup`` compiles, for ``runtime.compilation.warm``."""
     # The logged learning rate evaluates the optax schedule eagerly: its scalar ops
     # compile on first use, so that happens here and not in the first step.
     self._learning_rate()

@@ -5,7 +5,7 @@ row bucket: prompt (left-padded) and response tokens, masks, the sampler's
 log-probs (PPO "old" log-probs), group ids, rewards and the response lengths.
 Padding rows have ``row_valid == False`` and an all-zero response mask, so they
 never reach a loss, a statistic or a gradient. The learner side owns this type;
-``components.rollout_batch`` builds one from a sampler result (the sampler's
+``training.build.rollout_batch`` builds one from a sampler result (the sampler's
 ``SampleBatch``) and the rewards.
 
 DAPO dynamic sampling needs several sampling rounds per step; ``select_groups``

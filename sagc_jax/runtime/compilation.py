@@ -12,7 +12,8 @@ warm-up needs (``WarmupJob``); ``warm`` then compiles the missing ones of severa
 components in one pool, so short and long compilations of different components
 share the cores.
 
-Compilation counting (``compile_count``): XLA compilations are counted per jitted function through ``jax.monitoring``.
+Compilation counting (``compile_count``): XLA compilations are counted per jitted
+function through ``jax.monitoring``.
 
 "Zero new compilations after warm-up" is a correctness property of the
 sampler and learner (bucketed shapes must cover every group size the

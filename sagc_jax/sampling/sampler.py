@@ -331,7 +331,7 @@ class Sampler:
     return warm(self.warmup_jobs(model))
 
   def warmup_jobs(self, model: Transformer) -> list[WarmupJob]:
-    """The programs ``warmup`` compiles, for ``programs.warm`` (one pool for a run's
+    """The programs ``warmup`` compiles, for ``runtime.compilation.warm`` (one pool for a run's
     components)."""
     state = nnx.state(model)
     jobs = []

@@ -296,7 +296,7 @@ class SegmentedDecoder:
 
   def warmup_job(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]
                  ) -> WarmupJob:
-    """The programs of ``executable_keys`` (for ``programs.warm``)."""
+    """The programs of ``executable_keys`` (for ``runtime.compilation.warm``)."""
     return WarmupJob(self.programs,
                      sorted(self.executable_keys(rows, prompt_len, group_sizes)), (state,))
 

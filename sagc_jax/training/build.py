@@ -90,7 +90,8 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
   r = config.rollout
   data_axis = mesh.shape["data"]
   row_buckets = row_buckets_for(candidate_group_sizes(config.controller),
-                                lambda g: prompts_per_round(config.rollout, g), multiple_of=data_axis)
+                                lambda g: prompts_per_round(config.rollout, g),
+                                multiple_of=data_axis)
   common = _sampler_options(config, mesh)
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,

@@ -2,10 +2,10 @@
 
 A run is built from three parts, each its own module:
 
-* ``run_inputs.build_run_inputs``: mesh, data, the starting policy (the tiny model's
+* ``training.inputs.build_run_inputs``: mesh, data, the starting policy (the tiny model's
   supervised warm start when needed), tokenizer, rewards;
-* ``components.build_components``: the compiled samplers and learner, and the controller;
-* ``rl_step.RLStep``: one RL step (propose -> sample -> reward -> update -> observe).
+* ``training.build.build_components``: the compiled samplers and learner, and the controller;
+* ``training.step.RLStep``: one RL step (propose -> sample -> reward -> update -> observe).
 
 This module runs the step in a loop: held-out evaluation (``evaluation.Evaluator``)
 before RL and every ``train.eval_every`` steps, a metrics row per step
@@ -117,7 +117,8 @@ class Trainer:
                                shard_index=jax.process_index(), num_shards=jax.process_count())
     self.controller = controller_from_config(config)
     processes = jax.process_count()
-    uneven = [g for g in candidate_group_sizes(config.controller) if prompts_per_round(config.rollout, g) % processes]
+    uneven = [g for g in candidate_group_sizes(config.controller)
+              if prompts_per_round(config.rollout, g) % processes]
     if uneven:
       raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
                        "processes (each process reads an equal share of the prompts)")
@@ -231,7 +232,7 @@ class Trainer:
 
   # ------------------------------------------------------------- step, eval
   def train_step(self) -> dict[str, Any]:
-    """Runs one RL step (``rl_step.RLStep``) and returns its metrics row."""
+    """Runs one RL step (``training.step.RLStep``) and returns its metrics row."""
     row = self.rl_step(self.step, log=self.log)
     self.step += 1
     return row

@@ -135,7 +135,8 @@ class RLStep:
     if lc.dynamic_sampling:
       result = collect_informative_groups(
           lambda i: self.sample_round(step, g, i), lambda b: learner.prepare(b)[1],
-          target_groups=prompts_per_round(self.config.rollout, g), rows=rows, max_rounds=lc.dynamic_max_rounds)
+          target_groups=prompts_per_round(self.config.rollout, g), rows=rows,
+          max_rounds=lc.dynamic_max_rounds)
       batch, rounds = result.batch, result.round_stats
       if result.message:
         log(f"step {step + 1}: {result.message}")
@@ -176,7 +177,8 @@ class RLStep:
         # The straggler statistic itself (the event is ratio > tau), averaged over groups.
         group_max_over_median=float(np.mean(group_max / np.maximum(group_median, 1.0))),
         sampling_rounds=float(len(rounds)),
-        prompts=float(prompts_per_round(self.config.rollout, g)), rows=float(rows), rollouts=float(lengths.size),
+        prompts=float(prompts_per_round(self.config.rollout, g)), rows=float(rows),
+        rollouts=float(lengths.size),
         new_compilations=float(sum(compiled.values())),
         update_skipped=float(batch is None))
     terms = np.concatenate([r.terms for r in rounds])
