@@ -17,7 +17,7 @@ from sagc_jax.config.schema import DATASETS, DTYPES, FILE_DATASETS, REWARDS, bas
 from sagc_jax.control.budget import ROLLOUT_MODES, candidate_group_sizes, prompts_per_round
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.models.gguf_import import is_gguf_source, resolve_source
-from sagc_jax.rl.config import ALGORITHM_PRESETS, LearnerConfig
+from sagc_jax.rl.config import LearnerConfig
 from sagc_jax.runtime.storage import is_remote
 from sagc_jax.sampling.params import SamplingParams
 
@@ -183,19 +183,13 @@ def learner_config(config: ml_collections.ConfigDict) -> LearnerConfig:
   """The ``LearnerConfig`` of a training config.
 
   ``learner.algorithm`` selects the preset wherever it was set: every objective key
-  left at ``None`` takes ``ALGORITHM_PRESETS[algorithm]``'s value, explicit keys win.
-  DAPO's soft overlong buffer defaults to a quarter of ``rollout.max_new_tokens``.
+  left at ``None`` takes ``ALGORITHM_PRESETS[algorithm]``'s value, explicit keys win
+  (``LearnerConfig.from_dict``). The one config-level rule added here: DAPO's soft
+  overlong buffer defaults to a quarter of ``rollout.max_new_tokens``.
   """
   values = config.learner.to_dict()
-  algorithm = values.get("algorithm")
-  if algorithm not in ALGORITHM_PRESETS:
-    raise ValueError(f"learner.algorithm={algorithm!r} is not one of {tuple(ALGORITHM_PRESETS)}")
-  for key, value in ALGORITHM_PRESETS[algorithm].items():
-    if values.get(key) is None:
-      values[key] = value
-  if values.get("overlong_buffer") is None:
-    values["overlong_buffer"] = (max(config.rollout.max_new_tokens // 4, 1)
-                                 if algorithm == "dapo" else 0)
+  if values.get("overlong_buffer") is None and values.get("algorithm") == "dapo":
+    values["overlong_buffer"] = max(config.rollout.max_new_tokens // 4, 1)
   values["max_response_len"] = config.rollout.max_new_tokens
   values["temperature"] = config.rollout.temperature or 1.0
   # The schedule counts optimizer updates: mini_batches x epochs per RL step.
