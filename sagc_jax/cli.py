@@ -26,6 +26,10 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   app.define_help_flags()       # --help / --helpfull, which app.run would define
   argv = list(sys.argv)
   try:
+    reject_repeated_overrides(argv[1:])
+  except ValueError as err:
+    _fail(str(err))
+  try:
     try:
       remaining = flags(argv)   # config files load and overrides apply here
     except SystemExit as done:
@@ -90,6 +94,7 @@ def apply_config_overrides(config: Any, overrides: Sequence[str]) -> Any:
   for arg in overrides:
     if not re.match(r"--config\.\w", arg):
       raise ValueError(f"unexpected argument {arg!r} (settings are --config.KEY=VALUE)")
+  reject_repeated_overrides(overrides)
   values = absl_flags.FlagValues()
   saved = sys.argv
   sys.argv = argv        # config_flags defines one flag per override it finds in sys.argv
@@ -101,6 +106,25 @@ def apply_config_overrides(config: Any, overrides: Sequence[str]) -> Any:
   finally:
     sys.argv = saved
   return values.config
+
+
+def reject_repeated_overrides(args: Sequence[str]) -> None:
+  """Refuses a ``--config.KEY`` given more than once. ml_collections would join the
+  values of a tuple key (``candidates=(4,8)`` then ``=(16,32)`` gives (4, 8, 16, 32))
+  and keep the last of any other: neither is what a user who repeated a flag by
+  mistake, or to change it, means. ``--config.KEY=()`` clears a tuple."""
+  seen: dict[str, str] = {}
+  for i, arg in enumerate(args):
+    m = re.match(r"--(config(?:\.\w+)+)(?:=(.*))?$", arg)
+    if not m:
+      continue
+    value = m.group(2) if m.group(2) is not None else (args[i + 1] if i + 1 < len(args)
+                                                        else "")
+    if m.group(1) in seen:
+      raise ValueError(f"--{m.group(1)} is given twice ({seen[m.group(1)]!r} and {value!r}): "
+                       f"give it once (a tuple whole, e.g. --{m.group(1)}='(4, 8)'; "
+                       "'()' clears it)")
+    seen[m.group(1)] = value
 
 
 def reject_positional(argv: Sequence[str]) -> None:

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_result(result: dict[str, Any]) -> str:
   """The eval report: accuracies, pass@k / mean@k when measured, length percentiles."""
-  lines = [f"held-out accuracy {result['eval_accuracy']:.3f} greedy, "
-           f"{result['eval_sampled_accuracy']:.3f} sampled, on "
+  greedy = (f"{result['eval_accuracy']:.3f} greedy, " if "eval_accuracy" in result else "")
+  lines = [f"held-out accuracy {greedy}{result['eval_sampled_accuracy']:.3f} sampled, on "
            f"{result['eval_examples']:.0f} examples ({result['source']})"]
   at_k = [f"{key.removeprefix('eval_')} {value:.3f}" for key, value in result.items()
           if key.startswith(("eval_pass@", "eval_mean@"))]
@@ -73,9 +73,19 @@ def format_result(result: dict[str, Any]) -> str:
     lines.append("  " + "   ".join(at_k))
   for label, prefix in (("greedy", "eval_response_len"),
                         ("sampled", "eval_sampled_response_len")):
+    if prefix not in result:
+      continue
     lines.append(f"  response length, {label}: mean {result[prefix]:.1f}  p50 "
                  f"{result[prefix + '_p50']:.0f}  p90 {result[prefix + '_p90']:.0f}  max "
                  f"{result[prefix + '_max']:.0f} tokens")
+  for key in sorted((key for key in result if key.endswith("_group_straggler_rate")),
+                    key=lambda key: int(key.split("_")[1][1:])):
+    g = key.split("_")[1]
+    lines.append(f"  G={g[1:]}: max/median p50 {result[f'eval_{g}_ratio_p50']:.2f}  p90 "
+                 f"{result[f'eval_{g}_ratio_p90']:.2f}  max {result[f'eval_{g}_ratio_max']:.2f}"
+                 f"; straggler rate (tau {result['eval_straggler_tau']}) {result[key]:.3f} of {result[f'eval_{g}_groups']:.0f} "
+                 f"groups, {result[f'eval_{g}_step_straggler_rate']:.3f} of "
+                 f"{result[f'eval_{g}_steps']:.0f} steps")
   return "\n".join(lines)
 
 

@@ -31,10 +31,16 @@ def _define_flags():
 
 def format_summary(summary: dict) -> str:
   lines = ["summary"]
-  if "eval_accuracy_start" in summary:
+  if "eval_sampled_accuracy_start" in summary:
     lines.append(f"  held-out accuracy, sampled (T = rollout temperature): "
                  f"{summary['eval_sampled_accuracy_start']:.3f} before RL -> "
                  f"{summary['eval_sampled_accuracy_end']:.3f} after {int(summary['steps'])} steps")
+  if "eval_sampled_gain" in summary:
+    lines.append(f"  gain {summary['eval_sampled_gain']:+.3f}, 95% interval "
+                 f"[{summary['eval_sampled_gain_ci95_low']:+.3f}, "
+                 f"{summary['eval_sampled_gain_ci95_high']:+.3f}] (paired, "
+                 f"{summary['eval_sampled_gain_examples']:.0f} examples, same seeds)")
+  if "eval_accuracy_start" in summary:
     lines.append(f"  held-out accuracy, greedy: {summary['eval_accuracy_start']:.3f} -> "
                  f"{summary['eval_accuracy_end']:.3f}")
   if "straggler_rate" in summary:

@@ -1,4 +1,7 @@
-"""The sampler benchmark's FLOP accounting counts the matmuls the model really has."""
+"""The sampler benchmark's FLOP accounting counts the matmuls the model really has; the
+real-model option of ``bench sampler`` / ``bench learner`` runs end to end."""
+
+import json
 
 import jax
 import pytest
@@ -22,3 +25,63 @@ def test_projection_shapes_are_the_models_matrices(make_config):
   # Attention adds q.k and p.v over the context: 4 FLOPs per head dim per slot.
   extra = _gflop_per_token(cfg, context=100) - _gflop_per_token(cfg, context=0)
   assert extra == pytest.approx(4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 100 / 1e9)
+
+
+# ----------------------------------------------------------------- real-model option
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+  """The built-in tiny Llama as an HF folder (character tokenizer, no chat template:
+  the prompts are the word problems' plain text)."""
+  from sagc_jax.models import build_tiny_checkpoint
+
+  return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_hf") / "model", seed=0)
+
+
+def _bench(args, out):
+  from sagc_jax.bench.__main__ import main
+
+  assert main([*args, "--rows", "4", "--max_new_tokens", "16", "--out", str(out)]) == 0
+  return json.loads(out.read_text())
+
+
+def test_real_model_sampler_reports_natural_rollouts_of_both_stacks(tiny_folder, tmp_path):
+  pytest.importorskip("torch")
+  pytest.importorskip("transformers")
+  r = _bench(["sampler", "--model", str(tiny_folder)], tmp_path / "sampler.json")
+  assert r["benchmark"] == "sampler" and r["kind"] == "real_model_sampler"
+  assert r["chat_template"] is False and r["max_new_tokens"] == 16 and r["group"] == 4
+  (row,) = r["rows_table"]
+  assert row["rows"] == 4 and row["prompts"] == 1 and row["prompt_bucket"] >= 128
+  for side in (row["ours"], row["hf"]):
+    assert side["tokens_per_s"] > 0 and side["generated_tokens"] > 0 and side["seconds"] > 0
+    assert 1 <= side["length"]["max"] <= 16 and 0 <= side["length"]["cut_share"] <= 1
+  assert row["speedup"] > 0 and row["wall_ratio"] > 0
+  assert row["compiles_after_warmup"] == 0 == r["compiles_after_warmup"]
+
+
+def test_real_model_learner_reports_both_layouts_on_sampled_lengths(tiny_folder, tmp_path):
+  pytest.importorskip("transformers")                     # the tokenizer
+  r = _bench(["learner", "--model", str(tiny_folder), "--steps", "1"], tmp_path / "learner.json")
+  assert r["benchmark"] == "learner" and r["kind"] == "real_model_learner"
+  assert r["rows"] == 4 and r["response_buckets"] == [16]
+  assert r["steps"] == 2 and r["timed_steps"] == 1
+  assert 1 <= r["response_length"]["max"] <= 16
+  assert 0 < r["padding_efficiency"] <= 1 and 0 < r["unpacked_padding_efficiency"] <= 1
+  assert r["real_tokens_per_s"] > 0 and r["unpacked_real_tokens_per_s"] > 0
+  assert r["compiles_after_warmup"] == 0
+
+
+@pytest.mark.parametrize("args, named", [
+    (["sampler", "--model", "/no/such/model"], "--model='/no/such/model'"),
+    (["learner", "--model", "missing.gguf"], "--model='missing.gguf'"),
+    (["controller", "--model", "smollm2-135m-instruct"], "--model="),
+    (["sampler", "--model", "x", "--rows", "6"], "--rows"),
+    (["sampler", "--rows", "8"], "--rows needs --model")])
+def test_a_bad_real_model_flag_is_one_argparse_error(args, named, capsys):
+  from sagc_jax.bench.__main__ import main
+
+  with pytest.raises(SystemExit) as exit_info:
+    main(args)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("python -m sagc_jax.bench: error:") and named in err[-1]

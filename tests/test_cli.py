@@ -148,3 +148,31 @@ def test_eval_refuses_a_non_positive_example_count(tmp_path, examples):
   assert proc.returncode == 2, proc.stderr
   assert f"--examples {examples} must be >= 1" in proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_a_config_key_given_twice_is_refused_and_an_empty_tuple_clears(tmp_path):
+  """ml_collections joins a tuple key given twice ((4, 8) + (16, 32)): refused, in the
+  config-file tools (one line, exit 2, nothing started) and in eval's overrides."""
+  from sagc_jax.cli import apply_config_overrides
+  from sagc_jax.config import preset
+
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
+                         f"--config={REPO / 'configs/tiny_cpu.py'}",
+                         f"--workdir={tmp_path / 'run'}",
+                         "--config.controller.candidates=(4,8)",
+                         "--config.controller.candidates=(16,32)"],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert lines == ["error: --config.controller.candidates is given twice ('(4,8)' and "
+                   "'(16,32)'): give it once (a tuple whole, e.g. "
+                   "--config.controller.candidates='(4, 8)'; '()' clears it)"], proc.stderr
+  assert not (tmp_path / "run").exists()
+  config = preset("grpo", "sagc")
+  with pytest.raises(ValueError, match="--config.train.steps is given twice"):
+    apply_config_overrides(config, ["--config.train.steps=3", "--config.train.steps=4"])
+  config.data.eval_files = ("a.jsonl",)
+  assert apply_config_overrides(config, ["--config.data.eval_files=()"]).data.eval_files == ()
+  parsed = _parsed(f"--config={REPO / 'configs/tiny_cpu.py'}",
+                   "--config.controller.candidates=(4, 16)").config
+  assert parsed.controller.candidates == (4, 16)

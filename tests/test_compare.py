@@ -45,6 +45,28 @@ def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
   assert grpo.kl_coef > 0 and not grpo.dynamic_sampling
 
 
+def test_static_sizes_choose_the_static_arms():
+  config = with_compare(preset("grpo", "sagc"), ("grpo",))
+  config.compare.static_sizes = (4, 16)
+  assert sorted(compare.arm_configs(config)) == ["grpo_sagc", "grpo_static16", "grpo_static4"]
+  for bad in ((4, 4), (1, 16), (4.0,)):
+    config.compare.static_sizes = bad
+    with pytest.raises(ValueError, match=r"compare.static_sizes=.*distinct ints >= 2"):
+      compare.arm_configs(config)
+
+
+def test_real_model_comparison_config_has_eighteen_valid_runs():
+  namespace = {}
+  exec((REPO / "configs" / "compare_smollm2_cpu.py").read_text(), namespace)
+  runs = compare.run_configs(namespace["get_config"]())
+  assert sorted({compare.split_run_name(n)[0] for n in runs}) == sorted(
+      f"{a}_{k}" for a in ("grpo", "dapo") for k in ("static4", "static16", "sagc"))
+  assert len(runs) == 18
+  for arm in runs.values():
+    validate(arm)
+    assert arm.model.path == "smollm2-135m-instruct" and arm.rollout.max_new_tokens == 512
+
+
 def test_arms_run_the_recipes_and_grpo_keeps_the_files_kl():
   config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
   config.learner.kl_coef = 0.01

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import preset, validate
-from sagc_jax.training.evaluation import length_stats, pass_at_k
+from sagc_jax.training.evaluation import (length_stats, paired_gain, pass_at_k,
+                                         straggler_profile)
 
 
 def _pass_at_j_by_enumeration(row: np.ndarray, j: int) -> float:
@@ -59,6 +60,54 @@ def test_bad_eval_k_is_refused(k, rows, match):
     validate(c)
 
 
+def test_paired_gain_is_the_mean_difference_with_a_t_style_interval():
+  """Against a direct computation: 10 examples, 4 gained, 1 lost."""
+  before = [0, 0, 0, 0, 1, 1, 0, 0, 1, 0]
+  after = [1, 1, 1, 1, 0, 1, 0, 0, 1, 0]
+  d = np.array([1, 1, 1, 1, -1, 0, 0, 0, 0, 0], float)
+  half = 1.96 * math.sqrt(((d - d.mean()) ** 2).sum() / 9) / math.sqrt(10)
+  out = paired_gain(before, after)
+  assert out["eval_sampled_gain"] == pytest.approx(0.3)
+  assert out["eval_sampled_gain_ci95_low"] == pytest.approx(0.3 - half)
+  assert out["eval_sampled_gain_ci95_high"] == pytest.approx(0.3 + half)
+  assert out["eval_sampled_gain_examples"] == 10
+  with pytest.raises(ValueError, match="equal-length"):
+    paired_gain([0, 1], [0, 1, 1])
+
+
+def test_straggler_profile_matches_a_loop_over_groups_and_steps():
+  """Hand-built lengths with known events, then a random case against a plain loop:
+  groups are disjoint chunks of each prompt's k draws, steps hold rollouts // G groups
+  of different prompts, and the group event is max > tau * median."""
+  # 2 prompts x 8 draws. G=4 chunks: p0 [10,10,10,40] (4.0 > 1.8: straggles),
+  # p0 [10,10,10,10], p1 [5,5,5,5], p1 [5,5,9,9] (9/7 = 1.29: no).
+  lengths = np.array([[10, 10, 10, 40, 10, 10, 10, 10], [5, 5, 5, 5, 5, 5, 9, 9]])
+  out = straggler_profile(lengths, 1.8, rollouts_per_step=8, sizes=(4, 8, 16))
+  assert out["eval_g4_groups"] == 4 and out["eval_g4_group_straggler_rate"] == 0.25
+  # steps (2 groups each): chunk 0 of p0 and p1 -> straggles; chunk 1 of both -> not.
+  assert out["eval_g4_steps"] == 2 and out["eval_g4_step_straggler_rate"] == 0.5
+  assert out["eval_g4_ratio_max"] == 4.0
+  # G=8: p0 max 40, median 10 -> straggles; p1 max 9, median 5 -> 1.8, not > 1.8.
+  assert out["eval_g8_group_straggler_rate"] == 0.5 and out["eval_g8_steps"] == 2
+  assert out["eval_g8_step_straggler_rate"] == 0.5
+  assert "eval_g16_groups" not in out            # 16 > k draws: no groups of 16
+
+  rng = np.random.default_rng(0)
+  lengths = np.ceil(rng.lognormal(4.0, 0.8, size=(37, 16)))
+  out = straggler_profile(lengths, 1.8, rollouts_per_step=32, sizes=(4, 8, 16))
+  for g in (4, 8, 16):
+    groups = [lengths[p, c * g:(c + 1) * g] for c in range(16 // g) for p in range(37)]
+    events = [max(x) > 1.8 * float(np.median(x)) for x in groups]
+    per = 32 // g
+    steps = [any(events[i:i + per]) for i in range(0, len(events) - per + 1, per)]
+    assert out[f"eval_g{g}_groups"] == len(groups)
+    assert out[f"eval_g{g}_group_straggler_rate"] == pytest.approx(np.mean(events))
+    assert out[f"eval_g{g}_steps"] == len(steps)
+    assert out[f"eval_g{g}_step_straggler_rate"] == pytest.approx(np.mean(steps))
+    ratios = [max(x) / np.median(x) for x in groups]
+    assert out[f"eval_g{g}_ratio_p90"] == pytest.approx(np.percentile(ratios, 90))
+
+
 @pytest.mark.parametrize("segmented", [False, True], ids=["fused", "segmented"])
 def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_path_factory,
                                                                segmented):
@@ -92,7 +141,8 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_pat
   for key, value in plain.items():
     if key != "eval_seconds":
       assert with_k[key] == value, key
-  for key in ("eval_pass@2", "eval_pass@4", "eval_mean@4", "eval_k4_response_len_p90"):
+  for key in ("eval_pass@2", "eval_pass@4", "eval_mean@4", "eval_k4_response_len_p90",
+              "eval_k4_response_len_p99", "eval_g4_group_straggler_rate"):
     assert key in with_k
   assert 0.0 <= with_k["eval_mean@4"] <= with_k["eval_pass@2"] <= with_k["eval_pass@4"] <= 1.0
   assert (with_k["eval_response_len"] <= with_k["eval_response_len_max"]

@@ -76,6 +76,10 @@ def overflowing(prompts, completions, **fields):
   return [10 ** 400] * len(completions)
 
 
+def infinite_in_float32(prompts, completions, **fields):
+  return [1e39] * len(completions)          # finite in float64, inf in float32
+
+
 def wrong_length(prompts, completions, **fields):
   return [1.0]
 
@@ -167,7 +171,7 @@ def test_user_functions_may_use_math_verify_and_its_signal_timeouts():
 
 
 @pytest.mark.parametrize("spec", ["wrong_length", "returns_text", "zero_dim_array",
-                                  "overflowing"])
+                                  "overflowing", "infinite_in_float32"])
 def test_malformed_output_scores_zero_and_is_counted(spec):
   messages = []
   out = _mix("exact_match", f"test_reward_mix:{spec}", log=messages.append)(COMPLETIONS,
@@ -180,7 +184,8 @@ def test_malformed_output_scores_zero_and_is_counted(spec):
     np.testing.assert_allclose(out.scores, CORRECT)
     assert {"returns_text": "a float or None is expected",
             "zero_dim_array": "cannot be read as a sequence",
-            "overflowing": "rewards must be finite"}[spec] in messages[0]
+            "overflowing": "rewards must be finite",
+            "infinite_in_float32": "rewards must be within +-1e+09"}[spec] in messages[0]
 
 
 @pytest.mark.parametrize("fns, weights, timeout, match", [

@@ -91,6 +91,23 @@ def test_short_end_to_end_runs(shared, tmp_path, algorithm, controller):
     assert all(r["sampling_rounds"] >= 1 for r in rows)
 
 
+def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
+  """train.eval_greedy=False: no greedy pass or key anywhere; the summary's gain is the
+  end - start sampled accuracy, with an interval around it, from the per-example
+  correctness the eval history keeps."""
+  config = small_config(shared, steps=2)
+  config.train.eval_greedy = False
+  summary, _, trainer = run(config, tmp_path)
+  first, last = trainer.eval_history[0], trainer.eval_history[-1]
+  assert "eval_accuracy" not in first and "eval_accuracy_start" not in summary
+  assert len(first["sampled_correct"]) == len(last["sampled_correct"]) == 16
+  assert np.mean(first["sampled_correct"]) == pytest.approx(first["eval_sampled_accuracy"])
+  gain = summary["eval_sampled_accuracy_end"] - summary["eval_sampled_accuracy_start"]
+  assert summary["eval_sampled_gain"] == pytest.approx(gain)
+  assert summary["eval_sampled_gain_ci95_low"] <= gain <= summary["eval_sampled_gain_ci95_high"]
+  assert not any("eval_accuracy" in r for r in load_history(tmp_path))
+
+
 def test_resume_is_exact(shared, tmp_path):
   config = small_config(shared, steps=4)
   straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
@@ -404,3 +421,28 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(shared, tmp_path, capsys)
   out = capsys.readouterr().out
   assert "metrics.jsonl: dropping its torn last line" in out
   assert "completions.jsonl: dropping its torn last line" in out
+
+
+def test_a_truncated_config_json_is_named_and_a_resume_rewrites_it(shared, tmp_path):
+  """A cut-short workdir config.json: eval and export name the file and say how to
+  recover; the resume that recovery names replaces it (with a warning) and goes on."""
+  from sagc_jax.training import evaluation, export
+
+  config = small_config(shared, steps=3)
+  run(config, tmp_path, max_steps=2)
+  path = tmp_path / "config.json"
+  path.write_text(path.read_text()[:200])                # truncated by a full disk
+  for call in (lambda: evaluation.load_run_config(tmp_path),
+               lambda: export.export(str(tmp_path), str(tmp_path.parent / "out"))):
+    with pytest.raises(ValueError, match=rf"{path} is not valid JSON .*python -m "
+                                         r"sagc_jax.train --config"):
+      call()
+  messages = []
+  trainer = Trainer(config, tmp_path, log=messages.append)
+  try:
+    trainer.run()
+  finally:
+    trainer.close()
+  assert trainer.step == 3
+  assert any(f"warning: {path} is not valid JSON" in m for m in messages)
+  assert evaluation.load_run_config(tmp_path).train.steps == 3

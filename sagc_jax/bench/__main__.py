@@ -1,4 +1,12 @@
-"""Dispatcher: ``python -m sagc_jax.bench {controller,learner,sampler} [--out FILE.json]``."""
+"""Dispatcher: ``python -m sagc_jax.bench {controller,learner,sampler} [--out FILE.json]``.
+
+``sampler`` and ``learner`` also run on a real pretrained model with ``--model MODEL``
+(a local HF folder, a ``.gguf`` file or ``smollm2-135m-instruct``), on natural
+rollouts of chat prompts: ``--rows`` (default 8,32,64; the learner trains at the
+largest) and ``--max_new_tokens`` (default 512); ``--steps`` is then the number of
+timed calls (sampler, default 1) or timed steps (learner, default 2). See
+``sagc_jax/bench/real_model.py``.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +16,78 @@ import platform
 import sys
 from pathlib import Path
 
-from sagc_jax.bench import controller, learner, sampler
+from sagc_jax.bench import controller, learner, real_model, sampler
 
 BENCHMARKS = {"controller": controller, "learner": learner, "sampler": sampler}
+# With --model: (run, report) of the real-model benchmark.
+REAL_MODEL = {"learner": (real_model.run_learner, real_model.report_learner),
+              "sampler": (real_model.run_sampler, real_model.report_sampler)}
+
+
+def _rows(text: str) -> tuple[int, ...]:
+  try:
+    rows = tuple(int(x) for x in text.split(","))
+  except ValueError:
+    rows = ()
+  if not rows or any(r <= 0 or r % real_model.GROUP for r in rows):
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a comma list of positive multiples of G={real_model.GROUP} "
+        "(e.g. 8,32,64)")
+  return rows
+
+
+def _positive(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a positive int")
+  return value
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m sagc_jax.bench", description=__doc__)
+  parser = argparse.ArgumentParser(prog="python -m sagc_jax.bench", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
   parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
   parser.add_argument("--steps", type=int, default=None, help="override the number of timed steps")
+  parser.add_argument("--model", default=None, metavar="MODEL",
+                      help="sampler/learner on a real model: a local HF folder, a .gguf file "
+                      "or smollm2-135m-instruct (default: the random-weight benchmarks)")
+  parser.add_argument("--rows", type=_rows, default=None,
+                      help=f"with --model: row counts, comma list (default "
+                      f"{','.join(map(str, real_model.DEFAULT_ROWS))})")
+  parser.add_argument("--max_new_tokens", type=_positive, default=None,
+                      help=f"with --model: response cap (default "
+                      f"{real_model.DEFAULT_MAX_NEW_TOKENS})")
   args = parser.parse_args(argv)
   module = BENCHMARKS[args.name]
   kwargs = {} if args.steps is None else {"steps": args.steps}
   if args.steps is not None and args.steps <= 0:
     parser.error(f"--steps={args.steps} must be positive")
-  results = module.run(**kwargs)
+  if args.model is None:
+    for flag in ("rows", "max_new_tokens"):
+      if getattr(args, flag) is not None:
+        parser.error(f"--{flag} needs --model (it sets the real-model benchmark)")
+    run, report = module.run, module.report
+  else:
+    if args.name not in REAL_MODEL:
+      parser.error(f"--model={args.model!r}: the {args.name} benchmark has no real-model "
+                   f"option (only {', '.join(sorted(REAL_MODEL))})")
+    try:
+      folder = real_model.resolve_model(args.model)
+    except (ValueError, OSError) as err:
+      parser.error(f"--model={args.model!r}: {err}")
+    run, report = REAL_MODEL[args.name]
+    kwargs.update(folder=folder, source=args.model,
+                  rows=args.rows or real_model.DEFAULT_ROWS,
+                  max_new_tokens=args.max_new_tokens or real_model.DEFAULT_MAX_NEW_TOKENS)
+  results = run(**kwargs)
   results["benchmark"] = args.name
   results["machine"] = {"python": platform.python_version(), "processor": platform.machine(),
                         "node": platform.node()}
-  print(module.report(results))
+  print(report(results))
   if args.out is not None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

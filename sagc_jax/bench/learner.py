@@ -20,13 +20,17 @@ sequences / token slots the train steps computed) of both layouts, trained respo
 tokens per second of both and their ratio ``speedup`` (total over the timed steps; the
 per-step minimum and maximum next to it), executables and XLA compilations after
 warm-up (must be 0). The first pass over the three G values is not timed.
+
+``layout_learners`` and ``compare_layouts`` (the two learners, and the loop that trains
+and measures them) are what ``bench learner --model`` runs too, on a real model's
+natural rollouts (``real_model.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -75,33 +79,38 @@ def rollout(mix: str, g: int, vocab: int, rng: np.random.Generator) -> RolloutBa
       group_size=g)
 
 
+def layout_learners(make_model, config: LearnerConfig, row_buckets, prompt_buckets,
+                    response_buckets) -> dict[bool, Learner]:
+  """Two learners on equal weights (``make_model()`` is called once per learner), one per
+  layout: ``{True: packed, False: padded}``, otherwise the same ``config``."""
+  return {packing: Learner(make_model(), dataclasses.replace(config, packing=packing),
+                           row_buckets, prompt_buckets, response_buckets)
+          for packing in (True, False)}
+
+
 def _learners(seed: int) -> dict[bool, Learner]:
-  cfg = tiny_config()
-  row_buckets = tuple(PROMPTS * g for g in CANDIDATES)
-  out = {}
-  for packing in (True, False):
-    model = init_model(cfg, seed=seed, init_std=0.05)
-    config = LearnerConfig.grpo(lr=1e-4, mini_batches=2, packing=packing,
-                                max_response_len=RESPONSE_BUCKETS[-1])
-    out[packing] = Learner(model, config, row_buckets, (PROMPT_BUCKET,), RESPONSE_BUCKETS)
-  return out
+  config = LearnerConfig.grpo(lr=1e-4, mini_batches=2, max_response_len=RESPONSE_BUCKETS[-1])
+  return layout_learners(lambda: init_model(tiny_config(), seed=seed, init_std=0.05), config,
+                         tuple(PROMPTS * g for g in CANDIDATES), (PROMPT_BUCKET,),
+                         RESPONSE_BUCKETS)
 
 
-def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
-  learners = _learners(seed)
+def compare_layouts(label: str, learners: dict[bool, Learner], batches: Sequence[RolloutBatch],
+                    untimed: int, log=print) -> dict[str, Any]:
+  """Warms both learners up, then trains each on every batch in turn (one update call
+  per batch and layout). Padding efficiency counts every step; tokens/s and speedup
+  only the steps after the first ``untimed``; compilations are counted after warm-up."""
   start = time.perf_counter()
   executables = {k: 0 for k in learners}
   for packing, learner in learners.items():
     executables[packing] = warm(learner.warmup_jobs())
   warmup_s = time.perf_counter() - start
-  vocab = tiny_config().vocab_size
-  rng = np.random.default_rng(seed)
   before = compilation.compile_count()
   records = []
-  for step in range(steps):
-    g = CANDIDATES[step % len(CANDIDATES)]
-    batch = rollout(mix, g, vocab, rng)
-    row = {"g": g, "rows": batch.num_rows, "lengths": batch.lengths}
+  batches = list(batches)
+  for step, batch in enumerate(batches):
+    row = {"g": batch.group_size, "rows": batch.num_rows,
+           "lengths": batch.lengths[batch.row_valid]}
     for packing, learner in learners.items():
       m = learner.update(dataclasses.replace(batch), seed=step)
       tag = "packed" if packing else "padded"
@@ -109,17 +118,19 @@ def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
                   f"{tag}_sequence_tokens": m["sequence_tokens"],
                   "response_tokens": m["response_tokens"]})
     records.append(row)
-    log(f"  [{mix}] step {step + 1}/{steps}: G={g} packed {row['packed_seconds']:.2f} s, "
-        f"padded {row['padded_seconds']:.2f} s")
+    log(f"  [{label}] step {step + 1}/{len(batches)}: G={row['g']} rows {row['rows']} packed "
+        f"{row['packed_seconds']:.2f} s, padded {row['padded_seconds']:.2f} s")
   compiles = compilation.compile_count() - before
-  timed = records[len(CANDIDATES):]
+  timed = records[untimed:]
+  if not timed:
+    raise ValueError(f"{len(records)} steps leave none timed after {untimed} untimed ones")
   lengths = np.concatenate([r.pop("lengths") for r in records])
 
   def total(key, rows=records):
     return float(sum(r[key] for r in rows))
   per_step = [r["padded_seconds"] / r["packed_seconds"] for r in timed]
   return {
-      "mix": mix, "steps": steps, "timed_steps": len(timed), "warmup_seconds": warmup_s,
+      "steps": len(records), "timed_steps": len(timed), "warmup_seconds": warmup_s,
       "response_length": {"mean": float(lengths.mean()), "p50": float(np.median(lengths)),
                           "p90": float(np.percentile(lengths, 90)), "max": int(lengths.max())},
       "padding_efficiency": total("packed_sequence_tokens") / total("packed_slots"),
@@ -134,6 +145,14 @@ def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
       "row_ladder": list(learners[True].row_ladder),
       "compiles_after_warmup": int(compiles),
   }
+
+
+def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
+  vocab = tiny_config().vocab_size
+  rng = np.random.default_rng(seed)
+  batches = [rollout(mix, CANDIDATES[step % len(CANDIDATES)], vocab, rng)
+             for step in range(steps)]
+  return {"mix": mix, **compare_layouts(mix, _learners(seed), batches, len(CANDIDATES), log)}
 
 
 def run(steps: int = 15, seed: int = 0, log=print) -> dict[str, Any]:

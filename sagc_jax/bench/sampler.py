@@ -66,23 +66,29 @@ def _prompts(num: int, seed: int, vocab: int) -> list[list[int]]:
   return [rng.integers(5, vocab, rng.integers(8, 31)).tolist() for _ in range(num)]
 
 
-def _hf_generate(torch_model, rows: list[list[int]], max_new: int) -> tuple[np.ndarray, float]:
+def hf_generate(torch_model, rows: list[list[int]], max_new: int, *, eos_id: int = EOS,
+                pad_id: int = 0, temperature: float = 0.0) -> tuple[np.ndarray, float]:
+  """transformers ``generate`` on left-padded ``rows`` with an explicit attention mask:
+  (new tokens ``[rows, max_new]``, padded with ``pad_id``; wall seconds of the call).
+  ``temperature`` 0 = greedy, else plain sampling at that temperature (top-k/top-p off)."""
   import torch
 
   width = max(map(len, rows))
-  ids = np.zeros((len(rows), width), np.int64)
+  ids = np.full((len(rows), width), pad_id, np.int64)
   mask = np.zeros_like(ids)
   for i, row in enumerate(rows):
     ids[i, width - len(row):] = row
     mask[i, width - len(row):] = 1
+  sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+              if temperature > 0 else dict(do_sample=False))
   with torch.no_grad():
     start = time.perf_counter()
     out = torch_model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
-                               max_new_tokens=max_new, do_sample=False, eos_token_id=EOS,
-                               pad_token_id=0)
+                               max_new_tokens=max_new, eos_token_id=eos_id,
+                               pad_token_id=pad_id, **sampling)
     seconds = time.perf_counter() - start
   new = out[:, width:].numpy()
-  return np.pad(new, ((0, 0), (0, max_new - new.shape[1]))), seconds
+  return np.pad(new, ((0, 0), (0, max_new - new.shape[1])), constant_values=pad_id), seconds
 
 
 def _projection_shapes(cfg) -> list[tuple[int, int]]:
@@ -123,8 +129,10 @@ def _matmul_ceiling_gflops(cfg, rows: int, runs: int = 20) -> float:
   return gflop / float(np.median(times))
 
 
-def _hf_lengths(tokens: np.ndarray) -> np.ndarray:
-  hit = tokens == EOS
+def hf_lengths(tokens: np.ndarray, eos_id: int = EOS) -> np.ndarray:
+  """Generated tokens per row of ``hf_generate``'s output: up to and including the first
+  ``eos_id``, else the full width (cut at ``max_new``)."""
+  hit = tokens == eos_id
   return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, tokens.shape[1])
 
 
@@ -149,10 +157,10 @@ def _throughput(name, model, cfg, torch_model, rows: int, max_new_tokens: int, r
   compiles = compilation.compile_count() - before
   batch = ours[0]
   hf_rows = [p for p in prompt_ids for _ in range(GROUP)]
-  _hf_generate(torch_model, hf_rows, max_new_tokens)                   # warm-up
-  hf_runs = [_hf_generate(torch_model, hf_rows, max_new_tokens) for _ in range(runs)]
+  hf_generate(torch_model, hf_rows, max_new_tokens)                   # warm-up
+  hf_runs = [hf_generate(torch_model, hf_rows, max_new_tokens) for _ in range(runs)]
   hf_tokens, hf_s = hf_runs[0][0], float(np.median([s for _, s in hf_runs]))
-  hf_len = _hf_lengths(hf_tokens)
+  hf_len = hf_lengths(hf_tokens)
   match = [bool(batch.lengths[r] == hf_len[r]
                 and np.array_equal(batch.response_tokens[r, :hf_len[r]], hf_tokens[r, :hf_len[r]]))
            for r in range(rows)]

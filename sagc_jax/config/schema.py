@@ -98,6 +98,9 @@ def base_config() -> ml_collections.ConfigDict:
       steps=100, checkpoint_every=25, keep_checkpoints=3, eval_every=50, log_every=1,
       # > 1: every evaluation also draws eval_k samples per example (pass@j, mean@k).
       eval_k=0,
+      # False: evaluations skip the greedy pass (no eval_accuracy; on CPU a real model's
+      # greedy pass costs as much as the sampled one).
+      eval_greedy=True,
       # Every log_completions_every steps (0 = never), log_completions sampled
       # completions go to completions.jsonl and TensorBoard text (and W&B).
       log_completions_every=10, log_completions=4,

@@ -119,7 +119,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if isinstance(segment, bool) or not isinstance(segment, int) or segment < -1:
     raise ValueError(f"rollout.decode_segment={segment!r} must be an int >= -1 "
                      "(-1 = auto, 0 = fused sampler)")
-  for key in ("rollout.compaction", "rollout.segmented_eval"):
+  for key in ("rollout.compaction", "rollout.segmented_eval", "train.eval_greedy"):
     if not isinstance(checks.lookup(config, key), bool):
       raise ValueError(f"{key}={checks.lookup(config, key)!r} must be True or False")
   checks.positive_int(config, "rollout.min_compact_rows")

@@ -1,7 +1,7 @@
 """``python -m sagc_jax.compare``: GRPO vs DAPO, each with every static G and SAGC.
 
-The matrix {algorithms} x {static G for each candidate, SAGC} runs ``compare.seeds``
-times. Every run starts from the same policy (the warm start is built once, in
+The matrix {algorithms} x {static G for each candidate (or each of
+``compare.static_sizes``), SAGC} runs ``compare.seeds`` times. Every run starts from the same policy (the warm start is built once, in
 ``<workdir>/shared``); seed k (``config.seed + k``) sets the data order and the
 sampling of every arm alike, so the arms of one seed see the same prompts in the same
 order. Runs live in ``<workdir>/arms/<arm>_seed<k>`` as ordinary training runs, so a
@@ -79,9 +79,8 @@ def arm_configs(config) -> dict[str, Any]:
   from sagc_jax.rl.config import PRESET_FIELDS
 
   arms = {}
-  candidates = tuple(config.controller.candidates)
   for algorithm in config.compare.algorithms:
-    variants = [(f"{algorithm}_static{g}", "static", g) for g in candidates]
+    variants = [(f"{algorithm}_static{g}", "static", g) for g in static_sizes(config)]
     variants.append((f"{algorithm}_sagc", "sagc", None))
     for name, kind, g in variants:
       arm = copy.deepcopy(config)
@@ -96,6 +95,18 @@ def arm_configs(config) -> dict[str, Any]:
         arm.controller.static_g = g
       arms[name] = arm
   return arms
+
+
+def static_sizes(config) -> tuple[int, ...]:
+  """The static-G arms: ``compare.static_sizes`` (e.g. ``(4, 16)``: the smallest and
+  largest only, where every arm costs minutes), by default every candidate G."""
+  candidates = tuple(config.controller.candidates)
+  sizes = config.compare.get("static_sizes") or candidates
+  bad = [g for g in sizes if isinstance(g, bool) or not isinstance(g, int) or g < 2]
+  if bad or len(set(sizes)) != len(sizes):
+    raise ValueError(f"compare.static_sizes={tuple(sizes)!r} must be distinct ints >= 2 "
+                     f"(e.g. the candidates {candidates})")
+  return tuple(sizes)
 
 
 def seed_count(config) -> int:
@@ -273,7 +284,7 @@ def results_table(arms: Sequence[dict[str, Any]],
   for arm in arms:
     cfg, metrics = arm["config"], arm["rows"]
     stats = summarize(metrics)
-    evals = [r for r in metrics if "eval_accuracy" in r]
+    evals = [r for r in metrics if "eval_sampled_accuracy" in r]
     controller = cfg["controller"]["kind"]
     name, seed = split_run_name(arm["name"])
     rows.append({
@@ -291,7 +302,8 @@ def results_table(arms: Sequence[dict[str, Any]],
                      if metrics and all("rollouts" in r for r in metrics) else float("nan")),
         "time_to_target_s": time_to_target(metrics, reward_target),
         "eval_accuracy_start": arm["summary"].get("eval_accuracy_start", float("nan")),
-        "eval_accuracy_end": evals[-1]["eval_accuracy"] if evals else float("nan"),
+        "eval_accuracy_end": evals[-1].get("eval_accuracy", float("nan")) if evals
+        else float("nan"),
         "eval_sampled_accuracy_start": arm["summary"].get("eval_sampled_accuracy_start",
                                                           float("nan")),
         "eval_sampled_accuracy_end": evals[-1].get("eval_sampled_accuracy", float("nan"))

@@ -37,8 +37,9 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
   axes[2].plot(steps, col("accuracy"), label="train accuracy")
   if eval_history:
     steps_eval = [e["step"] for e in eval_history]
-    axes[2].plot(steps_eval, [e["eval_accuracy"] for e in eval_history], "o-",
-                 label="held-out accuracy (greedy)")
+    if all("eval_accuracy" in e for e in eval_history):
+      axes[2].plot(steps_eval, [e["eval_accuracy"] for e in eval_history], "o-",
+                   label="held-out accuracy (greedy)")
     if all("eval_sampled_accuracy" in e for e in eval_history):
       axes[2].plot(steps_eval, [e["eval_sampled_accuracy"] for e in eval_history], "s-",
                    label="held-out accuracy (sampled)")

@@ -121,6 +121,13 @@ class _CallTimedOut(_CallFailed):
   pass
 
 
+# Largest |value| a user term may return. The learner's advantages are float32 group
+# statistics; 1e39 is finite in float64 but inf in float32, and squares of values past
+# ~1e19 overflow float32 in the group variance. 1e9 leaves every weighted sum and square
+# finite while no plausible reward comes near it.
+REWARD_LIMIT = 1e9
+
+
 def _as_values(out: Any, n: int) -> list[float]:
   """A user function's output as n floats (NaN for None); raises ``_CallFailed``."""
   if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
@@ -146,6 +153,10 @@ def _as_values(out: Any, n: int) -> list[float]:
       value = math.inf
     if not math.isfinite(value):
       raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be finite")
+    if abs(value) > REWARD_LIMIT:
+      raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be within "
+                        f"+-{REWARD_LIMIT:.0e} (the learner works in float32, where the group "
+                        "statistics of larger values overflow)")
     floats.append(value)
   return floats
 

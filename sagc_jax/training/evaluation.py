@@ -13,11 +13,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sagc_jax.control.budget import candidate_group_sizes
+from sagc_jax.control.controller import straggler_flags
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.sampling import Sampler
 from sagc_jax.training.inputs import RunInputs
 
-__all__ = ["Evaluator", "evaluate_run", "length_stats", "load_run_config", "pass_at_k"]
+__all__ = ["Evaluator", "evaluate_run", "length_stats", "load_run_config", "paired_gain",
+           "pass_at_k", "straggler_profile"]
+
+
+PROGRESS_SECONDS = 10.0
 
 
 class Evaluator:
@@ -34,6 +40,8 @@ class Evaluator:
     self.inputs = inputs
     self.greedy = greedy
     self.sampled = sampled
+    self.log = log
+    self.sampled_correct: np.ndarray | None = None   # per example, of the last evaluate()
     wanted, available = inputs.config.data.eval_examples, len(inputs.eval_source)
     if wanted > available:           # once per run, not at every evaluation
       log(f"warning: data.eval_examples={wanted} but the "
@@ -41,7 +49,9 @@ class Evaluator:
           f"evaluating on all {available}")
 
   def warmup_jobs(self, model: Any) -> list:
-    return self.greedy.warmup_jobs(model) + self.sampled.warmup_jobs(model)
+    greedy = (self.greedy.warmup_jobs(model)
+              if self.inputs.config.train.get("eval_greedy", True) else [])
+    return greedy + self.sampled.warmup_jobs(model)
 
   def examples(self, limit: int | None = None) -> int:
     """How many held-out examples an evaluation uses (``limit``: at most that many)."""
@@ -50,15 +60,21 @@ class Evaluator:
     wanted = self.inputs.config.data.eval_examples if limit is None else limit
     return min(wanted, len(self.inputs.eval_source))
 
-  def _pass(self, model: Any, sampler: Sampler, n: int, seed: int,
+  def _pass(self, model: Any, sampler: Sampler, n: int, seed: int, label: str,
             k: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(correct, lengths), each [n, k]: ``k`` responses per held-out example, in
     batches of the sampler's row bucket (compiled at warm-up: ``k`` responses of a
-    prompt are one group, so any k up to the bucket uses the same executable)."""
+    prompt are one group, so any k up to the bucket uses the same executable).
+    A progress line every ``PROGRESS_SECONDS`` (a real model's pass takes minutes)."""
     inputs = self.inputs
     per_call = sampler.row_buckets[-1] // k
     correct, lengths = [], []
+    start = last = time.perf_counter()
     for lo in range(0, n, per_call):
+      now = time.perf_counter()
+      if lo and now - last >= PROGRESS_SECONDS:
+        self.log(f"  eval ({label}): {lo}/{n} examples in {now - start:.0f} s")
+        last = now
       examples = [inputs.eval_source[i] for i in range(lo, min(lo + per_call, n))]
       samples = sampler.generate(model, inputs.encode(examples), k, seed=seed_for(seed, lo))
       result = inputs.reward_fn.verify(
@@ -72,19 +88,28 @@ class Evaluator:
     with ``train.eval_k`` > 1 pass@j / mean@k from k samples per example."""
     start = time.perf_counter()
     n = self.examples(limit)
-    greedy, lengths = self._pass(model, self.greedy, n, seed=0)
-    sampled, sampled_lengths = self._pass(model, self.sampled, n,
+    out: dict[str, float] = {}
+    if self.inputs.config.train.get("eval_greedy", True):
+      greedy, lengths = self._pass(model, self.greedy, n, seed=0, label="greedy")
+      out.update({"eval_accuracy": float(greedy.mean()),
+                  **length_stats("eval_response_len", lengths)})
+    sampled, sampled_lengths = self._pass(model, self.sampled, n, label="sampled",
                                           seed=self.inputs.config.seed)
-    out = {"eval_accuracy": float(greedy.mean()), "eval_sampled_accuracy": float(sampled.mean()),
-           **length_stats("eval_response_len", lengths),
-           **length_stats("eval_sampled_response_len", sampled_lengths),
-           "eval_examples": float(n)}
+    self.sampled_correct = sampled.reshape(-1).astype(np.int8)
+    out.update({"eval_sampled_accuracy": float(sampled.mean()),
+                **length_stats("eval_sampled_response_len", sampled_lengths),
+                "eval_examples": float(n)})
     k = self.inputs.config.train.get("eval_k", 0)
     if k > 1:
-      correct, k_lengths = self._pass(model, self.sampled, n, k=k,
+      correct, k_lengths = self._pass(model, self.sampled, n, k=k, label=f"{k} samples",
                                       seed=seed_for(self.inputs.config.seed, k))
       out.update(pass_at_k(correct))
       out.update(length_stats(f"eval_k{k}_response_len", k_lengths))
+      out[f"eval_k{k}_response_len_p99"] = float(np.percentile(k_lengths, 99))
+      config = self.inputs.config
+      out.update(straggler_profile(k_lengths, config.controller.tau,
+                                   config.rollout.rollouts_per_step,
+                                   candidate_group_sizes(config.controller)))
     out["eval_seconds"] = time.perf_counter() - start
     return out
 
@@ -95,6 +120,59 @@ def length_stats(prefix: str, lengths: np.ndarray) -> dict[str, float]:
   lengths = np.asarray(lengths, np.float64).reshape(-1)
   return {prefix: float(lengths.mean()), f"{prefix}_p50": float(np.percentile(lengths, 50)),
           f"{prefix}_p90": float(np.percentile(lengths, 90)), f"{prefix}_max": float(lengths.max())}
+
+
+def straggler_profile(lengths: np.ndarray, tau: float, rollouts_per_step: int,
+                      sizes: tuple[int, ...]) -> dict[str, float]:
+  """The policy's natural straggler statistics from k samples per example, at each
+  group size G in ``sizes`` with G <= k.
+
+  The k samples of a prompt are independent draws, so its k // G disjoint chunks
+  of G are k // G groups of size G. Per G: the max/median ratio's p50 / p90 / max
+  over all groups, the group straggler rate (share of groups with max > tau *
+  median, SAGC's event, ``control.controller.straggler_flags``) and the step
+  straggler rate (the seed paper's S_t: share of steps in which any group
+  straggles). A step holds ``rollouts_per_step // G`` groups of different prompts
+  (chunk c of every prompt, then chunk c + 1, ...); a last partial step is dropped.
+  """
+  lengths = np.asarray(lengths, np.float64)
+  n, k = lengths.shape
+  out: dict[str, float] = {"eval_straggler_tau": float(tau)}
+  for g in sizes:
+    if g > k:
+      continue
+    chunks = lengths[:, :k // g * g].reshape(n, k // g, g).transpose(1, 0, 2).reshape(-1, g)
+    gmax, gmed = chunks.max(axis=1), np.median(chunks, axis=1)
+    flags = straggler_flags(gmax, gmed, tau)
+    ratio = gmax / np.maximum(gmed, 1.0)
+    per_step = max(rollouts_per_step // g, 1)
+    steps = flags[:len(flags) // per_step * per_step].reshape(-1, per_step)
+    out.update({f"eval_g{g}_ratio_p50": float(np.percentile(ratio, 50)),
+                f"eval_g{g}_ratio_p90": float(np.percentile(ratio, 90)),
+                f"eval_g{g}_ratio_max": float(ratio.max()),
+                f"eval_g{g}_group_straggler_rate": float(flags.mean()),
+                f"eval_g{g}_groups": float(len(flags)),
+                f"eval_g{g}_step_straggler_rate": (float(steps.any(axis=1).mean())
+                                                   if len(steps) else float("nan")),
+                f"eval_g{g}_steps": float(len(steps))})
+  return out
+
+
+def paired_gain(before: Any, after: Any) -> dict[str, float]:
+  """The change in sampled accuracy between two evaluations of the same examples with
+  the same seeds, and its 95% interval: mean of the per-example differences
+  (after - before, each -1, 0 or 1) +- 1.96 x their standard error (normal
+  approximation of the paired t interval; pairing removes the between-problem
+  variance that two independent proportions would carry)."""
+  before, after = np.asarray(before, np.float64), np.asarray(after, np.float64)
+  if before.shape != after.shape or before.size < 2:
+    raise ValueError(f"paired_gain needs two equal-length evaluations of >= 2 examples, "
+                     f"got {before.shape} and {after.shape}")
+  diff = after - before
+  half = 1.96 * float(diff.std(ddof=1)) / np.sqrt(diff.size)
+  gain = float(diff.mean())
+  return {"eval_sampled_gain": gain, "eval_sampled_gain_ci95_low": gain - half,
+          "eval_sampled_gain_ci95_high": gain + half, "eval_sampled_gain_examples": float(diff.size)}
 
 
 def pass_at_k(correct: np.ndarray) -> dict[str, float]:
@@ -129,8 +207,15 @@ def load_run_config(workdir: Any):
   path = workdir / "config.json"
   if not path.exists():
     raise SystemExit(f"error: {path} not found: --workdir must be a training run directory")
+  try:
+    saved = json.loads(path.read_text())
+  except (ValueError, UnicodeDecodeError) as err:
+    raise ValueError(
+        f"{path} is not valid JSON ({err}; truncated by a full disk or a kill?). Resuming "
+        f"the run rewrites it: python -m sagc_jax.train --config <the run's config file> "
+        f"--workdir {workdir} (the checkpoints are kept and resumed)") from None
   config = base_config()
-  config.update(json.loads(path.read_text()))
+  config.update(saved)
   return config
 
 

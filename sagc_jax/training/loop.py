@@ -39,7 +39,7 @@ from sagc_jax.training.build import build_components
 from sagc_jax.config import FILE_DATASETS, validate
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.data import PromptLoader
-from sagc_jax.training.evaluation import Evaluator
+from sagc_jax.training.evaluation import Evaluator, paired_gain
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.training.step import RLStep
@@ -188,7 +188,13 @@ class Trainer:
     path = self.workdir / "config.json"
     new = self.config.to_json_best_effort(indent=1)
     if path.exists():
-      changes = config_changes(json.loads(path.read_text()), json.loads(new))
+      try:
+        old = json.loads(path.read_text())
+      except (ValueError, UnicodeDecodeError) as err:
+        self.log(f"warning: {path} is not valid JSON ({err}); replaced by this run's "
+                 "settings (the changes from the damaged file cannot be listed)")
+        old = json.loads(new)
+      changes = config_changes(old, json.loads(new))
       if changes:
         self.log(f"{'resuming' if self.step else 'restarting'} with {len(changes)} changed "
                  f"setting(s): " + "; ".join(changes))
@@ -240,6 +246,12 @@ class Trainer:
   def evaluate(self, limit: int | None = None) -> dict[str, float]:
     """Held-out accuracy of the current policy (``evaluation.Evaluator``)."""
     return self.evaluator.evaluate(self.model, limit)
+
+  def _record_evaluation(self, evaluation: dict[str, float]) -> None:
+    """Keeps an evaluation in the history (checkpointed), with its per-example sampled
+    correctness, from which the summary's paired accuracy gain is computed."""
+    self.eval_history.append({"step": self.step, **evaluation,
+                              "sampled_correct": self.evaluator.sampled_correct.tolist()})
 
   # ------------------------------------------------------------------- loop
   def _largest_host_gather(self) -> int:
@@ -298,9 +310,11 @@ class Trainer:
     try:
       self.warmup()
       if self.step == 0 and not self.eval_history:
-        self.eval_history.append({"step": 0, **self.evaluate()})
+        self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
+        self._record_evaluation(self.evaluate())
         first = self.eval_history[-1]
-        self.log(f"eval before RL: held-out accuracy {first['eval_accuracy']:.3f} greedy, "
+        greedy = (f"{first['eval_accuracy']:.3f} greedy, " if "eval_accuracy" in first else "")
+        self.log(f"eval before RL: held-out accuracy {greedy}"
                  f"{first['eval_sampled_accuracy']:.3f} sampled")
       end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
       # Processes leave the loop on the flag they agreed on (a signal reaches each host
@@ -311,7 +325,7 @@ class Trainer:
         row = self.train_step()
         if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
           evaluation = self.evaluate()
-          self.eval_history.append({"step": self.step, **evaluation})
+          self._record_evaluation(evaluation)
           row.update(evaluation)
         self.history.append(row)
         self.metrics.write(row)
@@ -374,10 +388,16 @@ class Trainer:
     out: dict[str, Any] = {**summarize(self.history), "steps": self.step,
                            "preempted": self._stopped_by_signal}
     if self.eval_history:
+      first, last = self.eval_history[0], self.eval_history[-1]
       for key in ("eval_accuracy", "eval_sampled_accuracy"):
-        out[f"{key}_start"] = self.eval_history[0][key]
-        out[f"{key}_end"] = self.eval_history[-1][key]
-      out["eval_response_len_end"] = self.eval_history[-1]["eval_response_len"]
+        if key in first:
+          out[f"{key}_start"] = first[key]
+          out[f"{key}_end"] = last[key]
+      out["eval_response_len_end"] = last.get("eval_response_len",
+                                              last["eval_sampled_response_len"])
+      if (len(self.eval_history) > 1 and "sampled_correct" in first
+          and len(first["sampled_correct"]) == len(last.get("sampled_correct", ())) > 1):
+        out.update(paired_gain(first["sampled_correct"], last["sampled_correct"]))
     out["skipped_updates"] = self.learner.skipped_updates
     return out
 
