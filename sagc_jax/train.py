@@ -60,6 +60,15 @@ def main(argv: Sequence[str], flags) -> None:
   if flags.max_steps is not None and flags.max_steps < 1:
     raise ValueError(f"--max_steps={flags.max_steps} must be >= 1 (leave it out to train to "
                      "train.steps)")
+  # A single-process run only: on a pod every process must reach the same decision,
+  # and their workdirs need not be one shared folder.
+  single = not flags.distributed and "SAGC_COORDINATOR" not in os.environ
+  finished = _finished_summary(flags.workdir, flags.config.train.steps) if single else None
+  if finished is not None:           # nothing to train: no data, model or compilation
+    print(f"{flags.workdir} finished all {finished['steps']} steps earlier "
+          "(train.steps; raise it to train on)")
+    print(format_summary(finished))
+    return
   from absl import logging
   import tensorflow_datasets as tfds
 
@@ -107,6 +116,24 @@ def main(argv: Sequence[str], flags) -> None:
       plot_run(trainer.history, trainer.eval_history, path,
                title=f"{trainer.config.learner.algorithm} + {trainer.config.controller.kind}")
       print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
+
+
+def _finished_summary(workdir: str, steps: int) -> dict | None:
+  """The run's ``summary.json`` when it finished ``steps`` steps (not stopped early),
+  else None. A process that is not the primary of a pod reads the same file."""
+  import json
+
+  from sagc_jax.runtime.storage import run_path
+
+  path = run_path(workdir) / "summary.json"
+  try:
+    summary = json.loads(path.read_text()) if path.exists() else None
+  except (ValueError, OSError):
+    return None                      # damaged: the trainer rebuilds it
+  if (isinstance(summary, dict) and summary.get("steps") == steps
+      and not summary.get("preempted")):
+    return summary
+  return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -176,3 +176,27 @@ def test_a_config_key_given_twice_is_refused_and_an_empty_tuple_clears(tmp_path)
   parsed = _parsed(f"--config={REPO / 'configs/tiny_cpu.py'}",
                    "--config.controller.candidates=(4, 16)").config
   assert parsed.controller.candidates == (4, 16)
+
+
+def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(tmp_path):
+  """summary.json of a run that finished train.steps: printed, nothing rebuilt (no data
+  prepared, no compilation); a run stopped early, or asked for more steps, trains on."""
+  import json
+
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "summary.json").write_text(json.dumps({
+      "steps": 3, "preempted": False, "eval_sampled_accuracy_start": 0.25,
+      "eval_sampled_accuracy_end": 0.5}))
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
+                         f"--config={REPO / 'configs/tiny_cpu.py'}", f"--workdir={workdir}",
+                         "--config.train.steps=3"],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert f"{workdir} finished all 3 steps earlier" in proc.stdout
+  assert "0.250 before RL -> 0.500 after 3 steps" in proc.stdout
+  assert sorted(p.name for p in workdir.iterdir()) == ["summary.json"]   # nothing built
+  from sagc_jax.train import _finished_summary
+  assert _finished_summary(str(workdir), 4) is None                      # more steps: train
+  (workdir / "summary.json").write_text(json.dumps({"steps": 3, "preempted": True}))
+  assert _finished_summary(str(workdir), 3) is None                      # stopped early

@@ -86,25 +86,27 @@ def test_dual_update_is_projected_ascent():
 
 
 def test_posterior_update_with_forgetting_matches_numpy():
+  """Per-size forgetting: only the observed size's counts are discounted."""
   gamma, a0, b0 = 0.9, 1.5, 2.5
   ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.3, forgetting=gamma,
                         prior_alpha=a0, prior_beta=b0, seed=3)
   rng = np.random.default_rng(0)
   s = np.zeros(3)
   f = np.zeros(3)
+  used = set()
   for _ in range(60):
     g = ctrl.propose()
     gmax, gmed, n, strag = random_step(rng, max_groups=20, max_ratio=3.0)
     metrics = ctrl.observe(gmax, gmed)
-    s *= gamma
-    f *= gamma
     k = CANDIDATES.index(g)
-    s[k] += strag
-    f[k] += n - strag
+    used.add(k)
+    s[k] = gamma * s[k] + strag
+    f[k] = gamma * f[k] + n - strag
     mean = (a0 + s) / (a0 + s + b0 + f)
     np.testing.assert_allclose(ctrl.posterior_mean(), mean, rtol=1e-12)
     for cand, m in zip(CANDIDATES, mean):
       assert metrics[f"p_mean/G{cand}"] == pytest.approx(m, rel=1e-12)
+  assert len(used) >= 2      # the test saw sizes that were left unused for a while
 
 
 def test_thompson_choice_matches_independent_rederivation():
@@ -119,6 +121,9 @@ def test_thompson_choice_matches_independent_rederivation():
     draws = np.array([twin_rng.beta(a, b) for a, b in params])
     if t == 0:
       expected = 0                       # initial_g (smallest by default)
+    elif lam >= ctrl.lambda_max:         # at the cap: stay or step down by risk alone
+      lo = max(index - 1, 0)
+      expected = lo if draws[lo] <= draws[index] else index
     else:
       lo, hi = max(index - 1, 0), min(index + 2, 3)
       scores = np.log2(CANDIDATES)[lo:hi] - lam * draws[lo:hi]
@@ -356,9 +361,9 @@ def test_step_event_updates_match_numpy_and_both_events_are_reported():
     gmax, gmed, n, strag = random_step(rng, max_groups=6, max_ratio=2.3)
     event = float(strag > 0)
     metrics = ctrl.observe(gmax, gmed)
-    s, f = s * gamma, f * gamma
-    s[CANDIDATES.index(g)] += event            # one Bernoulli observation per step
-    f[CANDIDATES.index(g)] += 1 - event
+    k = CANDIDATES.index(g)                    # one Bernoulli observation per step,
+    s[k] = gamma * s[k] + event                # discounting only the observed size
+    f[k] = gamma * f[k] + 1 - event
     lam = min(max(lam + eta * (event - delta), 0.0), 50.0)
     hits += event
     np.testing.assert_allclose(ctrl.posterior_mean(), (1 + s) / (2 + s + f), rtol=1e-12)
@@ -433,3 +438,93 @@ def test_controller_imports_and_runs_with_numpy_alone():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.startswith("ok ") and out.stdout.strip().endswith("[]")
+
+
+# ------------------------- regimes of a second length model, both straggler events
+def drifting_world(steps, prompts, seed, sigma=(0.3, 0.3), tail_prob=(0.2, 0.2),
+                   median=(500.0, 500.0), prompt_sigma=0.5, max_len=8192, max_g=16):
+  """Lengths [steps, prompts, max_g] whose parameters move linearly over the run.
+
+  A log-normal body with spread ``sigma``, a per-prompt difficulty shared by the
+  group (it scales the median and cancels in max/median), "re-check" tails that
+  multiply a response by U[2, 5] with probability ``tail_prob``, truncation at
+  ``max_len``; each of ``sigma``, ``tail_prob``, ``median`` is a (start, end) pair.
+  """
+  rng = np.random.default_rng([seed, 2026])
+  x = np.linspace(0.0, 1.0, steps)[:, None, None]
+  lerp = lambda pair: pair[0] + (pair[1] - pair[0]) * x
+  shape = (steps, prompts, max_g)
+  difficulty = np.exp(prompt_sigma * rng.standard_normal((steps, prompts, 1)))
+  body = np.exp(lerp(sigma) * rng.standard_normal(shape))
+  tails = np.where(rng.random(shape) < lerp(tail_prob), rng.uniform(2.0, 5.0, shape), 1.0)
+  return np.clip(np.rint(lerp(median) * difficulty * body * tails), 1, max_len)
+
+
+def mean_signal(metrics):
+  return float(np.mean([m["straggler_rate"] for m in metrics]))
+
+
+# Lengths so heavy that even G = 4 straggles in far more than delta = 0.25 of its
+# steps (step event: 0.88-0.99) or groups (group event: 0.35-0.6).
+INFEASIBLE = {
+    "stationary, 4 prompts": dict(prompts=4, sigma=(0.3, 0.3), tail_prob=(0.2, 0.2)),
+    "heavier over time, 8 prompts": dict(prompts=8, sigma=(0.3, 0.45),
+                                         tail_prob=(0.15, 0.3), median=(400.0, 1200.0)),
+}
+
+
+@pytest.mark.parametrize("event", ["step", "group"])
+@pytest.mark.parametrize("regime", sorted(INFEASIBLE))
+def test_infeasible_regime_settles_at_the_smallest_g(event, regime):
+  """Even G = 4 violates delta: after warm-up SAGC stays at G = 4 and its rate is G = 4's.
+
+  With the published rules (every posterior forgotten back to the prior each step,
+  Thompson selection at lambda = lambda_max) the step event spent 41-80% of these
+  steps at G = 4; see the module docstring of the controller for both changes.
+  """
+  params = dict(INFEASIBLE[regime])
+  prompts = params.pop("prompts")
+  warm_up, delta = 100, 0.25
+  for seed in range(5):
+    world = drifting_world(600, prompts, seed, **params)
+    _, own = drive(StaticController(4, delta=delta, event=event), world)
+    own_rate = mean_signal(own[warm_up:])
+    assert own_rate > delta + 0.1, (seed, own_rate)        # infeasible at every G
+    gs, metrics = drive(SAGCController(delta=delta, event=event, seed=seed), world)
+    at_smallest = float(np.mean(gs[warm_up:] == 4))
+    rate = mean_signal(metrics[warm_up:])
+    assert at_smallest >= 0.95, (seed, at_smallest, rate, own_rate)
+    assert abs(rate - own_rate) <= 0.03, (seed, at_smallest, rate, own_rate)
+    assert metrics[-1]["lambda"] > 40                      # the dual sits near its cap
+
+
+# (world, delta) per event: one where the constraint binds around G = 8, one where
+# even G = 16 is feasible (its rate is below delta, and SAGC should use it).
+FEASIBLE = {
+    ("group", "binds near G = 8"): (dict(prompts=32, sigma=(0.3, 0.3), tail_prob=(0.03, 0.03)), 0.25),
+    ("group", "G = 16 feasible"): (dict(prompts=32, sigma=(0.15, 0.15), tail_prob=(0.01, 0.01)), 0.25),
+    ("step", "binds near G = 8"): (dict(prompts=2, sigma=(0.3, 0.3), tail_prob=(0.03, 0.03)), 0.45),
+    ("step", "G = 16 feasible"): (dict(prompts=2, sigma=(0.12, 0.12), tail_prob=(0.01, 0.01)), 0.35),
+}
+
+
+@pytest.mark.parametrize("event, regime", sorted(FEASIBLE))
+def test_feasible_regimes_hold_the_rate_at_delta(event, regime):
+  """Feasible regimes: long-run rate within 0.04 of delta, or below it when G = 16 is safe."""
+  params, delta = FEASIBLE[(event, regime)]
+  params = dict(params)
+  prompts = params.pop("prompts")
+  burn_in = 500
+  for seed in range(3):
+    world = drifting_world(3000, prompts, seed + 10, **params)
+    rates = [mean_signal(drive(StaticController(g, delta=delta, event=event), world)[1][burn_in:])
+             for g in CANDIDATES]
+    gs, metrics = drive(SAGCController(delta=delta, event=event, seed=seed), world)
+    rate = mean_signal(metrics[burn_in:])
+    if rates[-1] < delta:                                  # even the largest G is safe
+      assert regime == "G = 16 feasible", rates
+      assert rate < delta and float(np.mean(gs[burn_in:] == 16)) > 0.9, (seed, rate, rates)
+    else:
+      assert regime == "binds near G = 8" and rates[0] < delta < rates[1] + 0.05, rates
+      assert abs(rate - delta) < 0.04, (seed, rate, rates)
+      assert np.log2(gs[burn_in:]).mean() > best_mixture_by_grid(rates, delta) - 0.15

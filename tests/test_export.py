@@ -4,6 +4,7 @@ policy, and exporting reads the run without writing to it."""
 from __future__ import annotations
 
 import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +33,10 @@ def test_export_loads_in_transformers_with_the_checkpoint_logits(shared, tmp_pat
           "tokenizer.json", "tokenizer_config.json"} <= set(result["files"])
   after = {str(p): p.stat().st_mtime_ns for p in workdir.rglob("*") if p.is_file()}
   assert after == before                                   # the run was only read
+  umask = os.umask(0)
+  os.umask(umask)                                          # modes of a plain open/mkdir
+  assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+  assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o666 & ~umask}
 
   # Reference: the policy as the trainer restores it from the same checkpoint.
   trainer = Trainer(config, workdir, log=lambda m: None)

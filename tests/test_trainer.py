@@ -106,6 +106,10 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
   assert summary["eval_sampled_gain"] == pytest.approx(gain)
   assert summary["eval_sampled_gain_ci95_low"] <= gain <= summary["eval_sampled_gain_ci95_high"]
   assert not any("eval_accuracy" in r for r in load_history(tmp_path))
+  from sagc_jax.training.loop import load_evaluation_before_rl
+  before = load_evaluation_before_rl(tmp_path)           # the step-0 row of metrics.jsonl
+  assert before["eval_sampled_accuracy"] == summary["eval_sampled_accuracy_start"]
+  assert "sampled_correct" not in before
 
 
 def test_resume_is_exact(shared, tmp_path):
@@ -125,6 +129,9 @@ def test_resume_is_exact(shared, tmp_path):
   straight_rows = [deterministic_view(r) for r in load_history(straight_dir)]
   resumed_rows = [deterministic_view(r) for r in load_history(resumed_dir)]
   assert resumed_rows == straight_rows
+  # One step-0 row (the evaluation before RL), written once, kept by the resume.
+  lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3, 4]
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):

@@ -16,12 +16,15 @@ import platform
 import sys
 from pathlib import Path
 
-from sagc_jax.bench import controller, learner, real_model, sampler
+import importlib
 
-BENCHMARKS = {"controller": controller, "learner": learner, "sampler": sampler}
-# With --model: (run, report) of the real-model benchmark.
-REAL_MODEL = {"learner": (real_model.run_learner, real_model.report_learner),
-              "sampler": (real_model.run_sampler, real_model.report_sampler)}
+from sagc_jax.bench import defaults
+
+# Imported only when run (they import JAX): --help answers at once.
+BENCHMARKS = ("controller", "learner", "sampler")
+# With --model: the (run, report) functions of the real-model benchmark.
+REAL_MODEL = {"learner": ("run_learner", "report_learner"),
+              "sampler": ("run_sampler", "report_sampler")}
 
 
 def _rows(text: str) -> tuple[int, ...]:
@@ -29,9 +32,9 @@ def _rows(text: str) -> tuple[int, ...]:
     rows = tuple(int(x) for x in text.split(","))
   except ValueError:
     rows = ()
-  if not rows or any(r <= 0 or r % real_model.GROUP for r in rows):
+  if not rows or any(r <= 0 or r % defaults.GROUP for r in rows):
     raise argparse.ArgumentTypeError(
-        f"{text!r} is not a comma list of positive multiples of G={real_model.GROUP} "
+        f"{text!r} is not a comma list of positive multiples of G={defaults.GROUP} "
         "(e.g. 8,32,64)")
   return rows
 
@@ -49,7 +52,7 @@ def _positive(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m sagc_jax.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
+  parser.add_argument("name", choices=BENCHMARKS, help="which benchmark to run")
   parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
   parser.add_argument("--steps", type=int, default=None, help="override the number of timed steps")
   parser.add_argument("--model", default=None, metavar="MODEL",
@@ -57,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                       "or smollm2-135m-instruct (default: the random-weight benchmarks)")
   parser.add_argument("--rows", type=_rows, default=None,
                       help=f"with --model: row counts, comma list (default "
-                      f"{','.join(map(str, real_model.DEFAULT_ROWS))})")
+                      f"{','.join(map(str, defaults.DEFAULT_ROWS))})")
   parser.add_argument("--max_new_tokens", type=_positive, default=None,
                       help=f"with --model: response cap (default "
-                      f"{real_model.DEFAULT_MAX_NEW_TOKENS})")
+                      f"{defaults.DEFAULT_MAX_NEW_TOKENS})")
   args = parser.parse_args(argv)
-  module = BENCHMARKS[args.name]
+  module = importlib.import_module(f"sagc_jax.bench.{args.name}")
   kwargs = {} if args.steps is None else {"steps": args.steps}
   if args.steps is not None and args.steps <= 0:
     parser.error(f"--steps={args.steps} must be positive")
@@ -75,14 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.name not in REAL_MODEL:
       parser.error(f"--model={args.model!r}: the {args.name} benchmark has no real-model "
                    f"option (only {', '.join(sorted(REAL_MODEL))})")
+    real_model = importlib.import_module("sagc_jax.bench.real_model")
     try:
       folder = real_model.resolve_model(args.model)
     except (ValueError, OSError) as err:
       parser.error(f"--model={args.model!r}: {err}")
-    run, report = REAL_MODEL[args.name]
+    run, report = (getattr(real_model, name) for name in REAL_MODEL[args.name])
     kwargs.update(folder=folder, source=args.model,
-                  rows=args.rows or real_model.DEFAULT_ROWS,
-                  max_new_tokens=args.max_new_tokens or real_model.DEFAULT_MAX_NEW_TOKENS)
+                  rows=args.rows or defaults.DEFAULT_ROWS,
+                  max_new_tokens=args.max_new_tokens or defaults.DEFAULT_MAX_NEW_TOKENS)
   results = run(**kwargs)
   results["benchmark"] = args.name
   results["machine"] = {"python": platform.python_version(), "processor": platform.machine(),

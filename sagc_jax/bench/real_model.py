@@ -71,10 +71,7 @@ __all__ = ["DEFAULT_MAX_NEW_TOKENS", "DEFAULT_ROWS", "GROUP", "TEMPERATURE", "ch
            "learner_config", "length_stats", "progress", "prompt_bucket", "report_learner",
            "report_sampler", "resolve_model", "response_buckets", "run_learner", "run_sampler"]
 
-GROUP = 4
-TEMPERATURE = 0.7
-DEFAULT_ROWS = (8, 32, 64)
-DEFAULT_MAX_NEW_TOKENS = 512
+from sagc_jax.bench.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_ROWS, GROUP, TEMPERATURE
 RESPONSE_BUCKETS = (128, 256, 512)
 
 

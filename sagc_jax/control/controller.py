@@ -19,15 +19,57 @@ optimisation:
   by projected ascent ``lam <- clip(lam + eta * (rate - delta), 0, lam_max)``
   after every step;
 * risk model ``p(G) ~ Beta(alpha0 + s_G, beta0 + f_G)`` where ``s_G``/``f_G``
-  are discounted straggler / non-straggler counts: every step all counts are
-  multiplied by the forgetting factor ``gamma`` (discounted Thompson sampling,
-  Raj & Kalyani 2017), then the counts of the step are added to the G that was
-  used (``"group"``: one Bernoulli observation per group; ``"step"``: one per
-  step, S_t). Unused candidates therefore drift back to the prior and get explored
-  again, which is what lets the controller re-adapt when rollout lengths drift;
+  are discounted straggler / non-straggler counts. After each step the counts of
+  the G that was used are multiplied by the forgetting factor ``gamma`` and the
+  step's counts are added to them (``"group"``: one Bernoulli observation per
+  group; ``"step"``: one per step, S_t). The counts of the other candidates are
+  left as they are (see "Deviations" below);
 * selection by Thompson sampling: draw ``p~_G`` from every posterior and take
   the G maximising ``u(G) - lam * p~_G`` among the current size and its
   neighbours in the sorted candidate list (local search, no 4 -> 16 jumps).
+  While ``lam`` is pinned at ``lam_max`` the selection only keeps the current
+  size or steps down to the next smaller one (see "Deviations" below).
+
+Deviations from SAGC as published, and why. Both concern the regime where even
+the smallest G violates ``delta``; in it the controller should settle at the
+smallest G, and with the published rules it does not. Measured with the step
+event on 4 prompts per step of log-normal lengths (sigma 0.35, 25% of responses
+x2-5 tails; static G = 4 / 8 / 16 straggle in 0.93 / 1.00 / 1.00 of steps),
+``delta = 0.25``, 5 seeds, steps 100-600 of 600: the published rules spend 41-54%
+of the steps at G = 4 with a step rate of 0.958-0.974; with both changes,
+98-99% at G = 4 and a rate within 0.002 of static G = 4's.
+
+1. Per-size forgetting. The published risk model discounts every candidate's
+   counts every step (discounted Thompson sampling, Raj & Kalyani 2017), so a
+   size that is not used decays back to its prior (mean ``alpha0 / (alpha0 +
+   beta0)``, 0.5 by default) in about ``1 / (1 - gamma)`` steps and is tried
+   again, whatever was learned about it. With one Bernoulli observation per step
+   (``"step"``) a revisit restores little evidence, so the controller keeps
+   leaving the smallest G. Here a size's evidence ages only when that size is
+   observed: each posterior holds the discounted last ~``1 / (1 - gamma)``
+   observations *of that size* (a per-size window), so the size in use still
+   tracks drifting lengths at the published speed while an unused size keeps
+   what was last seen of it. Re-adaptation to drift that makes a larger size safe
+   again comes from the dual variable: when the current size has slack, ``lam``
+   falls by ``eta * (delta - rate)`` per step until the utility gain outweighs
+   even a stale risk estimate and the larger size is observed afresh. On the
+   feasible regimes of ``tests/test_controller.py`` the long-run rates and
+   mean log2 G are unchanged to within 0.01.
+2. Backing off at the cap. With ``lam = lam_max`` the Lagrangian still trades
+   one unit of log2 G for ``1 / lam_max`` of risk, which the constraint cannot
+   afford: it has been violated at the highest price of risk the dual may set.
+   Two things go wrong there even with exact posteriors: local search is trapped
+   at the largest G whenever ``p(16) - p(8) < 1 / lam_max`` (both sizes straggle in
+   ~every step, so the Lagrangian prefers 16 to its only neighbour 8 although 4 is
+   better), and Thompson sampling keeps exploring upward, since telling
+   ``p(8) = 1.00`` from ``p(4) = 0.93`` takes dozens of one-bit observations of
+   G = 8 (per-size forgetting alone: 62-81% at G = 4 in the scenario above). So
+   while ``lam`` is at ``lam_max`` the step goes to the smaller neighbour if its
+   sampled risk is at most the current size's, and stays otherwise: the limit of
+   ``u(G) - lam * p~_G`` as ``lam`` grows without bound (risk alone decides),
+   searched only downward, as the constraint is violated. This never fires while
+   ``lam`` is below its cap, so in feasible regimes (equilibrium ``lam`` well
+   below ``lam_max``) the published selection is unchanged.
 
 The inputs are only per-group max and median response lengths. The module is
 plain numpy (it must never import jax: it runs on the host between jitted
@@ -248,11 +290,11 @@ class _GroupSizeController:
       signal, hits, trials = step_straggler, step_straggler, 1.0
     else:
       signal, hits, trials = group_rate, n_straggle, float(n_groups)
-    gamma = self.params.forgetting
-    self._straggle_counts = [gamma * c for c in self._straggle_counts]
-    self._ok_counts = [gamma * c for c in self._ok_counts]
-    self._straggle_counts[self._index] += hits
-    self._ok_counts[self._index] += trials - hits
+    # Per-size forgetting (module docstring, deviation 1): only the size that was
+    # observed has its evidence discounted; the others keep theirs.
+    gamma, k = self.params.forgetting, self._index
+    self._straggle_counts[k] = gamma * self._straggle_counts[k] + hits
+    self._ok_counts[k] = gamma * self._ok_counts[k] + (trials - hits)
     self._update_dual(signal)
     self._pending = False
     self._steps += 1
@@ -369,10 +411,13 @@ class SAGCController(_GroupSizeController):
     lambda_max: projection bound of lambda (> 0). It caps how strongly risk
       can outweigh utility, and so how long lambda needs to come back down
       after a heavy-tailed phase (at least ``lambda_max / (eta * delta)`` steps).
-    forgetting: per-step discount of the posterior evidence in (0, 1]
-      (1 = never forget). Evidence half-life is ``ln 2 / (1 - forgetting)``.
+      While lambda sits at the bound the controller only stays or steps down.
+    forgetting: discount in (0, 1] of a candidate's posterior evidence each
+      time that candidate is observed (1 = never forget). The evidence
+      half-life is ``ln 2 / (1 - forgetting)`` observations of that size; an
+      unused size keeps its evidence.
     prior_alpha, prior_beta: Beta prior of each candidate's straggler
-      probability; unused candidates relax back to it.
+      probability (the posterior of a size never observed).
     initial_g: the G of the first step (default: the smallest candidate, the
       safe start).
     seed: seed of the Thompson-sampling RNG.
@@ -410,6 +455,11 @@ class SAGCController(_GroupSizeController):
       self._first = False
       return self._index
     lo = max(self._index - 1, 0)
+    if self._lambda >= self.lambda_max:
+      # Backing off at the cap (module docstring, deviation 2): the constraint is
+      # violated at the highest price of risk, so only the sampled risks decide
+      # and only a step down is considered (ties to the smaller G).
+      return lo if sampled_risk[lo] <= sampled_risk[self._index] else self._index
     hi = min(self._index + 2, len(self.candidates))
     # Lagrangian u(G) - lambda * p~(G) over the local neighbourhood; ties go
     # to the smaller G (the safer choice).

@@ -21,10 +21,13 @@ makes the iterator position two integers (epoch, position) that fit in a JSON ch
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 import re
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -158,7 +161,36 @@ def _prepare_local(name: str, builder: tfds.core.DatasetBuilder,
                     name, manual_dir, builder.data_dir)
     config = tfds.download.DownloadConfig(  # regenerate the dataset
         manual_dir=manual_dir, download_mode=tfds.download.GenerateMode.REUSE_CACHE_IF_EXISTS)
-  builder.download_and_prepare(download_config=config)  # format: set by make_builder
+  prepare_quietly(builder, f"from the files in {manual_dir}", download_config=config)
+
+
+@contextlib.contextmanager
+def tfds_quiet():
+  """TFDS' own output off: it prints "Downloading and preparing dataset Unknown size
+  ..." even for data generated offline or read from local files (nothing is
+  downloaded here), and logs a 400-character "Using custom data configuration" and a
+  "Variant folder ... has no dataset_info.json" warning per builder. Errors still
+  show; ``prepare_quietly`` says in one line what happens instead."""
+  quiet = [logging.getLogger(name) for name in ("absl", "tensorflow_datasets")]
+  levels = [logger.level for logger in quiet]
+  for logger in quiet:
+    logger.setLevel(logging.ERROR)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    for logger, level in zip(quiet, levels):
+      logger.setLevel(level)
+
+
+def prepare_quietly(builder: tfds.core.DatasetBuilder, source: str, **kwargs) -> None:
+  """``builder.download_and_prepare(**kwargs)`` with one line before and one after
+  instead of TFDS' output (``tfds_quiet``)."""
+  print(f"preparing dataset {builder.name} {source} in {builder.data_dir} ...", flush=True)
+  start = time.perf_counter()
+  with tfds_quiet():
+    builder.download_and_prepare(**kwargs)  # format: set by make_builder
+  print(f"prepared dataset {builder.name} in {time.perf_counter() - start:.1f} s", flush=True)
 
 
 def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = None,
@@ -184,13 +216,16 @@ def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = No
   if name in FILE_FORMATS:
     manual_dir = os.path.abspath(manual_dir or os.curdir)
     builder_kwargs = {**builder_kwargs, "root": manual_dir}
-  builder = make_builder(name, data_dir, **builder_kwargs)
+  with tfds_quiet():
+    builder = make_builder(name, data_dir, **builder_kwargs)
   if name in ("synthetic", "word_problems"):
     if manual_dir is not None:
       raise ValueError(f"{name} is generated offline and takes no manual_dir "
                        f"(got {manual_dir!r})")
-    if not builder.is_prepared():
-      builder.download_and_prepare()  # array_record: set by make_builder
+    with tfds_quiet():
+      prepared = builder.is_prepared()
+    if not prepared:
+      prepare_quietly(builder, "(generated offline)")
   else:
     _prepare_local(name, builder, manual_dir)
   base = re.match(r"\w+", split)

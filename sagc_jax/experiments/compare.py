@@ -34,7 +34,7 @@ import numpy as np
 
 from sagc_jax.experiments.claims import claims_markdown, mean_ci
 from sagc_jax.experiments.machine import machine_info, machine_line, stamp
-from sagc_jax.runtime.metrics import read_jsonl, summarize
+from sagc_jax.runtime.metrics import summarize
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
                   "straggler_event", "straggler_rate", "group_straggler_rate",
@@ -193,11 +193,13 @@ def _train_arm(config, arm_dir: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ report
 def load_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
   """An arm's config, metrics rows, eval history and summary from its run directory."""
+  from sagc_jax.training.loop import load_history
+
   arm_dir = Path(arm_dir)
   config = json.loads((arm_dir / "config.json").read_text())
   summary_path = arm_dir / "summary.json"
   return {"name": arm_dir.name, "dir": str(arm_dir), "config": config,
-          "rows": read_jsonl(arm_dir / "metrics.jsonl"),
+          "rows": load_history(arm_dir),          # step rows (not the step-0 evaluation)
           "summary": json.loads(summary_path.read_text()) if summary_path.exists() else {}}
 
 

@@ -107,8 +107,17 @@ class Checkpointer:
     handlers = {"params": ocp.StandardCheckpointHandler(),
                 "opt_state": ocp.StandardCheckpointHandler(),
                 "meta": ocp.JsonCheckpointHandler()}
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_handlers=handlers)
+    # A reader asked for read-only on purpose: orbax's two warnings that it is ("Given
+    # directory is read only", "setting save_interval_steps=0") would read as a fault.
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    if read_only:
+      absl_logger.setLevel(logging.ERROR)
+    try:
+      self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                            item_handlers=handlers)
+    finally:
+      absl_logger.setLevel(level)
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())

@@ -107,6 +107,7 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
           "pad_token_id": cfg.pad_token_id if cfg.pad_token_id is not None else eos[0]},
           indent=1))
     files = sorted(p.name for p in local.iterdir())
+    usual_file_modes(local)
     if is_remote(out):
       FolderUpload(local, run_path(out)).sync()
     else:
@@ -116,3 +117,15 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
         target.rename(old)             # removed with the temporary directory
       local.rename(target)
   return files
+
+
+def usual_file_modes(folder: Path) -> None:
+  """The modes a plain ``mkdir`` / ``open`` would give under the user's umask: the
+  export is written in a ``tempfile`` folder (mode 0700) and some writers create 0600
+  files, which other users and serving containers could not read."""
+  umask = os.umask(0)
+  os.umask(umask)
+  folder.chmod(0o777 & ~umask)
+  for path in folder.iterdir():
+    if path.is_file():
+      path.chmod(0o666 & ~umask)

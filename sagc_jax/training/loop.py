@@ -205,7 +205,7 @@ class Trainer:
     restored = self.checkpointer.restore_latest(abstract_like(self.learner.params),
                                                 abstract_like(self.learner.opt_state))
     if restored is None:
-      self.metrics.truncate_after(0)
+      self.metrics.truncate_after(-1)     # a fresh start: its step-0 evaluation is redone
       return
     step, params, opt_state, meta = restored
     self.learner.params = params
@@ -311,7 +311,9 @@ class Trainer:
       self.warmup()
       if self.step == 0 and not self.eval_history:
         self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
-        self._record_evaluation(self.evaluate())
+        evaluation = self.evaluate()
+        self._record_evaluation(evaluation)
+        self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
         first = self.eval_history[-1]
         greedy = (f"{first['eval_accuracy']:.3f} greedy, " if "eval_accuracy" in first else "")
         self.log(f"eval before RL: held-out accuracy {greedy}"
@@ -425,4 +427,12 @@ def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  return read_jsonl(run_path(workdir) / "metrics.jsonl")
+  """The step rows of a run's ``metrics.jsonl`` (steps 1, 2, ...; the step-0 row of the
+  evaluation before RL is ``load_evaluation_before_rl``)."""
+  return [r for r in read_jsonl(run_path(workdir) / "metrics.jsonl") if r.get("step", 0) >= 1]
+
+
+def load_evaluation_before_rl(workdir: str | os.PathLike) -> dict[str, Any] | None:
+  """The step-0 row of ``metrics.jsonl``: the held-out evaluation before RL."""
+  rows = [r for r in read_jsonl(run_path(workdir) / "metrics.jsonl") if r.get("step") == 0]
+  return rows[-1] if rows else None

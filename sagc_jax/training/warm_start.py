@@ -65,7 +65,7 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
     return start
   sft_dir = workdir / "sft_model"
   if (sft_dir / SFT_MARKER).exists():
-    log(f"supervised warm start: reusing {sft_dir}")
+    log(f"starting policy: the supervised warm start cached in {sft_dir}")
     return sft_dir
   supervised_warm_start(config, start, sft_dir, train_source, log)
   return sft_dir
