@@ -400,6 +400,8 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  from sagc_jax.experiments.plots import line_style, outside_legend, rate_band
+
   paths = []
   # G, lambda and the posterior are per-run traces: the first seed of each SAGC arm.
   first_seed = {}
@@ -414,71 +416,100 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
     plt.close(fig)
     paths.append(path)
 
-  fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-  for arm in sagc:
+  # One G panel per SAGC arm: GRPO's and DAPO's G traces often coincide, and on one
+  # panel DAPO's hid GRPO's. Lambda shares a panel, in line styles that keep both visible.
+  fig, axes = plt.subplots(len(sagc) + 1, 1, figsize=(10, 2.2 * len(sagc) + 3), sharex=True,
+                           squeeze=False)
+  axes = axes[:, 0]
+  for i, arm in enumerate(sagc):
     steps = [r["step"] for r in arm["rows"]]
-    axes[0].step(steps, [r["g"] for r in arm["rows"]], where="post", label=arm["name"])
-    axes[1].plot(steps, [r["lambda"] for r in arm["rows"]], label=arm["name"])
-  axes[0].set_ylabel("G")
-  axes[1].set_ylabel("lambda")
-  axes[1].set_xlabel("step")
-  axes[0].legend(fontsize=8)
+    axes[i].step(steps, [r["g"] for r in arm["rows"]], where="post", color=f"C{i}",
+                 label=arm["name"])
+    axes[i].set_ylabel("G")
+    axes[-1].plot(steps, [r["lambda"] for r in arm["rows"]], color=f"C{i}", label=arm["name"],
+                  **line_style(i))
+  axes[-1].set_ylabel("lambda")
+  axes[-1].set_xlabel("step")
+  for ax in axes:
+    outside_legend(ax)
   save(fig, "g_lambda.png")
 
   by_arm: dict[str, list[dict[str, Any]]] = {}
   for arm in arms:
     by_arm.setdefault(split_run_name(arm["name"])[0], []).append(arm)
 
-  def band(ax, x, curves, label):
-    """Mean over seeds with a 95% t band (curves cut to the shortest run)."""
+  def algorithm(name):
+    return (by_arm[name][0]["config"].get("learner") or {}).get("algorithm") or \
+        name.split("_")[0]
+
+  # One panel per algorithm (its arms of one G would overlap the other's); each variant
+  # (static G, SAGC) keeps its colour and line style in every panel.
+  algorithms = list(dict.fromkeys(algorithm(n) for n in by_arm))
+  variants = list(dict.fromkeys(n.removeprefix(algorithm(n) + "_") for n in by_arm))
+
+  def panels(ylabel):
+    fig, axes = plt.subplots(len(algorithms), 1, figsize=(10, 3.2 * len(algorithms) + 0.6),
+                             sharex=True, sharey=True, squeeze=False)
+    for alg, ax in zip(algorithms, axes[:, 0]):
+      ax.set_title(alg, fontsize=9)
+      ax.set_ylabel(ylabel)
+    return fig, dict(zip(algorithms, axes[:, 0]))
+
+  def band(axes, name, x, curves, low=-np.inf, high=np.inf):
+    """Mean over seeds with a 95% t band clipped to [low, high] (curves cut to the
+    shortest run)."""
     n = min(len(c) for c in curves)
     stats = [mean_ci([c[i] for c in curves]) for i in range(n)]
     mean = np.array([m for m, _, _ in stats])
-    line, = ax.plot(x[:n], mean, label=f"{label} (n={len(curves)})")
+    k = variants.index(name.removeprefix(algorithm(name) + "_"))
+    ax = axes[algorithm(name)]
+    ax.plot(x[:n], mean, color=f"C{k}", label=f"{name} (n={len(curves)})", **line_style(k))
     if len(curves) > 1:
-      half = np.array([h for _, h, _ in stats])
-      ax.fill_between(x[:n], mean - half, mean + half, color=line.get_color(), alpha=0.2)
+      lower, upper = rate_band(mean, np.array([h for _, h, _ in stats]), low, high)
+      ax.fill_between(x[:n], lower, upper, color=f"C{k}", alpha=0.15, lw=0)
 
-  fig, ax = plt.subplots(figsize=(8, 4))
+  events = sorted({a["config"]["controller"].get("event", "group") for a in arms})
+  unit = {"group": "straggling groups / groups", "step": "steps with a straggler / steps"}
+  fig, axes = panels("running straggler rate\n(" + "; ".join(unit[e] for e in events) + ")")
   for name, runs in by_arm.items():
     curves = []
     for run in runs:
       rate = np.array([r["straggler_rate"] for r in run["rows"]])
       curves.append(np.cumsum(rate) / np.arange(1, len(rate) + 1))
-    band(ax, np.arange(1, max(len(c) for c in curves) + 1), curves, name)
-  deltas = {a["config"]["controller"]["delta"] for a in arms}
-  for delta in deltas:
-    ax.axhline(delta, color="k", ls="--", lw=0.8)
-  events = sorted({a["config"]["controller"].get("event", "group") for a in arms})
-  unit = {"group": "straggling groups / groups", "step": "steps with a straggler / steps"}
-  ax.set_ylabel("running straggler rate\n(" + "; ".join(unit[e] for e in events) + ")")
+    # A rate: its band is clipped to [0, 1].
+    band(axes, name, np.arange(1, max(len(c) for c in curves) + 1), curves, 0.0, 1.0)
+  for ax in axes.values():
+    for delta in sorted({a["config"]["controller"]["delta"] for a in arms}):
+      ax.axhline(delta, color="k", ls="--", lw=0.8, label=f"delta = {delta}")
+    ax.set_ylim(-0.02, None)
+    outside_legend(ax, fontsize=7)
   ax.set_xlabel("step")
-  ax.legend(fontsize=7, ncol=2)
   save(fig, "stragglers.png")
 
-  fig, ax = plt.subplots(figsize=(8, 4))
+  fig, axes = panels("train reward (5-step mean)")
   for name, runs in by_arm.items():
     n = min(len(run["rows"]) for run in runs)
     clock = np.mean([np.cumsum([r["time_total_s"] for r in run["rows"][:n]]) for run in runs],
                     axis=0)
     rewards = [_smooth(np.array([r["reward_mean"] for r in run["rows"][:n]])) for run in runs]
-    band(ax, clock[n - len(rewards[0]):], rewards, name)
+    # Not clipped: a custom reward term (a penalty) can make the reward negative.
+    band(axes, name, clock[n - len(rewards[0]):], rewards)
+  for ax in axes.values():
+    outside_legend(ax, fontsize=7)
   ax.set_xlabel("wall-clock s (cumulative step time, mean over seeds)")
-  ax.set_ylabel("train reward (5-step mean)")
-  ax.legend(fontsize=7, ncol=2)
   save(fig, "reward_vs_time.png")
 
-  fig, axes = plt.subplots(max(len(sagc), 1), 1, figsize=(8, 3 * max(len(sagc), 1)),
+  fig, axes = plt.subplots(max(len(sagc), 1), 1, figsize=(10, 3 * max(len(sagc), 1)),
                            squeeze=False)
   for ax, arm in zip(axes[:, 0], sagc):
     keys = sorted((k for k in arm["rows"][0] if k.startswith("p_mean/G")),
                   key=lambda k: int(k.split("G")[-1]))
-    for key in keys:
+    for i, key in enumerate(keys):
       ax.plot([r["step"] for r in arm["rows"]], [r[key] for r in arm["rows"]],
-              label=key.split("/")[1])
+              label=key.split("/")[1], **line_style(i))
     ax.set_title(arm["name"], fontsize=9)
     ax.set_ylabel("posterior mean p(G)")
-    ax.legend(fontsize=8)
+    outside_legend(ax)
   save(fig, "posterior.png")
   return paths
 
