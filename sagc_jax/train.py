@@ -109,6 +109,11 @@ def main(argv: Sequence[str], flags) -> None:
               f"{_first_line(err)}\n(in a multi-process run this usually means another "
               "process died first: see its log; rerun the same command to resume from the "
               "last checkpoint)", 1)
+  if trainer.stopped_in is not None:
+    # Stopped during warm-up or an evaluation: XLA compiles may still run in worker
+    # threads, which a normal exit would wait for (minutes). Nothing is left to save.
+    _exit_now(f"stopped during {trainer.stopped_in} (exit 0; rerun the same command to go "
+              "on)", 0)
   if trainer.is_primary:
     print(format_summary(summary))
     if trainer.history:

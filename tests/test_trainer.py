@@ -260,6 +260,40 @@ def test_sigterm_writes_a_checkpoint_and_exits(shared, tmp_path, sig, name):
   assert len(load_history(workdir)) == summary["steps"]
 
 
+@pytest.mark.parametrize("phase, marker, overrides", [
+    # No compilation cache: the warm-up compiles every program (tens of seconds).
+    ("warm-up", "warm-up: tracing and compiling", ("c.train.compilation_cache = False",)),
+    # 2,000 held-out problems: the evaluation before RL takes a while on 2 cores.
+    ("the evaluation before RL", "eval before RL on",
+     ("c.data.synthetic.num_test = 2000", "c.data.eval_examples = 2000",
+      "c.rollout.eval_batch = 8")),
+], ids=["warm-up", "eval-before-rl"])
+def test_a_stop_signal_in_warm_up_or_evaluation_ends_the_run_at_once(shared, tmp_path, phase,
+                                                                      marker, overrides):
+  """Warm-up and evaluations can take minutes, a Spot VM gives ~30 s: SIGTERM there
+  ends the process within seconds, exit 0, saying nothing new needed a checkpoint."""
+  config_file = write_config_file(tmp_path / "cfg.py", shared, 3, *overrides)
+  workdir = tmp_path / "run"
+  proc = _train_process(config_file, workdir)
+  seen = []
+  for line in proc.stdout:
+    seen.append(line)
+    if marker in line:
+      break
+  start = time.time()
+  proc.send_signal(signal.SIGTERM)
+  output, _ = proc.communicate(timeout=120)
+  elapsed = time.time() - start
+  output = "".join(seen) + output
+  assert proc.returncode == 0, output
+  assert elapsed < 30, (elapsed, output)
+  assert f"SIGTERM received during {phase}: stopping now" in output, output
+  assert "nothing new to checkpoint (the newest checkpoint is none: no step ran)" in output
+  assert "Traceback" not in output
+  assert not [p for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+  assert json.loads((workdir / "summary.json").read_text())["preempted"]
+
+
 def test_second_ctrl_c_stops_at_once(shared, tmp_path):
   config_file = write_config_file(tmp_path / "cfg.py", shared, 200,
                                   "c.train.checkpoint_every = 100")

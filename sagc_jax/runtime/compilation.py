@@ -92,8 +92,16 @@ def warm(jobs: Iterable[WarmupJob], workers: int | None = None,
     return 0
   workers = max(1, min(len(pending), workers or os.cpu_count() or 1))
   lowered = time.perf_counter()
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+  # Not a ``with`` block: its exit waits for every running compile, so a stop signal
+  # (the trainer's handler raises in this thread) would wait minutes for XLA. The
+  # compiles left running are abandoned; the process that stops exits without them.
+  pool = concurrent.futures.ThreadPoolExecutor(workers)
+  try:
     compiled = list(pool.map(lambda item: item[2].compile(), pending))
+  except BaseException:
+    pool.shutdown(wait=False, cancel_futures=True)
+    raise
+  pool.shutdown()
   for (cache, key, _), program in zip(pending, compiled):
     cache._compiled[key] = program
   if log is not None:

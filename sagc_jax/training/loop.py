@@ -21,6 +21,7 @@ parameters and metrics exactly (wall-clock timings aside).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -137,6 +138,9 @@ class Trainer:
     self.eval_history: list[dict[str, Any]] = []
     self._stop_requested = False      # this process received SIGTERM / SIGINT
     self._stopped_by_signal = False   # the run stopped early on an agreed signal
+    # The phase a stop signal may end at once (``_stoppable``), and the one it did end.
+    self._interruptible: str | None = None
+    self.stopped_in: str | None = None
     if restore:
       self._restore()
     # Only once the checkpoints are known to fit this config: a refused resume leaves
@@ -272,6 +276,7 @@ class Trainer:
   def warmup(self) -> float:
     """Compiles every sampler / learner shape ahead of time; returns seconds."""
     start = time.perf_counter()
+    self.log("warm-up: tracing and compiling every program of the run ...")
     n = self.components.warmup(self.model, log=self.log)
     n += distributed.warm_host_gathers(self._largest_host_gather())
     seconds = time.perf_counter() - start
@@ -288,12 +293,31 @@ class Trainer:
     self._stop_requested = True
     # Every process says so (a pod's preemption notice may reach one host only).
     say = distributed.on_every_process(self.log)
+    name = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
+    if self._interruptible is not None and not distributed.is_multiprocess():
+      # Warm-up or an evaluation can take minutes (a Spot VM gives ~30 s): stop now.
+      say(f"{name} received during {self._interruptible}: stopping now")
+      raise StopRequested(self._interruptible)
     if signum == signal.SIGINT:
       signal.signal(signal.SIGINT, signal.default_int_handler)
       say("SIGINT received: checkpointing after the current step "
           "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
     else:
       say("SIGTERM received: checkpointing after the current step")
+
+  @contextlib.contextmanager
+  def _stoppable(self, phase: str):
+    """A phase that a stop signal ends at once (``StopRequested``) instead of after it:
+    warm-up and evaluations, which may take minutes and whose work a resume simply
+    redoes. Single-process runs only: on a pod every process must leave at the same
+    point (``_agree_on_stop``), so there the signal still waits for the step's end."""
+    if self._stop_requested and not distributed.is_multiprocess():
+      raise StopRequested(phase)
+    self._interruptible = phase
+    try:
+      yield
+    finally:
+      self._interruptible = None
 
   def _agree_on_stop(self) -> bool:
     """True on every process if any received a stop signal (all must call it)."""
@@ -308,10 +332,23 @@ class Trainer:
     previous = ({sig: signal.signal(sig, self._on_stop_signal)
                  for sig in (signal.SIGTERM, signal.SIGINT)} if _in_main_thread() else {})
     try:
-      self.warmup()
+      try:
+        with self._stoppable("warm-up"):
+          self.warmup()
+        if self.step == 0 and not self.eval_history:
+          self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
+          with self._stoppable("the evaluation before RL"):
+            evaluation = self.evaluate()
+      except StopRequested as stopped:
+        # Nothing new exists yet: the newest checkpoint (if any) holds all there is.
+        newest = self.checkpointer.all_steps()
+        self.log(f"stopped during {stopped}: nothing new to checkpoint (the newest "
+                 f"checkpoint is {f'step {newest[-1]}' if newest else 'none: no step ran'}); "
+                 "rerun the same command to go on")
+        self.stopped_in = str(stopped)
+        self._stopped_by_signal = True
+        return self._finish()
       if self.step == 0 and not self.eval_history:
-        self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
-        evaluation = self.evaluate()
         self._record_evaluation(evaluation)
         self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
         first = self.eval_history[-1]
@@ -325,10 +362,19 @@ class Trainer:
       stop = self._agree_on_stop()
       while self.step < end and not stop:
         row = self.train_step()
+        interrupted = False
         if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
-          evaluation = self.evaluate()
-          self._record_evaluation(evaluation)
-          row.update(evaluation)
+          try:
+            with self._stoppable(f"the evaluation after step {self.step}"):
+              evaluation = self.evaluate()
+          except StopRequested:
+            # The step itself is done: keep its row and checkpoint it, without the
+            # evaluation (a resume does not redo it).
+            self.log(f"step {self.step}: evaluation skipped; checkpointing the step")
+            interrupted = True
+          else:
+            self._record_evaluation(evaluation)
+            row.update(evaluation)
         self.history.append(row)
         self.metrics.write(row)
         every = c.train.log_completions_every
@@ -340,9 +386,9 @@ class Trainer:
         self.checkpointer.check()               # a failed background save stops the run
         if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
           self.save_checkpoint()
-        if c.train.export_every and self.step % c.train.export_every == 0:
+        if c.train.export_every and self.step % c.train.export_every == 0 and not interrupted:
           self.export_policy()
-        stop = self._agree_on_stop()
+        stop = interrupted or self._agree_on_stop()
       if (stop and self.step % c.train.checkpoint_every
           and self.step not in self.checkpointer.all_steps()):   # e.g. stopped in warm-up
         self.save_checkpoint()
@@ -351,6 +397,10 @@ class Trainer:
     finally:
       for sig, handler in previous.items():
         signal.signal(sig, handler)
+    return self._finish()
+
+  def _finish(self) -> dict[str, Any]:
+    """The run's summary, written to ``summary.json`` (process 0)."""
     summary = self.summary()
     if self.is_primary:
       (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -413,6 +463,11 @@ class Trainer:
       if self._lock is not None:
         self._lock.release()
         self._lock = None
+
+
+class StopRequested(Exception):
+  """Raised by the stop-signal handler inside a phase it may end at once
+  (``Trainer._stoppable``); its message names the phase."""
 
 
 def _in_main_thread() -> bool:
