@@ -387,3 +387,35 @@ def test_loader_over_prepared_split(tmp_path):
   order = loader.epoch_order(0)[:4]
   assert ids(batch) == order.tolist()
   assert loader_lib.DataSource is type(src)
+
+
+def test_preparing_a_dataset_says_one_line_and_nothing_about_downloads(tmp_path, capsys,
+                                                                       caplog):
+  """Offline data: no 'Downloading and preparing dataset Unknown size', no 400-character
+  'Using custom data configuration' or 'Variant folder' warnings; one line instead."""
+  import logging
+
+  caplog.set_level(logging.INFO)
+  load_split("synthetic", "test", str(tmp_path), num_train=20, num_test=5)
+  out = capsys.readouterr().out
+  assert "Downloading" not in out and "downloaded and prepared" not in out
+  assert "preparing dataset synthetic_arithmetic (generated offline) in" in out
+  assert "prepared dataset synthetic_arithmetic in" in out
+  noise = [r.getMessage() for r in caplog.records
+           if "custom data configuration" in r.getMessage() or "Variant folder" in r.getMessage()]
+  assert not noise
+  load_split("synthetic", "test", str(tmp_path), num_train=20, num_test=5)
+  assert capsys.readouterr().out == ""                      # prepared: silent
+
+
+def test_a_read_only_checkpoint_reader_logs_no_orbax_warnings(tmp_path, caplog):
+  import logging
+
+  from sagc_jax.runtime.checkpoint import Checkpointer
+
+  Checkpointer(tmp_path / "ckpt").close()                   # creates the folder
+  caplog.set_level(logging.INFO)
+  reader = Checkpointer(tmp_path / "ckpt", read_only=True)
+  assert reader.all_steps() == []
+  assert not [r for r in caplog.records if "read only" in r.getMessage()
+              or "save_interval_steps" in r.getMessage()]

@@ -98,10 +98,6 @@ class Checkpointer:
     self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.log = log
     self.read_only = read_only
-    options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
-                                           create=not read_only,
-                                           read_only=read_only,
-                                           enable_async_checkpointing=not read_only)
     # Handlers named up front (not inferred at the first save) so that a manager that
     # only restores can read each step's array metadata before restoring it.
     handlers = {"params": ocp.StandardCheckpointHandler(),
@@ -114,6 +110,10 @@ class Checkpointer:
     if read_only:
       absl_logger.setLevel(logging.ERROR)
     try:
+      options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
+                                             create=not read_only,
+                                             read_only=read_only,
+                                             enable_async_checkpointing=not read_only)
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_handlers=handlers)
     finally:
