@@ -272,14 +272,19 @@ def run_sampler(folder: str | os.PathLike, rows: Sequence[int] = DEFAULT_ROWS,
           "compiles_after_warmup": sum(r["compiles_after_warmup"] for r in table)}
 
 
-def learner_config(max_new_tokens: int) -> LearnerConfig:
+def learner_config(max_new_tokens: int, rows: int) -> LearnerConfig:
   """The learner ``configs/smollm2_cpu.py`` trains this model with on CPU (taken from
-  ``config.smollm2_cpu_config``, so the two cannot drift apart)."""
+  ``config.smollm2_cpu_config``, so the two cannot drift apart), with its rows per
+  microbatch kept for a batch of ``rows`` (the memory per microbatch is what that
+  config sizes: ``grad_accum`` grows with the rows)."""
   from sagc_jax.config import learner_config as run_learner_config
   from sagc_jax.config import smollm2_cpu_config
 
   config = smollm2_cpu_config()
+  per_micro = config.rollout.rollouts_per_step // (config.learner.mini_batches
+                                                   * config.learner.grad_accum)
   config.rollout.max_new_tokens = max_new_tokens
+  config.learner.grad_accum = max(1, rows // (config.learner.mini_batches * per_micro))
   return run_learner_config(config)
 
 
@@ -300,7 +305,7 @@ def run_learner(folder: str | os.PathLike, rows: Sequence[int] = DEFAULT_ROWS,
   batches = [rollout_batch(s, rng.normal(size=s.num_rows)) for s in samples]
   model = loaded.describe(source or str(folder))
   del loaded, samples                                 # the sampler's copy of the weights
-  config = learner_config(max_new_tokens)
+  config = learner_config(max_new_tokens, rows)
   buckets = response_buckets(max_new_tokens)
   learners = layout_learners(lambda: from_pretrained(folder, jnp.float32)[0], config, (rows,),
                              (bucket,), buckets)
