@@ -71,3 +71,25 @@ def test_export_loads_in_transformers_with_the_checkpoint_logits(shared, tmp_pat
     export(str(workdir), str(out))
   with pytest.raises(ValueError, match="step 7 is not among the checkpoints"):
     export(str(workdir), str(tmp_path / "other"), step=7)
+
+
+def test_export_folder_is_checked_at_start_up_and_stale_partials_are_removed(shared,
+                                                                            tmp_path):
+  """An unwritable train.export_dir is refused before anything is built (not at the
+  first export, steps later); a kill -9 during an export leaves a hidden partial
+  folder, which the next start removes."""
+  config = small_config(shared, steps=2)
+  config.train.export_every = 2
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  config.train.export_dir = str(blocker / "exports")
+  with pytest.raises(ValueError, match=r"train.export_dir .*a_file/exports cannot be created"):
+    Trainer(config, tmp_path / "refused", log=lambda m: None)
+  config.train.export_dir = ""
+  stale = tmp_path / "run" / "exports" / ".step_2.partial-x1y2"
+  (stale / "export").mkdir(parents=True)
+  (stale / "export" / "model.safetensors").write_bytes(b"\0" * 64)
+  messages = []
+  Trainer(config, tmp_path / "run", log=messages.append).close()
+  assert not stale.exists()
+  assert any(f"removed {stale}" in m for m in messages)

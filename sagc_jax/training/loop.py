@@ -26,6 +26,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -110,6 +111,8 @@ class Trainer:
                                  sync_secs=config.train.metrics_sync_secs,
                                  local_dir=self.local_dir)
     self.log = log or (print if read_only else self.metrics.log)
+    if config.train.export_every and self.is_primary and not read_only:
+      self._prepare_export_root()       # before minutes of data and compilation
     compilation.install()
     configure_compilation_cache(config, self.workdir, self.cache_root, read_only)
     self.inputs = build_run_inputs(config, self.local_dir, self.cache_root, self.log)
@@ -164,6 +167,32 @@ class Trainer:
     self.log(f"step {self.step}: exported the policy to {out} "
              f"({time.perf_counter() - start:.1f} s)")
     return out
+
+  def _prepare_export_root(self) -> None:
+    """Checks at start-up that the export folder is writable (not at the first export,
+    steps later) and removes hidden partial exports a killed run left behind
+    (``.step_N.partial-*``: ``export.write_hf_folder`` renames a finished one into
+    place, so a partial one is never read; the run lock keeps other writers out)."""
+    import shutil
+
+    from sagc_jax.runtime.storage import is_remote
+
+    root = self.config.train.export_dir or os.fspath(self.workdir / "exports")
+    if is_remote(root):
+      return
+    key = "train.export_dir" if self.config.train.export_dir else "the export folder"
+    try:
+      Path(root).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+      raise ValueError(f"{key} {root} cannot be created ({err.strerror}); "
+                       "train.export_every needs a writable folder") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+      raise ValueError(f"{key} {root} is not writable; train.export_every needs a "
+                       "writable folder (or set train.export_every=0)")
+    for stale in sorted(Path(root).glob(".*.partial-*")):
+      if stale.is_dir():
+        shutil.rmtree(stale, ignore_errors=True)
+        self.log(f"removed {stale}: a partial export left by an interrupted run")
 
   def _start_wandb(self):
     """A W&B run for this workdir. Its id is drawn at the first start and kept in
