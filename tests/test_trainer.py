@@ -487,3 +487,25 @@ def test_a_truncated_config_json_is_named_and_a_resume_rewrites_it(shared, tmp_p
   assert trainer.step == 3
   assert any(f"warning: {path} is not valid JSON" in m for m in messages)
   assert evaluation.load_run_config(tmp_path).train.steps == 3
+
+
+def test_a_huge_prompt_record_is_refused_by_its_length_before_tokenizing(tmp_path):
+  """A 20 MB record once took the token check 11 minutes and 7.9 GB: a prompt longer in
+  characters than any bucket-sized prompt can be is refused at once, naming it."""
+  from sagc_jax.models import load_tokenizer
+  from sagc_jax.models.tokenizer import max_token_chars
+  from sagc_jax.training.inputs import check_prompt_lengths
+
+  tokenizer = load_tokenizer(build_tiny_checkpoint(tmp_path / "tiny"))
+  config = preset("grpo", "sagc")
+  config.rollout.prompt_buckets = (16, 32)
+  source = [{"prompt": "1 + 2 ="}, {"prompt": "9" * 20_000_000}]
+  start = time.perf_counter()
+  with pytest.raises(ValueError, match=r"train example 1 \(field 'prompt'\) has 20,000,000 "
+                                       r"characters, more than any 32-token prompt"):
+    check_prompt_lengths(config, tokenizer, [("train", source)])
+  assert time.perf_counter() - start < 5
+  # The bound is safe: a prompt at the bound's length in one-character tokens is not
+  # refused by it (the token check decides).
+  assert max_token_chars(tokenizer) >= 1
+  check_prompt_lengths(config, tokenizer, [("train", [{"prompt": "1 + 2 ="}])])

@@ -48,6 +48,14 @@ def load_tokenizer(path: str | os.PathLike):
   return tok
 
 
+def max_token_chars(tokenizer: Any) -> int:
+  """The longest token string of the vocabulary: no text of more than ``n`` times this
+  many characters fits in ``n`` tokens (byte-level and SentencePiece vocabularies spell
+  each token with at least as many symbols as the characters it decodes to), a bound
+  that costs no tokenization."""
+  return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
+
 def has_chat_template(tokenizer: Any) -> bool:
   return bool(getattr(tokenizer, "chat_template", None))
 
