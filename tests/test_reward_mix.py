@@ -6,6 +6,7 @@ this folder on ``sys.path``), the way a user names a function in their own modul
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -234,3 +235,27 @@ def test_training_logs_each_term_and_the_weighted_total(tmp_path, tmp_path_facto
     assert row["reward/errors"] > 0
     assert row["reward/fails_on_odd_length"] + row["reward/errors"] / row["rollouts"] == (
         pytest.approx(1.0))
+
+
+@pytest.mark.parametrize("source, match", [
+    ("import time\ntime.sleep(3600)\ndef f(completions): return [0.0] * len(completions)\n",
+     r"importing module '{m}' of '{m}:f' did not finish within 2 s"),
+    ("def f(completions):\n  return [\n", r"importing '{m}:f' raised SyntaxError"),
+    ("raise RuntimeError('no GPU here')\n", r"importing '{m}:f' raised RuntimeError: no GPU here"),
+], ids=["blocks", "syntax-error", "raises"])
+def test_a_reward_module_is_imported_apart_with_a_timeout(tmp_path, monkeypatch, source, match):
+  """Start-up imports user reward modules in a child process with reward.timeout_s: a
+  module that blocks at import is refused naming it (it used to hang start-up with no
+  output), and one that fails to import is one line, not a traceback."""
+  name = f"user_reward_{abs(hash(source)) % 10**8}"
+  (tmp_path / f"{name}.py").write_text(source)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from sagc_jax.rewards import mix
+  monkeypatch.setattr(mix, "IMPORT_TIMEOUT_S", 2.0)      # 60 s by default
+  c = preset("grpo", "sagc")
+  c.reward.update(dict(fns=(f"{name}:f",), timeout_s=1.0))
+  start = time.perf_counter()
+  with pytest.raises(ValueError, match=match.format(m=name)):
+    validate(c)
+  assert time.perf_counter() - start < 60
+  assert name not in sys.modules                       # never imported in this process

@@ -44,7 +44,7 @@ import numpy as np
 from sagc_jax.rewards.verifiers import REWARD_NAMES, RewardFunction, make_reward_fn
 
 __all__ = ["BUILTIN_TERMS", "MixedReward", "RewardMix", "RewardTerm", "check_reward_config",
-           "load_callable", "reward_mix_from_config", "term_name"]
+           "load_callable", "probe_callable", "reward_mix_from_config", "term_name"]
 
 BUILTIN_TERMS = (*REWARD_NAMES, "format")
 _CALLABLE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -100,6 +100,66 @@ def load_callable(spec: str, key: str = "reward.fns") -> Callable[..., Any]:
   if not callable(fn):
     raise ValueError(f"{key}: module {module_name!r} has no callable {attr!r}")
   return fn
+
+
+# Keyword names each user spec accepts, found by ``probe_callable`` in a child process.
+_PROBED: dict[str, set[str] | None] = {}
+_PROBE_START_TIMEOUT_S = 300.0    # spawn + this package's own imports, before the user's
+# A user module's own import may take this long (or reward.timeout_s, if longer): heavy
+# dependencies (torch, math-verify) take seconds on a loaded host, a blocked one forever.
+IMPORT_TIMEOUT_S = 60.0
+
+
+def _probe_main(conn: Any, spec: str) -> None:
+  """Child of ``probe_callable``: says it is up, then imports ``spec`` and sends
+  ``("ok", accepted keywords or None)`` or ``("error", one line)``."""
+  conn.send(("ready", None))
+  try:
+    accepted = _accepted_keywords(load_callable(spec))
+    conn.send(("ok", None if accepted is None else sorted(accepted)))
+  except ValueError as err:
+    conn.send(("error", str(err)))
+  except BaseException as err:  # noqa: BLE001 - a SyntaxError, an import-time exception
+    conn.send(("error", f"reward.fns: importing {spec!r} raised {type(err).__name__}: "
+                        f"{' '.join(str(err).split())[:300]}"))
+
+
+def probe_callable(spec: str, timeout_s: float) -> set[str] | None:
+  """Imports ``spec`` in a child process (never in this one) and returns the keywords
+  its function accepts (None = any). Its module gets ``max(IMPORT_TIMEOUT_S,
+  timeout_s)`` seconds to import: a module that blocks at import would otherwise hang
+  start-up with no output. ValueError names the module on a timeout, a failed import
+  or a missing callable."""
+  if spec in _PROBED:
+    return _PROBED[spec]
+  timeout_s = max(IMPORT_TIMEOUT_S, timeout_s)
+  ctx = multiprocessing.get_context("spawn")     # forking a process running JAX can hang
+  parent, child = ctx.Pipe()
+  proc = ctx.Process(target=_probe_main, args=(child, spec), daemon=True,
+                     name="sagc-reward-import-check")
+  proc.start()
+  child.close()
+  module = spec.split(":")[0]
+  try:
+    if not parent.poll(_PROBE_START_TIMEOUT_S):
+      raise ValueError(f"reward.fns: the process that imports {spec!r} did not start "
+                       f"within {_PROBE_START_TIMEOUT_S:.0f} s")
+    parent.recv()
+    if not parent.poll(timeout_s):
+      raise ValueError(f"reward.fns: importing module {module!r} of {spec!r} did not finish "
+                       f"within {timeout_s:g} s (does it block or wait at import time?)")
+    status, payload = parent.recv()
+  except EOFError:
+    raise ValueError(f"reward.fns: the process importing {spec!r} died (see its error "
+                     "above)") from None
+  finally:
+    proc.kill()
+    proc.join(5)
+    parent.close()
+  if status != "ok":
+    raise ValueError(payload)
+  _PROBED[spec] = None if payload is None else set(payload)
+  return _PROBED[spec]
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> set[str] | None:
@@ -266,7 +326,7 @@ class _UserTerm:
     self.worker = worker
     self.timeout_s = timeout_s
     self.log = log
-    self.accepted = _accepted_keywords(load_callable(spec))
+    self.accepted = probe_callable(spec, timeout_s)   # never imported in this process
     self.failures_logged = 0
 
   def _call(self, prompts: list[str], completions: list[str],
@@ -401,9 +461,14 @@ def check_reward_config(reward: Any) -> None:
     if not isinstance(spec, str):
       raise ValueError(f"reward.fns: {spec!r} must be a string")
   _check_distinct(specs)
+  timeout = reward.timeout_s
+  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    raise ValueError(f"reward.timeout_s={timeout!r} must be a number of seconds > 0")
   for spec in specs:
     if spec not in BUILTIN_TERMS:
-      load_callable(spec)
+      if not _CALLABLE.match(spec):
+        load_callable(spec)             # the one-line error for a malformed spec
+      probe_callable(spec, timeout)     # imported in a child, with a time limit
   if weights and len(weights) != len(specs):
     raise ValueError(f"reward.weights={tuple(weights)!r} has {len(weights)} entries but "
                      f"reward.fns has {len(specs)}: give one weight per function, or none "
@@ -411,6 +476,3 @@ def check_reward_config(reward: Any) -> None:
   for w in weights:
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
       raise ValueError(f"reward.weights: {w!r} must be a finite number")
-  timeout = reward.timeout_s
-  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-    raise ValueError(f"reward.timeout_s={timeout!r} must be a number of seconds > 0")
