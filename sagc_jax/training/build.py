@@ -35,13 +35,13 @@ class RLComponents:
   eval_sampled_sampler: Sampler    # sampled held-out evaluation (rollout temperature)
   learner: Learner
   row_buckets: tuple[int, ...]
-  eval_greedy: bool = True         # train.eval_greedy: False = the greedy pass never runs
 
-  def warmup(self, model: Transformer, log: Callable[[str], None] | None = None) -> int:
-    """Compiles every executable of the run in one pool; returns how many were new."""
-    greedy = self.eval_sampler.warmup_jobs(model) if self.eval_greedy else []
-    return warm(self.sampler.warmup_jobs(model) + greedy
-                + self.eval_sampled_sampler.warmup_jobs(model) + self.learner.warmup_jobs(),
+  def warmup(self, model: Transformer, eval_jobs: list,
+             log: Callable[[str], None] | None = None) -> int:
+    """Compiles every executable of the run in one pool, with the evaluation's
+    ``eval_jobs`` (``Evaluator.warmup_jobs``: it knows which passes run); returns how
+    many were new."""
+    return warm(self.sampler.warmup_jobs(model) + eval_jobs + self.learner.warmup_jobs(),
                 log=log)
 
 
@@ -111,8 +111,7 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
                      f"{platform}; use learner.attention='blocked' (same result) off TPU")
   learner = Learner(model, learner_cfg, row_buckets, r.prompt_buckets,
                     r.response_buckets, mesh=mesh)
-  return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets,
-                      eval_greedy=config.train.get("eval_greedy", True))
+  return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets)
 
 
 def rollout_batch(samples: SampleBatch, scores: np.ndarray) -> RolloutBatch:

@@ -41,6 +41,7 @@ class Evaluator:
     self.greedy = greedy
     self.sampled = sampled
     self.log = log
+    self.run_greedy = inputs.config.train.get("eval_greedy", True)   # train.eval_greedy
     self.sampled_correct: np.ndarray | None = None   # per example, of the last evaluate()
     wanted, available = inputs.config.data.eval_examples, len(inputs.eval_source)
     if wanted > available:           # once per run, not at every evaluation
@@ -49,8 +50,7 @@ class Evaluator:
           f"evaluating on all {available}")
 
   def warmup_jobs(self, model: Any) -> list:
-    greedy = (self.greedy.warmup_jobs(model)
-              if self.inputs.config.train.get("eval_greedy", True) else [])
+    greedy = self.greedy.warmup_jobs(model) if self.run_greedy else []
     return greedy + self.sampled.warmup_jobs(model)
 
   def examples(self, limit: int | None = None) -> int:
@@ -89,7 +89,7 @@ class Evaluator:
     start = time.perf_counter()
     n = self.examples(limit)
     out: dict[str, float] = {}
-    if self.inputs.config.train.get("eval_greedy", True):
+    if self.run_greedy:
       greedy, lengths = self._pass(model, self.greedy, n, seed=0, label="greedy")
       out.update({"eval_accuracy": float(greedy.mean()),
                   **length_stats("eval_response_len", lengths)})

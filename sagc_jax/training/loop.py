@@ -306,7 +306,7 @@ class Trainer:
     """Compiles every sampler / learner shape ahead of time; returns seconds."""
     start = time.perf_counter()
     self.log("warm-up: tracing and compiling every program of the run ...")
-    n = self.components.warmup(self.model, log=self.log)
+    n = self.components.warmup(self.model, self.evaluator.warmup_jobs(self.model), log=self.log)
     n += distributed.warm_host_gathers(self._largest_host_gather())
     seconds = time.perf_counter() - start
     self.log(f"warm-up: {n} executables for row buckets {self.components.row_buckets}, "
