@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -117,6 +118,25 @@ def test_model_path_may_name_a_gguf_file_converted_once(tiny_gguf, tmp_path):
   config.model.path = str(tmp_path / "absent.gguf")
   with pytest.raises(ValueError, match=r"model.path='.*absent.gguf'.*no such file"):
     validate(config)
+
+
+def test_a_comparison_runs_every_arm_from_the_one_converted_gguf_folder(tiny_gguf, tmp_path,
+                                                                       monkeypatch):
+  from sagc_jax.experiments import compare
+
+  config = base_config()
+  config.model.path = str(tiny_gguf[0])
+  config.train.local_cache_dir = str(tmp_path / "cache")
+  config.compare = ml_collections.ConfigDict(dict(algorithms=("grpo",), seeds=1))
+  started = []
+  monkeypatch.setattr(compare, "_train_arm",
+                      lambda arm, arm_dir: started.append(arm.model.path) or {})
+  arms = dict(list(compare.run_configs(config).items())[:2])
+  compare.run_arms(config, tmp_path / "cmp", arms, log=lambda m: None)
+  converted = gguf_import.cached_import(str(tiny_gguf[0]), tmp_path / "cache",
+                                        log=lambda m: None)
+  assert started == [str(converted.absolute())] * 2
+  assert (converted / "config.json").exists()
 
 
 # ----------------------------------------------------------------- the real model

@@ -155,6 +155,8 @@ def select_arms(all_arms: dict[str, Any], wanted: str | None) -> dict[str, Any]:
 def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
   """Runs (or resumes, or skips when finished) each run from one shared warm start."""
   from sagc_jax.data import builder_options, load_split
+  from sagc_jax.runtime.storage import cache_root
+  from sagc_jax.training.inputs import policy_source
   from sagc_jax.training.warm_start import prepare_policy
 
   data_dir = config.data.data_dir or str(workdir / "tfds")
@@ -162,7 +164,10 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
   shared.mkdir(parents=True, exist_ok=True)
   train = load_split(config.data.name, "train", data_dir, config.data.manual_dir or None,
                      **builder_options(config.data))
-  policy = prepare_policy(config, shared, train, log)
+  # A GGUF source (a .gguf file or a built-in name) is converted once, here, so that
+  # every arm starts from the same local folder.
+  start = policy_source(config, cache_root(config.train.local_cache_dir), log)
+  policy = prepare_policy(config, shared, train, log, model_path=start)
   for index, (name, arm) in enumerate(arms.items()):
     arm_dir = workdir / "arms" / name
     summary = arm_dir / "summary.json"
