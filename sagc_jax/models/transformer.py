@@ -22,7 +22,9 @@ attended. Positions default to "number of real tokens before this one in the row
 left-padded row and the same row unpadded give identical logits on real tokens, and
 right padding is harmless too. Logits at pad positions are finite but meaningless.
 
-The KV cache a call with ``cache=`` reads and extends: ``models.kv_cache``.
+The KV cache a call with ``cache=`` reads and extends: ``models.kv_cache`` (dense, one
+slot per row and token) or ``models.paged_cache`` (pages of a shared pool, one-token
+decode calls only).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from sagc_jax.models.attention import (ATTENTION_KINDS, DECODE_KINDS, AttentionM
                                        decode_attend)
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.kv_cache import KVCache, check_cache
+from sagc_jax.models.paged_cache import PAGED_KERNELS, PagedKVCache, paged_decode_attend
 from sagc_jax.models.rope import apply_rope, rope_cos_sin
 from sagc_jax.runtime.distributed import to_device
 
@@ -95,6 +98,8 @@ class ForwardOptions:
       input and output in cache-free (training) calls, rows on 'data'. Without it,
       XLA's propagation may keep activations whole on every 'data' shard and gather
       them, where FSDP means gathering the (smaller, per-layer) weights instead.
+    paged_kernel: decode attention over a ``PagedKVCache``: ``"xla"`` (gather the
+      slot's pages, every backend) or ``"pallas"`` (JAX's TPU paged-attention kernel).
   """
   attention: str = "dense"
   attention_block: int = 512
@@ -107,6 +112,7 @@ class ForwardOptions:
   head_sharding: Any = None
   mesh: Any = None
   row_sharding: Any = None
+  paged_kernel: str = "xla"
 
   def __post_init__(self):
     if self.attention not in ATTENTION_KINDS:
@@ -116,6 +122,8 @@ class ForwardOptions:
                        f"{DECODE_KINDS}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat={self.remat!r} is not one of {REMAT_POLICIES}")
+    if self.paged_kernel not in PAGED_KERNELS:
+      raise ValueError(f"paged_kernel={self.paged_kernel!r} is not one of {PAGED_KERNELS}")
     if self.decode_cache_read not in DECODE_CACHE_READS:
       raise ValueError(f"decode_cache_read={self.decode_cache_read!r} is not one of "
                        f"{DECODE_CACHE_READS}")
@@ -211,8 +219,11 @@ class Attention(nnx.Module):
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: AttentionMask,
                kv: tuple[jax.Array, jax.Array] | None, index: jax.Array | None,
-               options: ForwardOptions, fresh_cache: bool = False
+               options: ForwardOptions, fresh_cache: bool = False,
+               paged: tuple[PagedKVCache, jax.Array] | None = None
                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """``paged = (cache, alive)``: a one-token decode step against a paged cache,
+    ``kv`` this layer's (k, v) pools (``models.paged_cache``)."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, -1, self.head_dim)
     k = self.k_proj(x).reshape(b, t, -1, self.head_dim)
@@ -220,6 +231,11 @@ class Attention(nnx.Module):
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if paged is not None:
+      out, kv = paged_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
+                                    kernel=options.paged_kernel,
+                                    decode_kind=options.decode_attention)
+      return self.o_proj(out.reshape(b, t, -1)), kv
     if kv is None:
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
                    block=options.attention_block, decode_kind=options.decode_attention,
@@ -283,9 +299,9 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype)
     self.mlp = MLP(cfg, dtype=dtype, std=std, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask, kv, index, options, fresh_cache=False):
+  def __call__(self, x, cos, sin, mask, kv, index, options, fresh_cache=False, paged=None):
     h, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, index, options,
-                           fresh_cache)
+                           fresh_cache, paged)
     x = x + h
     return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -303,7 +319,8 @@ class Transformer(nnx.Module):
     attention_mask: [B, T] bool/int, truthy = real token (default: all real).
     positions: int [B, T] RoPE positions (default: real-token count, offset by
       ``cache.next_pos`` when decoding with a cache).
-    cache: a ``KVCache``; if given, returns ``(logits, updated_cache)``.
+    cache: a ``KVCache`` or a ``PagedKVCache`` (one-token calls: T = 1, the attention
+      mask saying which slots run); if given, returns ``(logits, updated_cache)``.
     fresh_cache: the cache is empty (index 0): a prefill, whose tokens attend only to
       each other (lets ``options.attention='blocked'`` apply).
     options: ``ForwardOptions`` (attention kind, remat, scan over layers, cache layout).
@@ -359,6 +376,8 @@ class Transformer(nnx.Module):
             else jnp.asarray(attention_mask).astype(bool))
     if mask.shape != (b, t):
       raise ValueError(f"attention_mask shape {mask.shape} != input_ids shape {(b, t)}")
+    if isinstance(cache, PagedKVCache):
+      return self._paged_decode(input_ids, mask, positions, cache, options)
     if cache is None:
       index = None
       key_valid = mask
@@ -388,6 +407,29 @@ class Transformer(nnx.Module):
     return self.norm(x), KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid,
                                  index=index + t,
                                  next_pos=cache.next_pos + mask.sum(-1, dtype=jnp.int32))
+
+  def _paged_decode(self, input_ids: jax.Array, mask: jax.Array, positions: jax.Array | None,
+                    cache: PagedKVCache, options: ForwardOptions
+                    ) -> tuple[jax.Array, PagedKVCache]:
+    """One token per slot against a paged cache: each running slot (``mask``) writes
+    its key and value at its next logical index and attends to its pages."""
+    b, t = input_ids.shape
+    if t != 1 or cache.page_table.shape[0] != b:
+      raise ValueError(f"a paged cache takes one token per slot: input_ids shape {(b, t)}, "
+                       f"{cache.page_table.shape[0]} slots")
+    alive = mask[:, 0]
+    if positions is None:
+      positions = cache.positions[:, None]
+    x = self.embed_tokens(input_ids)
+    cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      x, kv = layer(x, cos, sin, None, (cache.k[i], cache.v[i]), None, options,
+                    paged=(cache, alive))
+      new_k.append(kv[0])
+      new_v.append(kv[1])
+    return self.norm(x), cache._replace(k=tuple(new_k), v=tuple(new_v),
+                                        own_len=cache.own_len + alive.astype(jnp.int32))
 
   def _layer_stack(self, x, cos, sin, attn_mask, options: ForwardOptions) -> jax.Array:
     """The cache-free layer stack: unrolled or scanned, each layer optionally remat'd.

@@ -36,7 +36,7 @@ from sagc_jax.models.kv_cache import KVCache, cache_sharding, init_cache
 from sagc_jax.models.transformer import ForwardOptions, Transformer
 from sagc_jax.sampling.params import SamplingParams
 
-__all__ = ["ROW_LEAVES", "abstract_cache", "decode_until", "emit", "initial_carry",
+__all__ = ["ROW_LEAVES", "abstract_cache", "decode_until", "draw", "emit", "initial_carry",
            "new_cache", "pin_cache", "prefill", "sample_tokens", "sharded_spec"]
 
 # Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"
@@ -147,30 +147,39 @@ def initial_carry(cache: KVCache, row_valid: jax.Array, row_ids: jax.Array,
               row_ids=row_ids, slot=jnp.arange(rows, dtype=jnp.int32))
 
 
-def emit(carry: dict[str, Any], step_logits: jax.Array, seed: jax.Array,
-         params: SamplingParams) -> dict[str, Any]:
-  """Samples token ``t`` for the rows still running and records it.
+def draw(step_logits: jax.Array, seed: jax.Array, row_ids: jax.Array, t: jax.Array,
+         alive: jax.Array, params: SamplingParams
+         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Token ``t`` of each row (``t`` shared, or one per row); ``(tokens, log-probs,
+  hit_stop)``, pad / 0 / False where not ``alive``.
 
-  Row r's key is ``fold_in(fold_in(key(seed), row_ids[r]), t)``: a row's tokens do
-  not depend on where in a batch (or which batch) it sits. A row is done once it
-  emits one of ``params.stop_ids`` (already sorted and unique, ``SamplingParams``).
+  Row r's key is ``fold_in(fold_in(key(seed), row_ids[r]), t[r])``: a row's tokens do
+  not depend on where in a batch (or which batch, slot or sampler) it sits. A row is
+  done once it emits one of ``params.stop_ids`` (sorted and unique, ``SamplingParams``).
   """
-  t = carry["t"]
   base = jax.random.key(seed)
-  keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.fold_in(base, r), t))(
-      carry["row_ids"])
+  keys = jax.vmap(lambda r, i: jax.random.fold_in(jax.random.fold_in(base, r), i))(
+      row_ids, jnp.broadcast_to(t, row_ids.shape))
   tokens, logp = sample_tokens(step_logits, keys, params)
-  alive = ~carry["done"]
   tokens = jnp.where(alive, tokens, params.pad_id)
   stop_ids = jnp.asarray(params.stop_ids, jnp.int32)
-  hit_stop = jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+  hit_stop = alive & jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+  return tokens, jnp.where(alive, logp, 0.0), hit_stop
+
+
+def emit(carry: dict[str, Any], step_logits: jax.Array, seed: jax.Array,
+         params: SamplingParams) -> dict[str, Any]:
+  """Samples token ``t`` for the rows still running and records it (``draw``)."""
+  t = carry["t"]
+  alive = ~carry["done"]
+  tokens, logp, hit_stop = draw(step_logits, seed, carry["row_ids"], t, alive, params)
   return dict(
       carry, t=t + 1, last=tokens,
       tokens=jax.lax.dynamic_update_slice(carry["tokens"], tokens[:, None], (0, t)),
       logprobs=jax.lax.dynamic_update_slice(
-          carry["logprobs"], jnp.where(alive, logp, 0.0)[:, None], (0, t)),
+          carry["logprobs"], logp[:, None], (0, t)),
       lengths=carry["lengths"] + alive.astype(jnp.int32),
-      done=carry["done"] | (alive & hit_stop))
+      done=carry["done"] | hit_stop)
 
 
 def decode_until(model: Transformer, carry: dict[str, Any], seed: jax.Array,

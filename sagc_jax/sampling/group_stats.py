@@ -14,7 +14,7 @@ sampler serves every group size that maps to the same row bucket.
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +76,26 @@ def report_length_stats(sink: "LengthStatsSink", lengths: jax.Array, group_ids: 
   stats = group_length_stats(lengths, group_ids, row_valid, num_groups=num_groups)
   io_callback(sink, None, *stats, ordered=True)
   return stats
+
+
+def lower_stats(sink: "LengthStatsSink", rows: int,
+                spec: Callable[[tuple, Any, tuple], jax.ShapeDtypeStruct],
+                lower: Callable[[Callable, tuple, Any], Any]) -> Any:
+  """The lowered stats program of a ``rows``-row call: the row lengths (in output
+  order), group ids and validity in; ``report_length_stats`` to ``sink``.
+
+  For samplers that decode in several programs (segmented, refill) and so report
+  once, after the last: ``spec(shape, dtype, mesh axes)`` describes an input,
+  ``lower(fn, in_specs, out_spec)`` lowers with the sampler's shardings.
+  """
+  def sampler_stats(lengths, group_ids, row_valid):
+    return report_length_stats(sink, lengths, group_ids, row_valid, num_groups=rows)
+
+  row1 = lambda dtype: spec((rows,), dtype, ("data",))
+  inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
+  shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
+  return lower(sampler_stats, inputs, GroupLengthStats(*(spec(x.shape, x.dtype, ())
+                                                         for x in shapes)))
 
 
 class LengthStatsSink:

@@ -50,6 +50,7 @@ from sagc_jax.runtime.shapes import smallest_bucket
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, report_length_stats
+from sagc_jax.sampling.refill import RefillDecoder
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
@@ -147,6 +148,15 @@ class Sampler:
       ``P(G) * G`` prompts (in ``hold_prompts`` mode one G per row bucket, not every
       G in every bucket); a call with another prompt count compiles its prefill on
       first use.
+    refill_slots: decode with a paged KV cache on this many slots, refilled from a
+      queue of every row of the call (``refill.py``); 0 = off. The call then never
+      splits into sub-calls (``max_rows_per_call`` does not apply) and waits for one
+      straggler, not one per sub-call.
+    page_size: tokens per KV page (refill only).
+    kv_pages: pages per layer pool, the scratch page included (refill only; None:
+      every slot can hold a row of the longest length at once).
+    refill_segment: decode steps between refills (refill only; None: the segmented
+      sampler's ``auto_segment``).
 
   The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
   then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
@@ -158,7 +168,9 @@ class Sampler:
                options: ForwardOptions | None = None, max_rows_per_call: int | None = None,
                decode_segment: int | None = None, compaction: bool = True,
                min_compact_rows: int = 8, group_sizes: Sequence[int] = (1,),
-               prompts_for: Callable[[int], int] | None = None):
+               prompts_for: Callable[[int], int] | None = None, refill_slots: int = 0,
+               page_size: int = 16, kv_pages: int | None = None,
+               refill_segment: int | None = None):
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
@@ -211,6 +223,16 @@ class Sampler:
         or decode_segment < 0:
       raise ValueError(f"decode_segment={decode_segment!r} must be an int >= 0 "
                        "(0 = fused sampler) or None (auto)")
+    self.refill = None
+    if refill_slots:
+      if mesh is not None and mesh.size > 1:
+        raise ValueError(f"refill_slots={refill_slots}: the refill sampler runs on one device "
+                         f"so far; this mesh has {mesh.size} (use refill_slots=0)")
+      self.refill = RefillDecoder(
+          self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype,
+          options=self.options, sink=self.sink, slots=refill_slots, page_size=page_size,
+          num_pages=kv_pages, prompt_buckets=self.prompt_buckets,
+          segment=refill_segment or auto_segment(params.max_new_tokens))
     self.segmented = None
     if decode_segment:
       self.segmented = SegmentedDecoder(
@@ -334,6 +356,8 @@ class Sampler:
     """The programs ``warmup`` compiles, for ``runtime.compilation.warm`` (one pool for a run's
     components)."""
     state = nnx.state(model)
+    if self.refill is not None:
+      return [self.refill.warmup_job(state, self.row_buckets)]
     jobs = []
     for rows in sorted({self.call_rows(r) for r in self.row_buckets}):
       group_sizes = self.group_sizes_for(rows)
@@ -387,6 +411,9 @@ class Sampler:
     row_valid = np.arange(rows) < real_rows
     group_ids = np.where(row_valid, np.arange(rows) // group_size, 0).astype(np.int32)
     state = nnx.state(model)
+    if self.refill is not None:
+      return self._refill_generate(state, prompts, group_size, rows, tokens, mask, row_valid,
+                                   group_ids, seed)
     call_rows = self.call_rows(rows)
     if call_rows < group_size:
       raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
@@ -431,6 +458,27 @@ class Sampler:
         group_size=group_size, num_prompts=num_prompts,
         decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds)
 
+  def _refill_generate(self, state, prompts, group_size: int, rows: int, tokens, mask,
+                       row_valid, group_ids, seed: int) -> SampleBatch:
+    """``generate`` through the refill decoder: every row of the call in one queue."""
+    try:
+      out, seconds, slots = self.refill.run(state, rows, prompts, group_size,
+                                            np.arange(rows, dtype=np.int32), group_ids,
+                                            row_valid, seed)
+    except BaseException:
+      self.sink.pop()
+      raise
+    group_max, group_median = self.sink.pop()
+    lengths = out["lengths"]
+    return SampleBatch(
+        prompt_tokens=tokens, prompt_mask=mask, response_tokens=out["tokens"],
+        response_logprobs=out["logprobs"],
+        response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
+        lengths=lengths, row_valid=row_valid, group_ids=group_ids,
+        group_max=group_max, group_median=group_median, group_size=group_size,
+        num_prompts=len(prompts), decode_steps=int(out["decode_steps"]),
+        decode_slots=slots, seconds=seconds)
+
   def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
             row_ids, seed, group_size: int) -> tuple[dict, float, int]:
     """One call on ``call_rows`` rows (the given rows, padded): host outputs, seconds
@@ -467,5 +515,6 @@ class Sampler:
 
   @property
   def num_executables(self) -> int:
-    return len(self.programs) + (0 if self.segmented is None
-                                 else self.segmented.num_executables)
+    return (len(self.programs) + (0 if self.segmented is None
+                                  else self.segmented.num_executables)
+            + (0 if self.refill is None else self.refill.num_executables))

@@ -53,8 +53,7 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.runtime.shapes import row_ladder
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import (GroupLengthStats, LengthStatsSink, group_length_stats,
-                                           report_length_stats)
+from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
 from sagc_jax.sampling.params import SamplingParams
 
 
@@ -283,16 +282,7 @@ class SegmentedDecoder:
         self._abstract_carry(rows_to, span))
 
   def _lower_stats(self, rows: int):
-    sink = self.sink
-
-    def sampler_stats(lengths, group_ids, row_valid):
-      return report_length_stats(sink, lengths, group_ids, row_valid, num_groups=rows)
-
-    row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
-    inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
-    shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
-    out = GroupLengthStats(*(self._spec(x.shape, x.dtype, ()) for x in shapes))
-    return self._jit(sampler_stats, inputs, out)
+    return lower_stats(self.sink, rows, self._spec, self._jit)
 
   def warmup_job(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]
                  ) -> WarmupJob:

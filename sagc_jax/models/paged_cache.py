@@ -1,0 +1,155 @@
+"""A paged KV cache: per-layer pools of fixed-size pages and a page table per decode slot.
+
+The dense cache (``kv_cache.py``) gives every row of a call ``prompt + max_new`` slots,
+so its memory is rows x the longest allowed response whatever the responses do, and
+rows cannot change within a call. Here the keys and values of every layer live in a
+pool of ``num_pages`` pages of ``page_size`` tokens, ``[num_kv_heads, num_pages,
+page_size, head_dim]`` (the layout of JAX's Pallas TPU kernel
+``jax.experimental.pallas.ops.tpu.paged_attention``), and a decode *slot* reads the
+pages its row of the page table names (vLLM's PagedAttention, Kwon et al. 2023). Pages
+are handed out and taken back on the host (``sampling.refill.PagePool``), between
+decode segments, so the memory a step holds follows its live tokens, and a slot whose
+row finished can take a queued row (``sampling.refill``).
+
+Logical layout of a slot's sequence. Logical token ``j`` is in page
+``page_table[s, j // page_size]`` at offset ``j % page_size``:
+
+  * ``[0, prompt_len)``: the prompt's keys except its last token's. Its whole pages
+    are shared read-only by the G rows of the prompt (prefilled once); a partial last
+    page is copied into each row's first own page when the row starts (copy on
+    write), so every slot's sequence is contiguous, as the Pallas kernel requires;
+  * ``prompt_len + i``: the row's own i-th key: i = 0 is the prompt's last token, fed
+    by the first decode step (whose logits give response token 0), i >= 1 is response
+    token i - 1.
+
+A decode step writes its input token's key at ``prompt_len + own_len``, then attends
+to the ``prompt_len + own_len + 1`` keys ``[0, prompt_len + own_len]`` (the written
+cache, as ``decode_cache_read="after_write"``). Page 0 is the scratch page: never
+handed out, it takes the writes of slots that are not running and fills unused page
+table entries, whose keys are never valid.
+
+Attention paths: ``"xla"`` gathers a slot's pages into a contiguous [S, KV, W * page,
+D] array and runs ``attention.decode_attend`` on it (every backend; the reference the
+kernel is checked against); ``"pallas"`` calls the TPU kernel, which reads only the
+pages a slot fills.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sagc_jax.models.attention import decode_attend
+from sagc_jax.models.config import ModelConfig
+
+__all__ = ["PAGED_KERNELS", "SCRATCH_PAGE", "PagedKVCache", "abstract_pool", "init_pool",
+           "paged_decode_attend"]
+
+PAGED_KERNELS = ("xla", "pallas")
+SCRATCH_PAGE = 0
+
+
+class PagedKVCache(NamedTuple):
+  """The pools and one decode call's view of them (a pytree).
+
+  ``k[i]``, ``v[i]``: layer i's pool [KV, num_pages, page_size, D]; ``page_table``
+  [S, W] int32 physical pages of each slot's first W logical pages (the rest of a
+  slot's pages are not read by this call); ``prompt_len`` [S] int32 shared-prompt keys
+  of each slot; ``own_len`` [S] int32 own keys written so far (the response tokens
+  sampled so far: see the module docstring).
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  page_table: jax.Array
+  prompt_len: jax.Array
+  own_len: jax.Array
+
+  @property
+  def page_size(self) -> int:
+    return self.k[0].shape[2]
+
+  @property
+  def num_pages(self) -> int:
+    return self.k[0].shape[1]
+
+  @property
+  def positions(self) -> jax.Array:
+    """[S] RoPE position of each slot's next input token (its logical index: the
+    shared prompt is the row's own first ``prompt_len`` tokens)."""
+    return self.prompt_len + self.own_len
+
+
+def pool_shape(cfg: ModelConfig, num_pages: int, page_size: int) -> tuple[int, int, int, int]:
+  return (cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
+
+
+def init_pool(cfg: ModelConfig, num_pages: int, page_size: int, dtype: jnp.dtype
+              ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+  """Zeroed key and value pools of every layer (``num_pages`` includes the scratch page)."""
+  if num_pages < 2 or page_size < 1:
+    raise ValueError(f"init_pool: num_pages={num_pages} must be >= 2 (page 0 is scratch) "
+                     f"and page_size={page_size} >= 1")
+  shape = pool_shape(cfg, num_pages, page_size)
+  zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+  return zeros(), zeros()
+
+
+def abstract_pool(cfg: ModelConfig, num_pages: int, page_size: int, dtype: jnp.dtype
+                  ) -> tuple[tuple[jax.ShapeDtypeStruct, ...], tuple[jax.ShapeDtypeStruct, ...]]:
+  """``init_pool``'s shapes, no memory (for lowering programs that receive the pools)."""
+  leaf = jax.ShapeDtypeStruct(pool_shape(cfg, num_pages, page_size), jnp.dtype(dtype))
+  return (leaf,) * cfg.num_layers, (leaf,) * cfg.num_layers
+
+
+def _write(pool: jax.Array, page: jax.Array, offset: jax.Array, new: jax.Array) -> jax.Array:
+  """``pool`` [KV, P, page, D] with ``new`` [S, KV, D] written at (page[s], offset[s])."""
+  return pool.at[:, page, offset].set(new.swapaxes(0, 1).astype(pool.dtype))
+
+
+def _gather(pool: jax.Array, page_table: jax.Array) -> jax.Array:
+  """The slots' pages, contiguous: [KV, P, page, D] x [S, W] -> [S, KV, W * page, D]."""
+  kv, _, page, d = pool.shape
+  s, w = page_table.shape
+  return pool[:, page_table].swapaxes(0, 1).reshape(s, kv, w * page, d)
+
+
+def paged_decode_attend(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
+                        pools: tuple[jax.Array, jax.Array], cache: PagedKVCache,
+                        alive: jax.Array, num_groups: int, *, kernel: str = "xla",
+                        decode_kind: str = "einsum"
+                        ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """One decode step of one layer: writes each running slot's key and value, attends.
+
+  q [S, 1, H, D]; k_new / v_new [S, 1, KV, D]; ``pools`` this layer's (k, v) pools;
+  ``alive`` [S] bool (other slots write to the scratch page and their output is
+  meaningless). Returns (attention output [S, 1, H, D], updated pools).
+  """
+  if kernel not in PAGED_KERNELS:
+    raise ValueError(f"paged attention kernel={kernel!r} is not one of {PAGED_KERNELS}")
+  page_size = pools[0].shape[2]
+  s, w = cache.page_table.shape
+  logical = cache.prompt_len + cache.own_len                       # [S] the write index
+  column = jnp.minimum(logical // page_size, w - 1)
+  page = jnp.take_along_axis(cache.page_table, column[:, None], axis=1)[:, 0]
+  page = jnp.where(alive, page, SCRATCH_PAGE)
+  offset = logical % page_size
+  k_pool = _write(pools[0], page, offset, k_new[:, 0])
+  v_pool = _write(pools[1], page, offset, v_new[:, 0])
+  lengths = logical + 1                                          # keys [0, logical]
+  if kernel == "pallas":
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    # The kernel scales nothing: the scores' 1/sqrt(D) is applied to the queries.
+    scaled = (q[:, 0] * (q.shape[-1] ** -0.5)).astype(k_pool.dtype)
+    block = max(b for b in (8, 4, 2, 1) if w % b == 0)      # must divide W
+    out = paged_attention(scaled, k_pool, v_pool, jnp.where(alive, lengths, 1),
+                          cache.page_table, pages_per_compute_block=block)
+    return out[:, None].astype(q.dtype), (k_pool, v_pool)
+  keys, values = _gather(k_pool, cache.page_table), _gather(v_pool, cache.page_table)
+  valid = jnp.arange(w * page_size)[None, :] < lengths[:, None]
+  out = decode_attend(q, keys.astype(q.dtype), values.astype(q.dtype), valid, num_groups,
+                      decode_kind)
+  return out, (k_pool, v_pool)

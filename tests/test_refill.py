@@ -1,0 +1,142 @@
+"""The paged KV cache and the refill sampler.
+
+Paged decode attention must equal dense attention over the same keys (a numpy
+re-derivation), and the refill sampler (fewer slots than rows, a queue refilled from,
+a pool small enough to evict) must sample the fused sampler's tokens: same tokens,
+lengths and group stats, log-probs to float rounding. Pages never leak, and the
+programs warm-up compiles serve every group size with zero compilations after it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sagc_jax.models.paged_cache import SCRATCH_PAGE, PagedKVCache, paged_decode_attend
+from sagc_jax.runtime import compilation
+from sagc_jax.sampling import Sampler, SamplingParams
+from sagc_jax.sampling.refill import PagePool
+from test_sampler import llama, random_prompts  # noqa: F401 (fixtures)
+from test_segmented import assert_same_samples
+
+STOPS = tuple(range(3, 256, 3))     # a third of the vocabulary: lengths 1 .. the cap
+N_NEW = 12
+
+
+def numpy_attention(q, keys, values):
+  """softmax(q k^T / sqrt(D)) v for one slot, grouped heads: q [H, D], keys [T, KV, D]."""
+  h, d = q.shape
+  kv = keys.shape[1]
+  out = np.zeros((h, d))
+  for head in range(h):
+    k, v = keys[:, head // (h // kv)], values[:, head // (h // kv)]
+    scores = k @ q[head] / np.sqrt(d)
+    p = np.exp(scores - scores.max())
+    out[head] = (p / p.sum()) @ v
+  return out
+
+
+def test_paged_decode_attention_equals_attention_over_the_slot_s_own_keys():
+  rng = np.random.default_rng(0)
+  kv_heads, heads, d, page, pages, slots = 2, 4, 8, 4, 12, 3
+  k_pool = rng.normal(size=(kv_heads, pages, page, d)).astype(np.float32)
+  v_pool = rng.normal(size=(kv_heads, pages, page, d)).astype(np.float32)
+  # Slot 0: 5 prompt keys in pages 3, 7 then own keys in page 2; slot 1: an empty
+  # prompt and own page 5; slot 2 is not running.
+  table = np.array([[3, 7, 2, 0], [5, 0, 0, 0], [0, 0, 0, 0]], np.int32)
+  prompt_len = np.array([5, 0, 0], np.int32)
+  own_len = np.array([3, 2, 0], np.int32)
+  alive = np.array([True, True, False])
+  q = rng.normal(size=(slots, 1, heads, d)).astype(np.float32)
+  k_new = rng.normal(size=(slots, 1, kv_heads, d)).astype(np.float32)
+  v_new = rng.normal(size=(slots, 1, kv_heads, d)).astype(np.float32)
+  cache = PagedKVCache((k_pool,), (v_pool,), table, prompt_len, own_len)
+  out, (k_out, v_out) = paged_decode_attend(
+      jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new), (jnp.asarray(k_pool),
+                                                               jnp.asarray(v_pool)),
+      cache, jnp.asarray(alive), heads // kv_heads)
+  k_out, v_out = np.asarray(k_out), np.asarray(v_out)
+  for s in range(2):
+    logical = prompt_len[s] + own_len[s]
+    page_of = lambda j, s=s: table[s, j // page]
+    # The write landed at the slot's next logical index ...
+    np.testing.assert_array_equal(k_out[:, page_of(logical), logical % page], k_new[s, 0])
+    keys = np.stack([k_out[:, page_of(j), j % page] for j in range(logical + 1)])
+    values = np.stack([v_out[:, page_of(j), j % page] for j in range(logical + 1)])
+    # ... and the output is attention over keys 0 .. logical, nothing else.
+    np.testing.assert_allclose(np.asarray(out)[s, 0], numpy_attention(q[s, 0], keys, values),
+                               atol=1e-5)
+  # The stopped slot wrote only to the scratch page; every other page is as it was.
+  untouched = [p for p in range(pages) if p not in (SCRATCH_PAGE, 2, 5)]
+  np.testing.assert_array_equal(k_out[:, untouched], k_pool[:, untouched])
+
+
+def test_page_pool_refuses_double_frees_and_overdrafts():
+  pool = PagePool(5)
+  pages = pool.take(4)
+  assert sorted(pages) == [1, 2, 3, 4] and pool.free == 0 and SCRATCH_PAGE not in pages
+  with pytest.raises(RuntimeError, match="1 pages asked, 0 free"):
+    pool.take(1)
+  pool.give(pages[:2])
+  with pytest.raises(RuntimeError, match="given back but not held"):
+    pool.give(pages[:1])
+  assert pool.held == 2 and pool.free == 2
+
+
+def refill_sampler(model, params, **kwargs):
+  kwargs = dict(dict(refill_slots=4, page_size=4, refill_segment=3), **kwargs)
+  return Sampler(model, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0,
+                 group_sizes=(2, 4, 8), **kwargs)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
+def test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows(llama, temperature, top_p):
+  params = SamplingParams(N_NEW, temperature=temperature, top_p=top_p, stop_ids=STOPS)
+  fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
+                  decode_segment=0)
+  refill = refill_sampler(llama.model, params)
+  for seed in range(3):
+    prompts = random_prompts(4, 1, 12, seed=50 + seed)
+    a = fused.generate(llama.model, prompts, group_size=4, seed=seed)
+    b = refill.generate(llama.model, prompts, group_size=4, seed=seed)
+    assert_same_samples(a, b)
+    # 16 rows through 4 slots: the call ran longer than its longest row (rows waited
+    # in the queue), and did less padded work than 16 rows x its longest row.
+    assert b.decode_steps > a.decode_steps
+    assert b.decode_slots < 16 * a.decode_steps
+
+
+def test_a_pool_too_small_for_every_slot_evicts_and_still_samples_the_same_tokens(llama):
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=(7, 11))   # long responses
+  fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
+                  decode_segment=0)
+  refill = refill_sampler(llama.model, params, kv_pages=8)   # 7 pages for 4 slots
+  assert refill.refill.pages_per_row == 6
+  prompts = random_prompts(4, 6, 12, seed=61)
+  a = fused.generate(llama.model, prompts, group_size=4, seed=2)
+  b = refill.generate(llama.model, prompts, group_size=4, seed=2)
+  assert_same_samples(a, b)
+  assert refill.refill.evictions > 0, "the pool never ran short: the test proves nothing"
+
+
+def test_a_pool_that_cannot_hold_one_row_is_refused_naming_the_minimum(llama):
+  params = SamplingParams(N_NEW, stop_ids=STOPS)
+  with pytest.raises(ValueError, match=r"kv_pages=6: .* >= 7"):
+    refill_sampler(llama.model, params, kv_pages=6)
+  with pytest.raises(ValueError, match=r"refill_slots=-1"):
+    refill_sampler(llama.model, params, refill_slots=-1)
+
+
+def test_refill_compiles_nothing_after_warm_up_whatever_g(llama):
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=STOPS)
+  refill = refill_sampler(llama.model, params)
+  refill.warmup(llama.model)
+  before = compilation.compile_count()
+  for seed, g in enumerate((2, 8, 4, 2, 8)):
+    prompts = random_prompts(16 // g, 1, 12, seed=70 + seed)
+    batch = refill.generate(llama.model, prompts, group_size=g, seed=seed)
+    assert batch.group_max.shape == (16 // g,)
+  assert compilation.compile_count() == before
