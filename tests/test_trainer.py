@@ -112,6 +112,23 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
   assert "sampled_correct" not in before
 
 
+def test_refill_rollouts_equal_the_default_sampler_s_and_compile_nothing_after_warm_up(
+    shared, tmp_path):
+  """rollout.refill_slots: 4 slots for 8 rollouts per step, 3 steps. Step 1 samples from
+  the same policy, so its rollouts (lengths, rewards) equal the default sampler's."""
+  runs = {}
+  for refill in (0, 4):
+    config = small_config(shared)
+    config.mesh.shape = (1, 1)
+    config.rollout.update(dict(refill_slots=refill, page_size=4))
+    _, _, trainer = run(config, tmp_path / f"refill{refill}")
+    assert (trainer.components.sampler.refill is not None) == bool(refill)
+    runs[refill] = load_history(tmp_path / f"refill{refill}")
+  assert all(r["new_compilations"] == 0 for r in runs[4])
+  for key in ("g", "generated_tokens", "reward_mean", "response_len_max"):
+    assert runs[4][0][key] == runs[0][0][key], key
+
+
 def test_resume_is_exact(shared, tmp_path):
   config = small_config(shared, steps=4)
   straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
@@ -331,6 +348,9 @@ def test_second_ctrl_c_stops_at_once(shared, tmp_path):
     ("reward.workers", -1, "reward.workers=-1 must be an integer >= 0"),
     ("sft.guess_stage_steps", -1, "sft.guess_stage_steps=-1 must be an integer >= 0"),
     ("sft.guess_stage_prob", 1.5, "sft.guess_stage_prob=1.5 must be in"),
+    ("rollout.refill_slots", -2, "rollout.refill_slots=-2 must be an integer >= 0"),
+    ("rollout.page_size", 0, "rollout.page_size=0 must be a positive integer"),
+    ("rollout.refill_slots", 4, "runs on one device so far, and mesh.shape=(2, 1) has 2"),
 ])
 def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, match):
   config = small_config(shared)

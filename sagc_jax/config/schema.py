@@ -75,6 +75,11 @@ def base_config() -> ml_collections.ConfigDict:
       # about 8 span buckets; 0 = the fused sampler); compaction of the running rows
       # between segments, down to min_compact_rows.
       decode_segment=-1, compaction=True, min_compact_rows=8,
+      # Refill decoding (sampling/refill.py, rollouts only): this many decode slots over
+      # a paged KV cache, refilled from a queue of the step's rows (0 = off); tokens
+      # per page; pages per layer pool (0 = every slot can hold a longest row); decode
+      # steps between refills (0 = auto).
+      refill_slots=0, page_size=16, kv_pages=0, refill_segment=0,
       # Evaluation samplers segmented too (off: they run a few times per run, and the
       # fused sampler's one executable per shape compiles much faster).
       segmented_eval=False))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import ml_collections
+import numpy as np
 
 from sagc_jax.config import checks
 from sagc_jax.config.schema import DATASETS, DTYPES, FILE_DATASETS, REWARDS, base_config
@@ -123,6 +125,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not isinstance(checks.lookup(config, key), bool):
       raise ValueError(f"{key}={checks.lookup(config, key)!r} must be True or False")
   checks.positive_int(config, "rollout.min_compact_rows")
+  for key in ("refill_slots", "kv_pages", "refill_segment"):
+    checks.non_negative_int(config, f"rollout.{key}")
+  checks.positive_int(config, "rollout.page_size")
+  devices = int(np.prod([jax.device_count() if s == -1 else s for s in config.mesh.shape]))
+  if config.rollout.refill_slots and devices > 1:
+    raise ValueError(f"rollout.refill_slots={config.rollout.refill_slots}: the refill sampler "
+                     f"runs on one device so far, and mesh.shape={tuple(config.mesh.shape)} has "
+                     f"{devices} (use mesh.shape=(1, 1) or rollout.refill_slots=0)")
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)

@@ -100,6 +100,8 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
       stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets,
       group_sizes=candidate_group_sizes(config.controller),
       prompts_for=lambda g: prompts_per_round(config.rollout, g),
+      refill_slots=r.get("refill_slots", 0), page_size=r.get("page_size", 16),
+      kv_pages=r.get("kv_pages", 0) or None, refill_segment=r.get("refill_segment", 0) or None,
       **common)
   eval_sampler, eval_sampled_sampler = build_eval_samplers(config, model, mesh,
                                                            stop_ids=stop_ids, pad_id=pad_id)
