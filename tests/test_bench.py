@@ -85,3 +85,19 @@ def test_a_bad_real_model_flag_is_one_argparse_error(args, named, capsys):
   assert exit_info.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith("python -m sagc_jax.bench: error:") and named in err[-1]
+
+
+@pytest.mark.slow
+def test_heavy_tail_scenario_reports_refill_against_subcalls_and_fused():
+  from sagc_jax.bench import heavy_tail
+
+  targets = heavy_tail.lognormal_targets(64, 8.0, 1.0, 64)
+  assert targets[0] >= 1 and targets[-1] <= 64 and list(targets) == sorted(targets)
+  r = heavy_tail.run(1, max_new_tokens=64, median=8.0, slots=16, log=lambda m: None)
+  assert set(r["samplers"]) == {"refill", "subcalls", "fused"}
+  assert r["heavy_tail_greedy_match"] == 1.0 and r["heavy_tail_compiles_after_warmup"] == 0
+  assert r["forced_lengths_equal_measured"] and len(r["lengths"]) == 64
+  assert r["heavy_tail_refill_over_subcalls"] > 0 and r["heavy_tail_refill_over_fused"] > 0
+  # 16 slots never run more slot-steps than the fused sampler's 64 rows x longest row.
+  steps = {k: v["decode_slots"] for k, v in r["samplers"].items()}
+  assert steps["refill"] <= steps["fused"] == 64 * r["length_max"]

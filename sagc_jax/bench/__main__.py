@@ -1,4 +1,7 @@
-"""Dispatcher: ``python -m sagc_jax.bench {controller,learner,sampler} [--out FILE.json]``.
+"""Dispatcher: ``python -m sagc_jax.bench {controller,heavy_tail,learner,sampler} [--out F]``.
+
+``heavy_tail`` is the sampler benchmark's heavy-tailed-rollouts part alone (refill vs
+sub-calls vs fused, ``sagc_jax/bench/heavy_tail.py``).
 
 ``sampler`` and ``learner`` also run on a real pretrained model with ``--model MODEL``
 (a local HF folder, a ``.gguf`` file or ``smollm2-135m-instruct``), on natural
@@ -21,7 +24,7 @@ import importlib
 from sagc_jax.bench import defaults
 
 # Imported only when run (they import JAX): --help answers at once.
-BENCHMARKS = ("controller", "learner", "sampler")
+BENCHMARKS = ("controller", "heavy_tail", "learner", "sampler")
 # With --model: the (run, report) functions of the real-model benchmark.
 REAL_MODEL = {"learner": ("run_learner", "report_learner"),
               "sampler": ("run_sampler", "report_sampler")}

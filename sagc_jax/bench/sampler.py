@@ -30,6 +30,10 @@ are prompts that hit one of them within 16 tokens. Timed with compaction on
 compaction off (``straggler_seconds_no_compaction``); the fused sampler
 (one while loop over the full cache) is reported too.
 
+Part 3 (heavy tail, ``heavy_tail.py``): 64 rows with log-normal lengths on 16 slots,
+the refill sampler vs sub-calls of 16 rows vs the fused sampler
+(``heavy_tail_refill_over_subcalls``, ``heavy_tail_greedy_match``).
+
 Needs torch + transformers (``pip install -e ".[test]"``).
 """
 
@@ -45,6 +49,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from sagc_jax.bench import heavy_tail
 from sagc_jax.runtime import compilation
 from sagc_jax.models import init_model, save_pretrained, tiny_config
 from sagc_jax.sampling import Sampler, SamplingParams
@@ -252,14 +257,18 @@ def run(steps: int = 3, max_new_tokens: int = 128, straggler_tokens: int = 256,
       straggler = _straggler(model, cfg, straggler_tokens, steps, seed, straggler_segment)
       print(f"  straggler: {straggler['straggler_seconds']:.3f} s with compaction, "
             f"{straggler['straggler_seconds_no_compaction']:.3f} s without", flush=True)
+      tail = heavy_tail.run(steps, model=model, cfg=cfg, seed=seed)
   return {"models": models, "max_new_tokens": max_new_tokens, "runs": steps,
           "torch_threads": torch.get_num_threads(), "rows_table": table,
           "min_speedup": min(r["speedup"] for r in table),
           "max_speedup": max(r["speedup"] for r in table),
           "min_speedup_bound": min(r["speedup_bound"] for r in table),
           "greedy_match": min(r["greedy_match"] for r in table),
-          "compiles_after_warmup": sum(r["compiles_after_warmup"] for r in table),
-          "executables": max(r["executables"] for r in table), **straggler}
+          "compiles_after_warmup": (sum(r["compiles_after_warmup"] for r in table)
+                                    + tail["heavy_tail_compiles_after_warmup"]),
+          "executables": max(r["executables"] for r in table), **straggler,
+          "heavy_tail": tail,
+          **{k: v for k, v in tail.items() if k.startswith("heavy_tail_")}}
 
 
 def report(results: dict[str, Any]) -> str:
@@ -284,4 +293,5 @@ def report(results: dict[str, Any]) -> str:
                f"{results['straggler_seconds_no_compaction']:.3f} s without "
                f"({results['straggler_speedup']:.2f}x), fused sampler "
                f"{results['straggler_seconds_fused']:.3f} s")
+  lines.append(heavy_tail.report(results["heavy_tail"]))
   return "\n".join(lines)

@@ -60,7 +60,7 @@ from sagc_jax.sampling import decode
 from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
 from sagc_jax.sampling.params import SamplingParams
 
-__all__ = ["PagePool", "RefillDecoder", "auto_pages"]
+__all__ = ["PagePool", "RefillDecoder", "auto_pages", "auto_refill_segment"]
 
 
 def _pages(tokens: int, page_size: int) -> int:
@@ -103,6 +103,16 @@ class PagePool:
         raise RuntimeError(f"PagePool: page {page} given back but not held")
       self._held.remove(page)
       self._free.append(page)
+
+
+def auto_refill_segment(max_new_tokens: int) -> int:
+  """Default decode steps between refills: 1/32 of the response cap, within [8, 64].
+
+  A slot whose row stops waits for the boundary to take a queued row, so a segment
+  costs up to its length in idle slot-steps per finished row; each boundary costs a
+  host sync (a few small transfers). 512-token responses: 16 steps.
+  """
+  return min(64, max(8, max_new_tokens // 32))
 
 
 def auto_pages(slots: int, pages_per_row: int) -> int:

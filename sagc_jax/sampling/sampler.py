@@ -50,7 +50,7 @@ from sagc_jax.runtime.shapes import smallest_bucket
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, report_length_stats
-from sagc_jax.sampling.refill import RefillDecoder
+from sagc_jax.sampling.refill import RefillDecoder, auto_refill_segment
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
@@ -155,8 +155,8 @@ class Sampler:
     page_size: tokens per KV page (refill only).
     kv_pages: pages per layer pool, the scratch page included (refill only; None:
       every slot can hold a row of the longest length at once).
-    refill_segment: decode steps between refills (refill only; None: the segmented
-      sampler's ``auto_segment``).
+    refill_segment: decode steps between refills (refill only; None:
+      ``refill.auto_refill_segment``).
 
   The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
   then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
@@ -232,7 +232,7 @@ class Sampler:
           self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype,
           options=self.options, sink=self.sink, slots=refill_slots, page_size=page_size,
           num_pages=kv_pages, prompt_buckets=self.prompt_buckets,
-          segment=refill_segment or auto_segment(params.max_new_tokens))
+          segment=refill_segment or auto_refill_segment(params.max_new_tokens))
     self.segmented = None
     if decode_segment:
       self.segmented = SegmentedDecoder(

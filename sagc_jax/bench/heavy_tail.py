@@ -1,0 +1,149 @@
+"""Heavy-tailed rollouts: the refill sampler vs sub-calls vs the fused sampler.
+
+64 rows whose greedy response lengths follow a log-normal (median ``median``,
+``sigma`` >= 0.8, capped at ``max_new_tokens``), forced without changing the model,
+as the straggler benchmark forces its lengths: greedy continuations of a pool of
+random prompts are computed once, a random subset of the vocabulary becomes the stop
+ids, and each target length (the log-normal's quantiles) takes the unused pool row
+whose first stop token comes closest to it. Several subset sizes are tried and the
+best-matching one kept; the measured lengths (their log-standard deviation included)
+are reported next to the targets, since the match is not exact. The rows are
+shuffled, so no sampler sees them sorted by length.
+
+Three samplers, same weights, same rows, each warmed up first (``compiles_after_warmup``
+counts any compilation after that), medians of ``runs`` timed calls:
+
+* ``refill``: ``slots`` decode slots over a paged cache, refilled from the queue of the
+  64 rows (``sampling/refill.py``);
+* ``subcalls``: today's answer when 64 rows do not fit: the default (segmented) sampler
+  in sequential calls of ``slots`` rows (``max_rows_per_call``), each waiting for its
+  own straggler;
+* ``fused``: every row at once, one loop over a dense cache (no memory bound; the
+  token reference).
+
+``greedy_match`` is the fraction of rows whose tokens and length under ``refill``
+equal the fused sampler's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sagc_jax.runtime import compilation
+from sagc_jax.sampling import Sampler, SamplingParams
+
+EOS = 2
+ROWS = 64
+
+
+def lognormal_targets(rows: int, median: float, sigma: float, cap: int) -> np.ndarray:
+  """The log-normal's ``(i + 1/2) / rows`` quantiles, rounded and clipped to [1, cap]."""
+  from statistics import NormalDist
+
+  z = np.array([NormalDist().inv_cdf((i + 0.5) / rows) for i in range(rows)])
+  return np.clip(np.round(median * np.exp(sigma * z)), 1, cap).astype(np.int64)
+
+
+def _first_stop(tokens: np.ndarray, stop: np.ndarray, natural: np.ndarray) -> np.ndarray:
+  """Length of each row's response if ``stop`` tokens end it (the stop token counted),
+  else its natural length."""
+  hit = np.isin(tokens, stop)
+  first = np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, tokens.shape[1])
+  return np.minimum(first, natural)
+
+
+def forced_rows(model, cfg, targets: np.ndarray, max_new: int, seed: int, pool: int = 512
+                ) -> tuple[list[list[int]], tuple[int, ...], np.ndarray]:
+  """(prompts, stop ids, their greedy lengths): one pool row per target length."""
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(4, cfg.vocab_size, rng.integers(8, 33)).tolist() for _ in range(pool)]
+  free = Sampler(model, SamplingParams(max_new, temperature=0.0, stop_ids=(EOS,)),
+                 row_buckets=(pool,), prompt_buckets=(32,), decode_segment=0)
+  run = free.generate(model, prompts, 1, seed)
+  best = None
+  for fraction in (0.005, 0.01, 0.02, 0.04):
+    candidates = np.setdiff1d(np.arange(3, cfg.vocab_size), [EOS])
+    stop = rng.choice(candidates, max(1, int(fraction * cfg.vocab_size)), replace=False)
+    lengths = _first_stop(run.response_tokens, stop, run.lengths)
+    free_rows, chosen = set(range(pool)), []
+    for target in sorted(targets, reverse=True):          # the rare long ones first
+      row = min(free_rows, key=lambda r: (abs(np.log(lengths[r] / target)), r))
+      free_rows.remove(row)
+      chosen.append(row)
+    error = float(np.mean([abs(np.log(lengths[r] / t))
+                           for r, t in zip(chosen, sorted(targets, reverse=True))]))
+    if best is None or error < best[0]:
+      best = (error, stop, chosen, lengths)
+  _, stop, chosen, lengths = best
+  order = rng.permutation(len(chosen))
+  chosen = [chosen[i] for i in order]
+  stop_ids = tuple(sorted({int(t) for t in stop} | {EOS}))
+  return [prompts[r] for r in chosen], stop_ids, lengths[chosen]
+
+
+def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens: int = 512,
+        median: float = 32.0, sigma: float = 1.0, page_size: int = 16, seed: int = 0,
+        log=print) -> dict[str, Any]:
+  """The scenario on ``model`` (default: the tiny CPU Llama, random weights of std 0.1,
+  the straggler benchmark's); ``steps`` timed calls per sampler."""
+  if model is None:
+    from sagc_jax.models import init_model, tiny_config
+
+    cfg = tiny_config()
+    model = init_model(cfg, seed=seed, init_std=0.1)
+  compilation.install()
+  runs = steps
+  targets = lognormal_targets(ROWS, median, sigma, max_new_tokens)
+  prompts, stop_ids, forced = forced_rows(model, cfg, targets, max_new_tokens, seed)
+  params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=stop_ids)
+  common = dict(row_buckets=(ROWS,), prompt_buckets=(32,), group_sizes=(1,))
+  samplers = {"refill": dict(refill_slots=slots, page_size=page_size, decode_segment=0),
+              "subcalls": dict(max_rows_per_call=slots),
+              "fused": dict(decode_segment=0)}
+  out, batches, compiles = {}, {}, 0
+  for name, kwargs in samplers.items():
+    sampler = Sampler(model, params, **common, **kwargs)
+    sampler.warmup(model)
+    before = compilation.compile_count()
+    sampler.generate(model, prompts, 1, seed)                      # first call
+    timed = [sampler.generate(model, prompts, 1, seed) for _ in range(runs)]
+    compiles += compilation.compile_count() - before
+    seconds = [b.seconds for b in timed]
+    batches[name] = timed[0]
+    out[name] = {"seconds": float(np.median(seconds)), "seconds_min": float(min(seconds)),
+                 "seconds_max": float(max(seconds)), "decode_steps": timed[0].decode_steps,
+                 "decode_slots": timed[0].decode_slots,
+                 "tokens_per_s": float(timed[0].lengths.sum() / np.median(seconds))}
+    log(f"  heavy tail, {name:>8}: {out[name]['seconds']:.3f} s "
+        f"({out[name]['tokens_per_s']:.0f} tok/s, {timed[0].decode_slots} slot-steps)")
+  ref, got = batches["fused"], batches["refill"]
+  match = [bool(ref.lengths[r] == got.lengths[r] and np.array_equal(
+      ref.response_tokens[r, :ref.lengths[r]], got.response_tokens[r, :got.lengths[r]]))
+      for r in range(ROWS)]
+  lengths = ref.lengths[:ROWS]
+  return {"rows": ROWS, "slots": slots, "page_size": page_size,
+          "max_new_tokens": max_new_tokens, "runs": runs,
+          "target_median": median, "target_sigma": sigma,
+          "target_lengths": targets.tolist(), "lengths": lengths.tolist(),
+          "length_p50": float(np.median(lengths)), "length_p90": float(np.percentile(lengths, 90)),
+          "length_max": int(lengths.max()), "length_sigma": float(np.std(np.log(lengths))),
+          "forced_lengths_equal_measured": bool(np.array_equal(forced, lengths)),
+          "samplers": out,
+          "heavy_tail_refill_over_subcalls": out["subcalls"]["seconds"] / out["refill"]["seconds"],
+          "heavy_tail_refill_over_fused": out["fused"]["seconds"] / out["refill"]["seconds"],
+          "heavy_tail_greedy_match": float(np.mean(match)),
+          "heavy_tail_compiles_after_warmup": int(compiles)}
+
+
+def report(result: dict[str, Any]) -> str:
+  s = result["samplers"]
+  return (f"heavy tail ({result['rows']} rows, lengths p50 {result['length_p50']:.0f} / p90 "
+          f"{result['length_p90']:.0f} / max {result['length_max']}, log-sd "
+          f"{result['length_sigma']:.2f}; {result['slots']} slots): refill "
+          f"{s['refill']['seconds']:.3f} s, sub-calls of {result['slots']} "
+          f"{s['subcalls']['seconds']:.3f} s ({result['heavy_tail_refill_over_subcalls']:.2f}x), "
+          f"fused {s['fused']['seconds']:.3f} s ({result['heavy_tail_refill_over_fused']:.2f}x); "
+          f"greedy match {result['heavy_tail_greedy_match']:.3f}, compiles after warm-up "
+          f"{result['heavy_tail_compiles_after_warmup']}")
