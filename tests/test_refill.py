@@ -9,11 +9,9 @@ programs warm-up compiles serve every group size with zero compilations after it
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from sagc_jax.models.paged_cache import SCRATCH_PAGE, PagedKVCache, paged_decode_attend
 from sagc_jax.runtime import compilation
