@@ -170,3 +170,34 @@ def test_decode_step_updates_the_cache_in_place_at_qwen_layout(tmp_path):
   ratio = hbm_traffic(compiled.as_text())["bytes"] / ideal
   print("Qwen-layout decode step, estimated HBM / (weights + cache):", ratio)
   assert 1.0 <= ratio <= 1.4
+
+
+def test_the_refill_sampler_compiles_for_tpu_with_the_pallas_paged_kernel():
+  """The paged decode segment lowers and compiles for a v5e chip with both attention
+  paths; only ``paged_kernel="pallas"`` calls the TPU kernel (a Mosaic custom call)."""
+  import dataclasses
+
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+  from jax.experimental import topologies
+  from jax.sharding import Mesh
+
+  from sagc_jax.models import tiny_config
+  from sagc_jax.models.transformer import ForwardOptions, abstract_model
+  from sagc_jax.sampling import Sampler, SamplingParams
+
+  topology = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2",
+                                          chips_per_host_bounds=(2, 2, 1), num_slices=1)
+  mesh = Mesh(np.array(topology.devices[:1]).reshape(1, 1), ("data", "model"))
+  cfg = dataclasses.replace(tiny_config(), hidden_size=512, num_heads=4, num_kv_heads=2,
+                            head_dim=128)                 # the kernel's 128-lane head dim
+  model = abstract_model(cfg, jnp.bfloat16, mesh)
+  for kernel in ("xla", "pallas"):
+    options = ForwardOptions(attention="blocked", decode_attention="einsum",
+                             decode_cache_read="before_write", paged_kernel=kernel)
+    sampler = Sampler(model, SamplingParams(256, stop_ids=(2,)), row_buckets=(64,),
+                      prompt_buckets=(32,), mesh=mesh, options=options, refill_slots=16)
+    pages = sampler.refill.page_buckets()[-1]
+    text = sampler.refill.programs.get(("segment", pages, 64), nnx.state(model)).as_text()
+    assert ("tpu_custom_call" in text) == (kernel == "pallas"), kernel

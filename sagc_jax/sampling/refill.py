@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.paged_cache import SCRATCH_PAGE, PagedKVCache, abstract_pool, init_pool
@@ -158,12 +159,14 @@ class RefillDecoder:
     num_pages: pages per layer pool, the scratch page included (None: ``auto_pages``).
     segment: decode steps between refills (host syncs).
     prompt_buckets: padded prompt lengths (as the fused sampler's).
+    mesh: a one-device mesh the programs are placed on (e.g. one abstract TPU chip, for
+      ahead-of-time compilation), or None.
   """
 
   def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, cfg: ModelConfig, *,
                cache_dtype: Any, options: ForwardOptions, sink: LengthStatsSink,
                slots: int, page_size: int, num_pages: int | None, segment: int,
-               prompt_buckets: Sequence[int]):
+               prompt_buckets: Sequence[int], mesh: Mesh | None = None):
     for name, value in (("refill_slots", slots), ("page_size", page_size),
                         ("refill_segment", segment)):
       if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -184,6 +187,10 @@ class RefillDecoder:
           f"length ({self.pages_per_row} pages of {page_size} tokens for a "
           f"{max(self.prompt_buckets)}-token prompt bucket and {params.max_new_tokens} new "
           f"tokens) plus the scratch page: >= {self.pages_per_row + 1}")
+    if mesh is not None and mesh.size > 1:
+      raise ValueError(f"the refill decoder runs on one device so far; the mesh has "
+                       f"{mesh.size}")
+    self.mesh = mesh
     self.programs = ProgramCache(self._lower)
     self._pools = None
     self.evictions = 0            # rows restarted because the pool ran short (all calls)
@@ -229,14 +236,15 @@ class RefillDecoder:
     return len(self.programs)
 
   # ----------------------------------------------------------- executables
-  def _spec(self, shape, dtype, names):
-    return decode.sharded_spec(None, shape, dtype, names)
+  def _spec(self, shape, dtype, names=()):
+    return decode.sharded_spec(self.mesh, shape, dtype, ())    # one device: replicated
 
   def _jit(self, fn, in_specs: tuple, out_spec: Any = None, donate: tuple[int, ...] = ()):
     return jax.jit(fn, donate_argnums=donate).lower(*in_specs)
 
   def _abstract_pools(self):
-    return abstract_pool(self.cfg, self.num_pages, self.page_size, self.cache_dtype)
+    pools = abstract_pool(self.cfg, self.num_pages, self.page_size, self.cache_dtype)
+    return jax.tree.map(lambda x: self._spec(x.shape, x.dtype), pools)
 
   def _lower(self, key: tuple, state=None):
     kind, *shape = key

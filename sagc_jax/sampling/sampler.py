@@ -232,7 +232,7 @@ class Sampler:
           self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype,
           options=self.options, sink=self.sink, slots=refill_slots, page_size=page_size,
           num_pages=kv_pages, prompt_buckets=self.prompt_buckets,
-          segment=refill_segment or auto_refill_segment(params.max_new_tokens))
+          segment=refill_segment or auto_refill_segment(params.max_new_tokens), mesh=mesh)
     self.segmented = None
     if decode_segment:
       self.segmented = SegmentedDecoder(
