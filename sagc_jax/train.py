@@ -31,10 +31,14 @@ def _define_flags():
 
 def format_summary(summary: dict) -> str:
   lines = ["summary"]
+
+  def end(key: str) -> str:     # absent when a stop signal came before the evaluation
+    return f"{summary[key]:.3f}" if key in summary else "(not measured yet)"
+
   if "eval_sampled_accuracy_start" in summary:
     lines.append(f"  held-out accuracy, sampled (T = rollout temperature): "
                  f"{summary['eval_sampled_accuracy_start']:.3f} before RL -> "
-                 f"{summary['eval_sampled_accuracy_end']:.3f} after {int(summary['steps'])} steps")
+                 f"{end('eval_sampled_accuracy_end')} after {int(summary['steps'])} steps")
   if "eval_sampled_gain" in summary:
     lines.append(f"  gain {summary['eval_sampled_gain']:+.3f}, 95% interval "
                  f"[{summary['eval_sampled_gain_ci95_low']:+.3f}, "
@@ -42,7 +46,7 @@ def format_summary(summary: dict) -> str:
                  f"{summary['eval_sampled_gain_examples']:.0f} examples, same seeds)")
   if "eval_accuracy_start" in summary:
     lines.append(f"  held-out accuracy, greedy: {summary['eval_accuracy_start']:.3f} -> "
-                 f"{summary['eval_accuracy_end']:.3f}")
+                 f"{end('eval_accuracy_end')}")
   if "straggler_rate" in summary:
     lines.append(f"  straggler rate: groups {summary['group_straggler_rate']:.3f}, steps "
                  f"{summary['step_straggler_rate']:.3f}   mean G "
@@ -63,7 +67,9 @@ def main(argv: Sequence[str], flags) -> None:
   # A single-process run only: on a pod every process must reach the same decision,
   # and their workdirs need not be one shared folder.
   single = not flags.distributed and "SAGC_COORDINATOR" not in os.environ
-  finished = _finished_summary(flags.workdir, flags.config.train.steps) if single else None
+  from sagc_jax.runtime.metrics import finished_summary
+
+  finished = finished_summary(flags.workdir, flags.config.train.steps) if single else None
   if finished is not None:           # nothing to train: no data, model or compilation
     print(f"{flags.workdir} finished all {finished['steps']} steps earlier "
           "(train.steps; raise it to train on)")
@@ -121,24 +127,6 @@ def main(argv: Sequence[str], flags) -> None:
       plot_run(trainer.history, trainer.eval_history, path,
                title=f"{trainer.config.learner.algorithm} + {trainer.config.controller.kind}")
       print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
-
-
-def _finished_summary(workdir: str, steps: int) -> dict | None:
-  """The run's ``summary.json`` when it finished ``steps`` steps (not stopped early),
-  else None. A process that is not the primary of a pod reads the same file."""
-  import json
-
-  from sagc_jax.runtime.storage import run_path
-
-  path = run_path(workdir) / "summary.json"
-  try:
-    summary = json.loads(path.read_text()) if path.exists() else None
-  except (ValueError, OSError):
-    return None                      # damaged: the trainer rebuilds it
-  if (isinstance(summary, dict) and summary.get("steps") == steps
-      and not summary.get("preempted")):
-    return summary
-  return None
 
 
 def _first_line(err: BaseException) -> str:

@@ -12,6 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from sagc_jax.runtime.checkpoint import Checkpointer, CheckpointMismatch
@@ -118,3 +119,89 @@ def test_a_failed_background_save_is_raised_by_the_next_check_naming_the_path(tm
   assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
   line = next(l for l in proc.stdout.splitlines() if l.startswith("ERROR"))
   assert f"writing a checkpoint to {target} failed (NotADirectoryError" in line
+
+
+def _noise_params(value):
+  noise = np.random.default_rng(0).normal(size=(64, 256)).astype(np.float32)
+  return {"layers": {"0": {"kernel": jnp.asarray(noise + value)}}, "norm": jnp.ones((3,))}
+
+
+def test_finite_garbage_in_the_newest_step_fails_its_checksum_and_the_previous_is_used(tmp_path):
+  """Step 2's files hold other finite values than the ones its checksums were taken
+  of (what bytes changed on disk after the save look like to a reader: orbax writes
+  ``kernel + 7`` under step 2's checksums of ``kernel + 2``). The step is moved aside
+  and step 1 restored, naming the array; the finiteness check alone passed it."""
+  from sagc_jax.runtime.checkpoint import tree_checksums
+
+  opt = _opt()
+  ckpt = Checkpointer(tmp_path / "ck", log=lambda m: None)
+  ckpt.save(1, _noise_params(1.0), opt, {"step": 1})
+  ckpt.wait()
+  ckpt._manager.save(2, force=True, args=ocp.args.Composite(
+      params=ocp.args.StandardSave(_noise_params(7.0)), opt_state=ocp.args.StandardSave(opt),
+      meta=ocp.args.JsonSave({"step": 2, "checksums": {
+          "params": tree_checksums(_noise_params(2.0)), "opt_state": tree_checksums(opt)}})))
+  ckpt.wait()
+  messages = []
+  reader = Checkpointer(tmp_path / "ck", log=messages.append)
+  step, params, _, meta = reader.restore_latest(_abstract(_noise_params(0.0)), _abstract(opt))
+  assert step == 1 and "checksums" not in meta
+  np.testing.assert_array_equal(params["layers"]["0"]["kernel"],
+                                _noise_params(1.0)["layers"]["0"]["kernel"])
+  assert any("step 2" in m and "content checksum of params/layers/0/kernel differs" in m
+             for m in messages), messages
+  assert [n for n in _entries(tmp_path) if n.startswith("corrupt-2-")]
+
+
+def test_4_kib_overwritten_in_the_newest_params_file_falls_back_to_the_previous_step(tmp_path):
+  """The fault as it happens: 4 KiB in the middle of the newest step's largest params
+  data file overwritten in place (size unchanged). Whether it then fails to decode or
+  decodes to other values, the step is moved aside and step 1 restored intact."""
+  ckpt = Checkpointer(tmp_path / "ck", log=lambda m: None)
+  for step in (1, 2):
+    ckpt.save(step, _noise_params(float(step)), _opt(), {"step": step})
+  ckpt.wait()
+  data = max((p for p in (tmp_path / "ck" / "2" / "params").rglob("*") if p.is_file()),
+             key=lambda p: p.stat().st_size)
+  raw = bytearray(data.read_bytes())
+  middle = len(raw) // 2
+  raw[middle:middle + 4096] = raw[middle - 8192:middle - 4096]      # other real bytes
+  data.write_bytes(bytes(raw))
+  step, params, _, _ = Checkpointer(tmp_path / "ck", log=lambda m: None).restore_latest(
+      _abstract(_noise_params(0.0)), _abstract(_opt()))
+  assert step == 1
+  np.testing.assert_array_equal(params["layers"]["0"]["kernel"],
+                                _noise_params(1.0)["layers"]["0"]["kernel"])
+
+
+def test_checksums_are_position_weighted_and_equal_across_shardings():
+  from sagc_jax.runtime.checkpoint import tree_checksums
+
+  x = jnp.arange(64 * 8, dtype=jnp.float32).reshape(64, 8)
+  swapped = x.at[0, 0].set(x[0, 1]).at[0, 1].set(x[0, 0])          # same values, moved
+  assert tree_checksums(x) != tree_checksums(swapped)
+  assert tree_checksums(x.astype(jnp.bfloat16)) != tree_checksums(x)
+  if jax.device_count() >= 8:
+    mesh = jax.make_mesh((8,), ("data",))
+    sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    assert tree_checksums(sharded) == tree_checksums(x)
+
+
+def test_the_verified_step_is_kept_however_many_newer_steps_rotate(tmp_path):
+  ckpt = Checkpointer(tmp_path / "ck", max_to_keep=2, log=lambda m: None)
+  for step in (1, 2, 3):
+    ckpt.save(step, _params(value=float(step)), _opt(), {"step": step})
+  ckpt.wait()
+  assert ckpt.all_steps() == [2, 3]                   # plain rotation
+  resumed = Checkpointer(tmp_path / "ck", max_to_keep=2, log=lambda m: None)
+  step, _, _, _ = resumed.restore_latest(_abstract(_params()), _abstract(_opt()))
+  assert step == 3 and resumed.verified_step == 3     # restored with matching checksums
+  for step in (4, 5, 6):
+    resumed.save(step, _params(value=float(step)), _opt(), {"step": step})
+  resumed.wait()
+  assert resumed.all_steps() == [3, 5, 6]             # step 3 stays until one verifies
+  again = Checkpointer(tmp_path / "ck", max_to_keep=2, log=lambda m: None)
+  assert again.restore_latest(_abstract(_params()), _abstract(_opt()))[0] == 6
+  again.save(7, _params(value=7.0), _opt(), {"step": 7})
+  again.wait()
+  assert again.all_steps() == [6, 7]

@@ -56,8 +56,8 @@ def small_config(shared, algorithm="grpo", controller="sagc", steps=3):
   return c
 
 
-def run(config, workdir, max_steps=None):
-  trainer = Trainer(config, workdir, log=lambda message: None)
+def run(config, workdir, max_steps=None, log=None):
+  trainer = Trainer(config, workdir, log=log or (lambda message: None))
   try:
     summary = trainer.run(max_steps=max_steps)
     params = jax.tree.map(np.asarray, nnx.state(trainer.model, nnx.Param))
@@ -309,6 +309,37 @@ def test_a_stop_signal_in_warm_up_or_evaluation_ends_the_run_at_once(shared, tmp
   assert "Traceback" not in output
   assert not [p for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
   assert json.loads((workdir / "summary.json").read_text())["preempted"]
+
+
+def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_path):
+  """SIGTERM during the evaluation after the last step: the step is checkpointed
+  without it and the summary says preempted, with no end accuracy (not the start's
+  copied). The rerun finds the evaluation missing, runs it, and finishes."""
+  config = small_config(shared, steps=2)
+  config.train.eval_every = 2
+  trainer = Trainer(config, tmp_path, log=lambda m: None)
+  original, calls = trainer.evaluate, []
+
+  def evaluate_then_stop():
+    calls.append(trainer.step)
+    if trainer.step == 2:
+      os.kill(os.getpid(), signal.SIGTERM)      # arrives inside the stoppable evaluation
+    return original()
+
+  trainer.evaluate = evaluate_then_stop
+  try:
+    summary = trainer.run()
+  finally:
+    trainer.close()
+  assert calls == [0, 2] and summary["preempted"] and summary["steps"] == 2
+  assert "eval_sampled_accuracy_end" not in summary and "eval_sampled_gain" not in summary
+  logged = []
+  summary, _, resumed = run(config, tmp_path, log=logged.append)
+  assert any("the evaluation after step 2 was stopped before it finished" in m for m in logged)
+  assert not summary["preempted"] and "eval_sampled_accuracy_end" in summary
+  assert resumed.eval_history[-1]["step"] == 2 and len(resumed.eval_history) == 2
+  from sagc_jax.runtime.metrics import finished_summary
+  assert finished_summary(tmp_path, 2) is not None
 
 
 def test_second_ctrl_c_stops_at_once(shared, tmp_path):

@@ -34,7 +34,7 @@ import numpy as np
 
 from sagc_jax.experiments.claims import claims_markdown, mean_ci
 from sagc_jax.experiments.machine import machine_info, machine_line, stamp
-from sagc_jax.runtime.metrics import summarize
+from sagc_jax.runtime.metrics import finished_summary, summarize
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
                   "straggler_event", "straggler_rate", "group_straggler_rate",
@@ -170,8 +170,7 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
   policy = prepare_policy(config, shared, train, log, model_path=start)
   for index, (name, arm) in enumerate(arms.items()):
     arm_dir = workdir / "arms" / name
-    summary = arm_dir / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("steps") == arm.train.steps:
+    if finished_summary(arm_dir, arm.train.steps) is not None:
       log(f"[{index + 1}/{len(arms)}] {name}: finished earlier, skipped")
       continue
     log(f"[{index + 1}/{len(arms)}] {name}")
@@ -186,13 +185,10 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
 
 
 def _train_arm(config, arm_dir: Path) -> dict[str, Any]:
-  from sagc_jax.training.loop import Trainer
+  """One run, in its own process (``arm_process``: memory is returned between runs)."""
+  from sagc_jax.experiments.arm_process import run_in_child
 
-  trainer = Trainer(config, arm_dir)
-  try:
-    return trainer.run()
-  finally:
-    trainer.close()
+  return run_in_child(config, arm_dir)
 
 
 # ------------------------------------------------------------------ report

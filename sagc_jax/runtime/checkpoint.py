@@ -10,6 +10,12 @@ shows up as a step; a step whose files were later damaged (or whose weights
 restore non-finite) is moved aside as ``corrupt-<step>-<time>`` and the previous
 step is used instead, with a message saying so.
 
+Damage that still reads as finite numbers (a disk or copy fault, bytes overwritten in
+place) is caught by content checksums: at save, two position-weighted 32-bit sums of
+every array's bits, computed on the devices where the arrays live (``tree_checksums``),
+go into ``meta``; at restore they are recomputed from the restored arrays, and a step
+whose sums differ is treated as damaged like an unreadable one, naming the array.
+
 A checkpoint that reads fine but does not fit this run (another model, other
 shapes) is not damage but a config mistake: ``CheckpointMismatch`` names what
 differs and nothing in the directory is touched. A directory whose only steps were
@@ -83,6 +89,84 @@ def _describe_mismatch(saved: Any, wanted: Any, item: str, limit: int = 4) -> st
   return "; ".join(parts) or None
 
 
+def _bits(x: jax.Array) -> jax.Array:
+  """Each element's bit pattern as uint32 (8-byte elements: the xor of their halves)."""
+  size = jnp.dtype(x.dtype).itemsize
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  if size == 8:
+    halves = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return halves[..., 0] ^ halves[..., 1]
+  unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[size]
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+  """[2] uint32: sums of the bits weighted by odd functions of the flat position
+  (modular sums are exact in any reduction order, so shardings agree)."""
+  bits = _bits(x)
+  index = jnp.zeros(bits.shape, jnp.uint32)
+  stride = 1
+  for dim in reversed(range(bits.ndim)):      # row-major flat index, without a reshape
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, dim) * jnp.uint32(stride)
+    stride *= bits.shape[dim]
+  first = jnp.sum(bits * (index * jnp.uint32(2) + jnp.uint32(1)), dtype=jnp.uint32)
+  second = jnp.sum((bits ^ jnp.uint32(0x5BD1E995)) * (index * jnp.uint32(0x9E3779B1)
+                                                     + jnp.uint32(0x632BE5AB)),
+                   dtype=jnp.uint32)
+  return jnp.stack([first, second])
+
+
+_checksum_programs: dict[Any, Any] = {}
+
+
+def _checksum_program(leaves: list) -> Any:
+  """The compiled checksum program of these leaves' shapes, dtypes and shardings."""
+  key = tuple((x.shape, str(x.dtype), getattr(x, "sharding", None)) for x in leaves)
+  if key not in _checksum_programs:
+    _checksum_programs[key] = jax.jit(lambda xs: jnp.stack([_leaf_checksum(x) for x in xs])
+                                      ).lower(leaves).compile()
+  return _checksum_programs[key]
+
+
+def tree_checksums(tree: Any) -> list[list[int]]:
+  """``[[a, b], ...]``: ``_leaf_checksum`` of every leaf of ``tree``, in flatten order.
+
+  One compiled program per tree structure and shapes (``prepare_checksums`` compiles
+  it ahead, so a run's first save compiles nothing).
+  """
+  from sagc_jax.runtime.distributed import to_host
+
+  leaves = list(jax.tree.leaves(tree))
+  if not leaves:
+    return []
+  return to_host(_checksum_program(leaves)(leaves)).astype(int).tolist()
+
+
+def prepare_checksums(*abstract_trees: Any) -> None:
+  """Compiles the checksum program of each tree (``jax.ShapeDtypeStruct`` leaves with
+  shardings) so that saving later compiles nothing."""
+  for tree in abstract_trees:
+    leaves = list(jax.tree.leaves(tree))
+    if leaves:
+      _checksum_program(leaves)
+
+
+def checksum_mismatch(tree: Any, saved: list[list[int]], item: str) -> str | None:
+  """Which array of ``tree`` no longer has its saved checksums (None: all match)."""
+  now = tree_checksums(tree)
+  if len(now) != len(saved):
+    return f"{item}: {len(now)} arrays restored, {len(saved)} checksummed at save"
+  paths = ["/".join(_key_name(k) for k in path)
+           for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  bad = [paths[i] for i, (a, b) in enumerate(zip(now, saved)) if list(a) != list(b)]
+  if not bad:
+    return None
+  more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
+  return (f"the content checksum of {item}/{', '.join(bad[:3])}{more} differs from the one "
+          "written at save")
+
+
 def all_finite(tree: Any) -> bool:
   """True when every floating leaf of ``tree`` is finite (a restored state worth using)."""
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
@@ -98,6 +182,10 @@ class Checkpointer:
     self.directory = directory if "://" in directory else os.path.abspath(directory)
     self.log = log
     self.read_only = read_only
+    self.max_to_keep = max_to_keep
+    # The newest step restored with matching checksums: never rotated out, however many
+    # newer ones are saved, until a newer one has verified the same way (a resume).
+    self.verified_step: int | None = None
     # Handlers named up front (not inferred at the first save) so that a manager that
     # only restores can read each step's array metadata before restoring it.
     handlers = {"params": ocp.StandardCheckpointHandler(),
@@ -110,8 +198,8 @@ class Checkpointer:
     if read_only:
       absl_logger.setLevel(logging.ERROR)
     try:
-      options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else max_to_keep,
-                                             create=not read_only,
+      # Rotation is ours (``_rotate``), so that the verified step stays.
+      options = ocp.CheckpointManagerOptions(max_to_keep=None, create=not read_only,
                                              read_only=read_only,
                                              enable_async_checkpointing=not read_only)
       self._manager = ocp.CheckpointManager(self.directory, options=options,
@@ -126,6 +214,8 @@ class Checkpointer:
     """Starts an asynchronous save (call ``wait`` before exiting); first raises
     ``CheckpointWriteError`` if the previous one failed."""
     self.wait()
+    meta = dict(meta, checksums={"params": tree_checksums(params),
+                                 "opt_state": tree_checksums(opt_state)})
     self._manager.save(step, force=True, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
         meta=ocp.args.JsonSave(meta)))
@@ -139,6 +229,16 @@ class Checkpointer:
           f"writing a checkpoint to {self.directory} failed ({type(err).__name__}: "
           f"{str(err)[:300]}); stopping. The newest complete step is still there: free "
           "space or fix the path, then resume") from err
+    self._rotate()
+
+  def _rotate(self) -> None:
+    """Deletes all but the newest ``max_to_keep`` complete steps, and the verified one."""
+    if self.read_only or not self.max_to_keep:
+      return
+    steps = self.all_steps()
+    for step in steps[:-self.max_to_keep]:
+      if step != self.verified_step:
+        self._manager.delete(step)
 
   def check(self) -> None:
     """``wait`` without blocking: raises if a finished background save failed, returns
@@ -190,6 +290,13 @@ class Checkpointer:
         jax.block_until_ready((restored.params, restored.opt_state))
         if not all_finite(restored.params):
           raise ValueError("its weights restored with NaN or inf values")
+        sums = meta.pop("checksums", None)        # absent in checkpoints from before them
+        for item in ("params", "opt_state") if sums else ():
+          problem = checksum_mismatch(getattr(restored, item), sums[item], item)
+          if problem:
+            raise ValueError(problem)
+        if sums:
+          self.verified_step = step
       except Exception as err:  # noqa: BLE001 - any failure here means "this step is damaged"
         self._skip_damaged(step, err)
         continue

@@ -292,3 +292,20 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
       "response_len_mean": mean("response_len_mean"),
       "new_compilations": float(sum(r["new_compilations"] for r in rows)),
   }
+
+
+def finished_summary(workdir: Any, steps: int) -> dict | None:
+  """A run's ``summary.json`` when it finished all ``steps`` steps and was not stopped
+  by a signal (a run stopped at its last step may still owe its final evaluation),
+  else None. Damaged or missing: None (the trainer rebuilds it)."""
+  from sagc_jax.runtime.storage import run_path
+
+  path = run_path(workdir) / "summary.json"
+  try:
+    summary = json.loads(path.read_text()) if path.exists() else None
+  except (ValueError, OSError):
+    return None
+  if (isinstance(summary, dict) and summary.get("steps") == steps
+      and not summary.get("preempted")):
+    return summary
+  return None

@@ -35,7 +35,7 @@ import numpy as np
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
-from sagc_jax.runtime.checkpoint import Checkpointer
+from sagc_jax.runtime.checkpoint import Checkpointer, prepare_checksums
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import build_components
 from sagc_jax.config import FILE_DATASETS, validate
@@ -137,6 +137,7 @@ class Trainer:
                                      read_only=read_only)
     self.step = 0
     self.consecutive_skipped = 0
+    self.resumed_from: int | None = None    # the checkpoint step this run restored
     self.history: list[dict[str, Any]] = []
     self.eval_history: list[dict[str, Any]] = []
     self._stop_requested = False      # this process received SIGTERM / SIGINT
@@ -252,6 +253,7 @@ class Trainer:
     self.history = list(meta["history"])
     self.eval_history = list(meta["eval_history"])
     self.step = step
+    self.resumed_from = step
     self.metrics.truncate_after(step)
     self.log(f"resumed from checkpoint step {step} in {self.checkpointer.directory}")
 
@@ -279,6 +281,13 @@ class Trainer:
   def evaluate(self, limit: int | None = None) -> dict[str, float]:
     """Held-out accuracy of the current policy (``evaluation.Evaluator``)."""
     return self.evaluator.evaluate(self.model, limit)
+
+  def _evaluation_missing(self) -> bool:
+    """The restored step was due an evaluation (``train.eval_every``, the last step)
+    that the history lacks."""
+    steps, every = self.config.train.steps, self.config.train.eval_every
+    due = self.step > 0 and (self.step % every == 0 or self.step == steps)
+    return bool(due and self.eval_history and self.eval_history[-1]["step"] != self.step)
 
   def _record_evaluation(self, evaluation: dict[str, float]) -> None:
     """Keeps an evaluation in the history (checkpointed), with its per-example sampled
@@ -308,6 +317,7 @@ class Trainer:
     self.log("warm-up: tracing and compiling every program of the run ...")
     n = self.components.warmup(self.model, self.evaluator.warmup_jobs(self.model), log=self.log)
     n += distributed.warm_host_gathers(self._largest_host_gather())
+    prepare_checksums(abstract_like(self.learner.params), abstract_like(self.learner.opt_state))
     seconds = time.perf_counter() - start
     self.log(f"warm-up: {n} executables for row buckets {self.components.row_buckets}, "
              f"prompt buckets "
@@ -368,6 +378,13 @@ class Trainer:
           self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
           with self._stoppable("the evaluation before RL"):
             evaluation = self.evaluate()
+        elif self._evaluation_missing():
+          # A stop signal skipped the evaluation after this step (its step was
+          # checkpointed without it): measure it now, or the run never reports it.
+          self.log(f"the evaluation after step {self.step} was stopped before it finished; "
+                   "running it now")
+          with self._stoppable(f"the evaluation after step {self.step}"):
+            self._record_evaluation(self.evaluate())
       except StopRequested as stopped:
         # Nothing new exists yet: the newest checkpoint (if any) holds all there is.
         newest = self.checkpointer.all_steps()
@@ -449,12 +466,17 @@ class Trainer:
     limit = self.config.train.max_consecutive_skipped
     if limit and self.consecutive_skipped >= limit:
       last = self.checkpointer.all_steps()
+      since_resume = (self.resumed_from is not None
+                      and self.step - self.resumed_from <= self.consecutive_skipped)
+      restored = (f" Every update since this run resumed from checkpoint step "
+                  f"{self.resumed_from} was skipped: that step's weights may be damaged; "
+                  "move it aside to resume from the one before." if since_resume else "")
       raise RuntimeError(
           f"step {self.step}: {self.consecutive_skipped} learner updates in a row were skipped "
           f"(non-finite loss or gradients; train.max_consecutive_skipped={limit}). Stopped "
           f"without checkpointing this step; the newest checkpoint is step "
           f"{last[-1] if last else None}. Lower learner.lr or learner.max_grad_norm, or "
-          "check the rewards, then resume")
+          f"check the rewards, then resume.{restored}")
 
   def _write_process_fingerprint(self) -> None:
     """Per-process record of the G sequence and a parameter checksum (multi-process
@@ -470,12 +492,15 @@ class Trainer:
                            "preempted": self._stopped_by_signal}
     if self.eval_history:
       first, last = self.eval_history[0], self.eval_history[-1]
+      after = last["step"] > first["step"]        # an evaluation after RL exists
       for key in ("eval_accuracy", "eval_sampled_accuracy"):
         if key in first:
           out[f"{key}_start"] = first[key]
-          out[f"{key}_end"] = last[key]
-      out["eval_response_len_end"] = last.get("eval_response_len",
-                                              last["eval_sampled_response_len"])
+          if after:
+            out[f"{key}_end"] = last[key]
+      if after:
+        out["eval_response_len_end"] = last.get("eval_response_len",
+                                                last["eval_sampled_response_len"])
       if (len(self.eval_history) > 1 and "sampled_correct" in first
           and len(first["sampled_correct"]) == len(last.get("sampled_correct", ())) > 1):
         out.update(paired_gain(first["sampled_correct"], last["sampled_correct"]))
