@@ -196,7 +196,7 @@ def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(t
   assert f"{workdir} finished all 3 steps earlier" in proc.stdout
   assert "0.250 before RL -> 0.500 after 3 steps" in proc.stdout
   assert sorted(p.name for p in workdir.iterdir()) == ["summary.json"]   # nothing built
-  from sagc_jax.train import _finished_summary
-  assert _finished_summary(str(workdir), 4) is None                      # more steps: train
+  from sagc_jax.runtime.metrics import finished_summary
+  assert finished_summary(str(workdir), 4) is None                      # more steps: train
   (workdir / "summary.json").write_text(json.dumps({"steps": 3, "preempted": True}))
-  assert _finished_summary(str(workdir), 3) is None                      # stopped early
+  assert finished_summary(str(workdir), 3) is None                      # stopped early
