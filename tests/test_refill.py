@@ -72,6 +72,37 @@ def test_paged_decode_attention_equals_attention_over_the_slot_s_own_keys():
   np.testing.assert_array_equal(k_out[:, untouched], k_pool[:, untouched])
 
 
+def test_slot_views_attend_and_write_like_the_pages_they_were_gathered_from():
+  """The XLA path decodes a segment on contiguous slot views (gathered once, scattered
+  back after): same outputs and, after the scatter, the same pools as attending to the
+  pages themselves."""
+  from sagc_jax.models.paged_cache import (SlotKVCache, gather_slots, scatter_slots,
+                                           slot_decode_attend)
+
+  rng = np.random.default_rng(1)
+  kv_heads, heads, d, page, pages = 2, 4, 8, 4, 12
+  pools = tuple(jnp.asarray(rng.normal(size=(kv_heads, pages, page, d)), jnp.float32)
+                for _ in range(2))
+  table = jnp.asarray([[3, 7, 2], [5, 9, 0], [0, 0, 0]], jnp.int32)
+  prompt_len, own_len = jnp.asarray([5, 0, 0]), jnp.asarray([3, 6, 0])
+  alive = jnp.asarray([True, True, False])
+  q = jnp.asarray(rng.normal(size=(3, 1, heads, d)), jnp.float32)
+  k_new, v_new = (jnp.asarray(rng.normal(size=(3, 1, kv_heads, d)), jnp.float32)
+                  for _ in range(2))
+  paged_out, paged_pools = paged_decode_attend(
+      q, k_new, v_new, pools, PagedKVCache(pools, pools, table, prompt_len, own_len), alive,
+      heads // kv_heads)
+  views = tuple(gather_slots(p, table) for p in pools)
+  slot_out, views = slot_decode_attend(q, k_new, v_new, views,
+                                       SlotKVCache(views, views, prompt_len, own_len), alive,
+                                       heads // kv_heads)
+  np.testing.assert_allclose(np.asarray(slot_out)[:2], np.asarray(paged_out)[:2], atol=1e-6)
+  for pool, paged, view in zip(pools, paged_pools, views):
+    back = np.asarray(scatter_slots(pool, table, view))
+    used = [3, 7, 2, 5, 9]                          # every page but the scratch one
+    np.testing.assert_array_equal(back[:, used], np.asarray(paged)[:, used])
+
+
 def test_page_pool_refuses_double_frees_and_overdrafts():
   pool = PagePool(5)
   pages = pool.take(4)

@@ -43,7 +43,8 @@ from sagc_jax.models.attention import (ATTENTION_KINDS, DECODE_KINDS, AttentionM
                                        decode_attend)
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.kv_cache import KVCache, check_cache
-from sagc_jax.models.paged_cache import PAGED_KERNELS, PagedKVCache, paged_decode_attend
+from sagc_jax.models.paged_cache import (PAGED_KERNELS, PagedKVCache, SlotKVCache,
+                                         paged_decode_attend, slot_decode_attend)
 from sagc_jax.models.rope import apply_rope, rope_cos_sin
 from sagc_jax.runtime.distributed import to_device
 
@@ -232,9 +233,13 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if paged is not None:
-      out, kv = paged_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
-                                    kernel=options.paged_kernel,
-                                    decode_kind=options.decode_attention)
+      if isinstance(paged[0], SlotKVCache):
+        out, kv = slot_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
+                                     decode_kind=options.decode_attention)
+      else:
+        out, kv = paged_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
+                                      kernel=options.paged_kernel,
+                                      decode_kind=options.decode_attention)
       return self.o_proj(out.reshape(b, t, -1)), kv
     if kv is None:
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
@@ -376,7 +381,7 @@ class Transformer(nnx.Module):
             else jnp.asarray(attention_mask).astype(bool))
     if mask.shape != (b, t):
       raise ValueError(f"attention_mask shape {mask.shape} != input_ids shape {(b, t)}")
-    if isinstance(cache, PagedKVCache):
+    if isinstance(cache, (PagedKVCache, SlotKVCache)):
       return self._paged_decode(input_ids, mask, positions, cache, options)
     if cache is None:
       index = None
@@ -409,14 +414,15 @@ class Transformer(nnx.Module):
                                  next_pos=cache.next_pos + mask.sum(-1, dtype=jnp.int32))
 
   def _paged_decode(self, input_ids: jax.Array, mask: jax.Array, positions: jax.Array | None,
-                    cache: PagedKVCache, options: ForwardOptions
-                    ) -> tuple[jax.Array, PagedKVCache]:
-    """One token per slot against a paged cache: each running slot (``mask``) writes
-    its key and value at its next logical index and attends to its pages."""
+                    cache: PagedKVCache | SlotKVCache, options: ForwardOptions
+                    ) -> tuple[jax.Array, PagedKVCache | SlotKVCache]:
+    """One token per slot against a paged cache (or its slot views): each running slot
+    (``mask``) writes its key and value at its next logical index and attends to its
+    own keys."""
     b, t = input_ids.shape
-    if t != 1 or cache.page_table.shape[0] != b:
+    if t != 1 or cache.own_len.shape[0] != b:
       raise ValueError(f"a paged cache takes one token per slot: input_ids shape {(b, t)}, "
-                       f"{cache.page_table.shape[0]} slots")
+                       f"{cache.own_len.shape[0]} slots")
     alive = mask[:, 0]
     if positions is None:
       positions = cache.positions[:, None]

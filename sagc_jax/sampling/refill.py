@@ -52,7 +52,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.paged_cache import SCRATCH_PAGE, PagedKVCache, abstract_pool, init_pool
+from sagc_jax.models.paged_cache import (SCRATCH_PAGE, PagedKVCache, SlotKVCache, abstract_pool,
+                                         gather_slots, init_pool, scatter_slots)
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
@@ -295,14 +296,27 @@ class RefillDecoder:
     """Up to ``segment`` decode steps of every running slot against the pools; a new
     row's copy-on-write page (``copy_src`` -> ``copy_dst``) is copied first. Tokens
     and log-probs go to row ``out_row`` of the call's outputs (row ``rows``: a
-    discard row for idle slots)."""
+    discard row for idle slots).
+
+    With ``paged_kernel="xla"`` the slots' pages are gathered into contiguous views
+    once, the segment decodes against the views, and they are scattered back at the
+    end (``models.paged_cache``: a per-step gather would copy every page each step);
+    the Pallas kernel reads the pools every step."""
     graphdef, params, options = self.graphdef, self.params, self.options
     n_new, segment = params.max_new_tokens, self.segment
+    views = options.paged_kernel == "xla"
 
     def sampler_refill_segment(state, pools, slots, out, seed):
       model = nnx.merge(graphdef, state)
+      table = slots["page_table"]
       copy = lambda pool: pool.at[:, slots["copy_dst"]].set(pool[:, slots["copy_src"]])
-      carry = dict(i=jnp.int32(0), k=tuple(map(copy, pools[0])), v=tuple(map(copy, pools[1])),
+      k_pools, v_pools = tuple(map(copy, pools[0])), tuple(map(copy, pools[1]))
+      if views:
+        k_run = tuple(gather_slots(p, table) for p in k_pools)
+        v_run = tuple(gather_slots(p, table) for p in v_pools)
+      else:
+        k_run, v_run = k_pools, v_pools
+      carry = dict(i=jnp.int32(0), k=k_run, v=v_run,
                    own_len=slots["own_len"], last=slots["last"], done=slots["done"], **out)
 
       def keep_going(c):
@@ -310,8 +324,8 @@ class RefillDecoder:
 
       def step(c):
         alive = ~c["done"]
-        cache = PagedKVCache(c["k"], c["v"], slots["page_table"], slots["prompt_len"],
-                             c["own_len"])
+        cache = (SlotKVCache(c["k"], c["v"], slots["prompt_len"], c["own_len"]) if views else
+                 PagedKVCache(c["k"], c["v"], table, slots["prompt_len"], c["own_len"]))
         logits, cache = model(c["last"][:, None], attention_mask=alive[:, None], cache=cache,
                               options=options)
         t = c["own_len"]                               # the token each slot samples now
@@ -326,7 +340,11 @@ class RefillDecoder:
                     logprobs=c["logprobs"].at[row, col].set(logp))
 
       c = jax.lax.while_loop(keep_going, step, carry)
-      return ((c["k"], c["v"]), dict(own_len=c["own_len"], last=c["last"], done=c["done"]),
+      k_out, v_out = c["k"], c["v"]
+      if views:
+        k_out = tuple(scatter_slots(p, table, view) for p, view in zip(k_pools, k_out))
+        v_out = tuple(scatter_slots(p, table, view) for p, view in zip(v_pools, v_out))
+      return ((k_out, v_out), dict(own_len=c["own_len"], last=c["last"], done=c["done"]),
               dict(tokens=c["tokens"], logprobs=c["logprobs"]), c["i"])
 
     inputs = (abstract_like(state), self._abstract_pools(), self._slot_specs(pages),
