@@ -134,6 +134,12 @@ def test_jsonl_record_errors_name_file_line_and_field(tmp_path):
   bad.write_text(json.dumps(ok) + "\n{\"question\": \"q\", \"answer\": }\n")
   with pytest.raises(ValueError, match=r"bad\.jsonl:2: invalid JSON"):
     load("jsonl", "train", tmp_path, files=("bad.jsonl",))
+  # A byte that is not UTF-8 on line 201 is named at line 201 (not where a decoder
+  # reading ahead in chunks happened to be).
+  good = (json.dumps(ok) + "\n").encode() * 200
+  bad.write_bytes(good + b'{"question": "caf\xe9", "answer": "1"}\n')
+  with pytest.raises(ValueError, match=r"bad\.jsonl:201: not UTF-8 text \(byte 18 of the line"):
+    load("jsonl", "train", tmp_path, files=("bad.jsonl",))
   # Fixed: the failed attempt left nothing that passes for prepared data.
   write_jsonl(bad, [ok])
   assert load("jsonl", "train", tmp_path, files=("bad.jsonl",))[:] == expected([("q", "1")])

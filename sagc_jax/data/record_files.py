@@ -52,20 +52,22 @@ def read_records(kind: str, paths: list[str]) -> Iterator[tuple[str, Any]]:
   """
   for path in paths:
     if kind == "jsonl":
-      with open(path, encoding="utf-8") as f:
-        lineno = 0
-        try:
-          for lineno, line in enumerate(f, 1):
-            if not line.strip():
-              continue
-            try:
-              record = json.loads(line)
-            except json.JSONDecodeError as e:
-              raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            yield f"{path}:{lineno}", record
-        except UnicodeDecodeError:
-          raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text (is it a JSON Lines "
-                           "file?)") from None
+      # Bytes, decoded line by line: a text-mode file decodes ahead in 8 KiB chunks,
+      # so a bad byte would be reported at the line before the chunk, not its own.
+      with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+          try:
+            line = raw.decode("utf-8")
+          except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not UTF-8 text (byte {e.start + 1} of the "
+                             "line; is it a JSON Lines file?)") from None
+          if not line.strip():
+            continue
+          try:
+            record = json.loads(line)
+          except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+          yield f"{path}:{lineno}", record
     elif kind == "parquet":
       for row, record in enumerate(_parquet_rows(path)):
         yield f"{path} row {row}", record
