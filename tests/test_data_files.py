@@ -140,6 +140,9 @@ def test_jsonl_record_errors_name_file_line_and_field(tmp_path):
   bad.write_bytes(good + b'{"question": "caf\xe9", "answer": "1"}\n')
   with pytest.raises(ValueError, match=r"bad\.jsonl:201: not UTF-8 text \(byte 18 of the line"):
     load("jsonl", "train", tmp_path, files=("bad.jsonl",))
+  bad.write_text("\n\n")
+  with pytest.raises(ValueError, match=r"bad\.jsonl: no records \(the jsonl file is empty\)"):
+    load("jsonl", "train", tmp_path, files=("bad.jsonl",))
   # Fixed: the failed attempt left nothing that passes for prepared data.
   write_jsonl(bad, [ok])
   assert load("jsonl", "train", tmp_path, files=("bad.jsonl",))[:] == expected([("q", "1")])

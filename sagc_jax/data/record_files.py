@@ -193,6 +193,7 @@ class FileRecordsBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder,
             for split, (kind, paths) in sources.items()}
 
   def _generate_examples(self, kind: str, paths: list[str]):
+    i = -1
     for i, (location, record) in enumerate(read_records(kind, paths)):
       try:
         example = self._convert(record, location)
@@ -200,6 +201,9 @@ class FileRecordsBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder,
         msg = str(e)
         raise ValueError(msg if msg.startswith(location) else f"{location}: {msg}") from None
       yield i, {**example, "id": i}
+    if i < 0:        # else TFDS fails later with "No examples were yielded", naming no file
+      raise ValueError(f"{', '.join(paths)}: no records (the {kind} file"
+                       f"{'s are' if len(paths) > 1 else ' is'} empty)")
 
   def _convert(self, record: Any, location: str) -> dict[str, str]:
     """``{prompt, answer, solution}`` of one source record (ValueError if malformed)."""
