@@ -72,6 +72,20 @@ def test_export_loads_in_transformers_with_the_checkpoint_logits(shared, tmp_pat
   with pytest.raises(ValueError, match="step 7 is not among the checkpoints"):
     export(str(workdir), str(tmp_path / "other"), step=7)
 
+  # A damaged step asked for by number: one ValueError naming it (export prints it as
+  # one line), nothing moved. 4 KiB of its params data overwritten with other bytes of
+  # the file: it then fails to decode or decodes to values its checksums refuse.
+  data = max((p for p in (workdir / "checkpoints" / "2" / "params").rglob("*")
+              if p.is_file()), key=lambda p: p.stat().st_size)
+  raw = bytearray(data.read_bytes())
+  middle = len(raw) // 2
+  raw[middle:middle + 4096] = raw[max(middle - 8192, 0):max(middle - 8192, 0) + 4096]
+  data.write_bytes(bytes(raw))
+  entries = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  with pytest.raises(ValueError, match=r"checkpoint step 2 in .* cannot be used \(\w+: "):
+    export(str(workdir), str(tmp_path / "damaged"), step=2)
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == entries
+
 
 def test_export_folder_is_checked_at_start_up_and_stale_partials_are_removed(shared,
                                                                             tmp_path):

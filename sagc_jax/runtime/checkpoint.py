@@ -308,9 +308,10 @@ class Checkpointer:
     return None
 
   def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
-    """``(step, params)`` of ``step`` (default: the newest), reading nothing else.
+    """``(step, params)`` of ``step`` (default: the newest), reading only them and the
+    step's small JSON item (their checksums, verified: ValueError on a mismatch).
 
-    For readers of a run (export): a failure raises and nothing is moved.
+    For readers of a run (eval, export): a failure raises and nothing is moved.
     """
     steps = self.all_steps()
     if not steps:
@@ -319,7 +320,11 @@ class Checkpointer:
     if step not in steps:
       raise ValueError(f"step {step} is not among the checkpoints {steps} in {self.directory}")
     restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params)))
+        params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
+    sums = dict(restored.meta).get("checksums")
+    problem = sums and checksum_mismatch(restored.params, sums["params"], "params")
+    if problem:
+      raise ValueError(problem)
     return step, restored.params
 
   def _skip_damaged(self, step: int, err: Exception) -> None:

@@ -204,10 +204,14 @@ def load_checkpoint_weights(model: Transformer, directory: str | os.PathLike,
           raise ValueError("its weights restored with NaN or inf values")
         break
       except Exception as err:  # noqa: BLE001 - a damaged step: try the previous one
+        why = f"{type(err).__name__}: {str(err)[:300]}"
         if step is not None or candidate == candidates[-1]:
-          raise
-        log(f"checkpoint step {candidate} in {directory} could not be used "
-            f"({type(err).__name__}: {err}); trying the previous one")
+          others = [s for s in checkpointer.all_steps() if s != candidate]
+          raise ValueError(f"checkpoint step {candidate} in {directory} cannot be used "
+                           f"({why})" + (f"; the run's other steps: {others}" if others
+                                         else "")) from None
+        log(f"checkpoint step {candidate} in {directory} could not be used ({why}); "
+            "trying the previous one")
   finally:
     checkpointer.close()
   dtype = jax.tree.leaves(params)[0].dtype
