@@ -5,6 +5,7 @@ status 2, and every CLI's --help exits 0."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,27 @@ def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(t
   assert finished_summary(str(workdir), 4) is None                      # more steps: train
   (workdir / "summary.json").write_text(json.dumps({"steps": 3, "preempted": True}))
   assert finished_summary(str(workdir), 3) is None                      # stopped early
+
+
+def test_a_host_without_a_tpu_runs_our_commands_on_cpu_without_the_tpu_probe():
+  """choose_platform (called by every CLI before JAX starts): JAX_PLATFORMS=cpu on a
+  host with no TPU device file, no TPU environment and no GPU plugin; an explicit
+  JAX_PLATFORMS or any TPU sign is left alone (pods keep their platform)."""
+  from sagc_jax.runtime import platform
+
+  env = {}
+  expected = None if platform.has_tpu({}) or platform._has_gpu_plugin() else "cpu"
+  assert platform.choose_platform(env) == expected and env.get("JAX_PLATFORMS") == expected
+  for env in ({"JAX_PLATFORMS": "tpu"}, {"TPU_ACCELERATOR_TYPE": "v5litepod-16"},
+              {"TPU_WORKER_HOSTNAMES": "a,b"}):
+    before = dict(env)
+    assert platform.choose_platform(env) is None and env == before
+  if expected == "cpu":
+    # With libtpu installed, a plain JAX start logs its TPU probe; ours does not.
+    script = ("from sagc_jax.runtime.platform import choose_platform; choose_platform(); "
+              "import jax; print(jax.devices()[0].platform)")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.stdout.strip() == "cpu", proc.stderr
+    assert "host bounds" not in proc.stderr and "libtpu" not in proc.stderr.lower()
