@@ -38,3 +38,17 @@ def test_warm_compiles_each_missing_key_once_and_get_reuses_it():
   # A key outside the warm-up compiles on first use, once.
   np.testing.assert_allclose(b.get(2, jnp.float32)(x[:2]), [0.0, 3.0])
   assert compilation.compile_count() == after_warm + 1 and len(b) == 2
+
+
+def test_a_long_warm_up_says_how_many_of_how_many_programs_are_done(monkeypatch):
+  """Progress lines at most every PROGRESS_EVERY_S in both phases ("n of N")."""
+  monkeypatch.setattr(compilation, "PROGRESS_EVERY_S", 1e-4)
+  a, _ = _cache(5.0)
+  lines = []
+  assert warm([WarmupJob(a, [11, 12, 13, 14], (jnp.float32,))], workers=1,
+              log=lines.append) == 4
+  lowering = [m for m in lines if m.startswith("  tracing and lowering:")]
+  compiling = [m for m in lines if m.startswith("  compiling:")]
+  assert lowering and all(" of 4 programs" in m for m in lowering), lines
+  assert compiling and all(" of 4 programs done" in m for m in compiling), lines
+  assert lines[-1].startswith("  4 programs: traced and lowered in")

@@ -37,6 +37,8 @@ import jax.monitoring
 
 __all__ = ["ProgramCache", "WarmupJob", "compile_count", "counts_by_function", "install", "warm"]
 
+PROGRESS_EVERY_S = 10.0     # a progress line at most this often while warming up
+
 
 class ProgramCache:
   """Compiled programs keyed by shape; ``lower(key, *args)`` lowers a missing one.
@@ -78,18 +80,28 @@ def warm(jobs: Iterable[WarmupJob], workers: int | None = None,
   """Compiles every missing key of ``jobs``; returns how many programs were new.
 
   Lowered one by one on this thread, compiled on ``workers`` threads (default:
-  one per core); ``log`` gets one line with the time of each phase.
+  one per core); ``log`` gets one line with the time of each phase, and a progress
+  line ("n of N programs") every ``PROGRESS_EVERY_S`` while a phase goes on.
   """
   start = time.perf_counter()
-  pending: list[tuple[ProgramCache, Hashable, Any]] = []
+  jobs = list(jobs)
+  missing: list[tuple[Any, Hashable]] = []
   seen: set[tuple[int, Hashable]] = set()
   for job in jobs:
     for key in job.keys:
       if key not in job.cache and (id(job.cache), key) not in seen:
         seen.add((id(job.cache), key))
-        pending.append((job.cache, key, job.cache.lower(key, *job.args)))
-  if not pending:
+        missing.append((job, key))
+  if not missing:
     return 0
+  pending: list[tuple[ProgramCache, Hashable, Any]] = []
+  said = start
+  for job, key in missing:
+    pending.append((job.cache, key, job.cache.lower(key, *job.args)))
+    if log is not None and time.perf_counter() - said >= PROGRESS_EVERY_S:
+      said = time.perf_counter()
+      log(f"  tracing and lowering: {len(pending)} of {len(missing)} programs "
+          f"({said - start:.0f} s)")
   workers = max(1, min(len(pending), workers or os.cpu_count() or 1))
   lowered = time.perf_counter()
   # Not a ``with`` block: its exit waits for every running compile, so a stop signal
@@ -97,7 +109,15 @@ def warm(jobs: Iterable[WarmupJob], workers: int | None = None,
   # compiles left running are abandoned; the process that stops exits without them.
   pool = concurrent.futures.ThreadPoolExecutor(workers)
   try:
-    compiled = list(pool.map(lambda item: item[2].compile(), pending))
+    futures = [pool.submit(item[2].compile) for item in pending]
+    while True:
+      done, running = concurrent.futures.wait(futures, timeout=PROGRESS_EVERY_S)
+      if not running:
+        break
+      if log is not None:
+        log(f"  compiling: {len(done)} of {len(futures)} programs done "
+            f"({time.perf_counter() - lowered:.0f} s)")
+    compiled = [f.result() for f in futures]
   except BaseException:
     pool.shutdown(wait=False, cancel_futures=True)
     raise
