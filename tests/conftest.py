@@ -11,6 +11,13 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
+# No TPU here: JAX on CPU without loading libtpu (its noise and lockfile), as every
+# command does (runtime/platform.py); AOT compilation for abstract TPU topologies
+# loads libtpu itself and works with the CPU platform.
+from sagc_jax.runtime.platform import choose_platform  # noqa: E402
+
+choose_platform()
+
 # libtpu (the `tpu` extra, for the AOT tests) takes a per-machine lockfile when JAX
 # initialises; the AOT CLI test starts a second process that must load it too.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
