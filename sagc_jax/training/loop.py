@@ -375,9 +375,9 @@ class Trainer:
         with self._stoppable("warm-up"):
           self.warmup()
         if self.step == 0 and not self.eval_history:
-          self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
-          with self._stoppable("the evaluation before RL"):
-            evaluation = self.evaluate()
+          with self._stoppable("the evaluation before RL"):     # before the line: a
+            self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
+            evaluation = self.evaluate()                         # signal sent on it stops here
         elif self._evaluation_missing():
           # A stop signal skipped the evaluation after this step (its step was
           # checkpointed without it): measure it now, or the run never reports it.
