@@ -201,3 +201,33 @@ def test_the_refill_sampler_compiles_for_tpu_with_the_pallas_paged_kernel():
     pages = sampler.refill.page_buckets()[-1]
     text = sampler.refill.programs.get(("segment", pages, 64), nnx.state(model)).as_text()
     assert ("tpu_custom_call" in text) == (kernel == "pallas"), kernel
+
+
+def test_the_refill_sampler_gets_a_pool_sized_to_hbm_and_a_rollout_against_its_bound(tmp_path):
+  """``rollout.kv_pages=0`` on a 4-chip mesh (2 lanes): the tool sizes each lane's pool
+  from HBM (capped at the no-eviction pool), compiles the refill programs with it, and
+  projects the rollout per length model against sum(lengths) / slots + max(lengths)."""
+  from sagc_jax.aot.refill_report import LENGTH_MODELS
+
+  path = _model_json(tmp_path, "small", **SMALL)
+  c = _config()
+  c.rollout.update(dict(refill_slots=8, page_size=16))
+  report = compile_report(c, "v5e:2x2", model_config=str(path), only=None, largest_only=True,
+                          log=lambda m: None)
+  names = [e["name"] for e in report["executables"]]
+  assert not any(n.startswith("sampler[") for n in names), "the fused rollout program"
+  assert any(n.startswith("sampler_refill_segment_probe[") for n in names)
+  assert any(n.startswith("sampler_refill_segment[") for n in names)
+  refill = report["refill"]
+  assert refill["lanes"] == 2 and refill["slots"] == 8
+  # A toy model on a 16 GiB chip: everything fits, so the pool is the no-eviction one.
+  assert refill["pool"]["pages_that_fit"] > refill["pool"]["pages_no_eviction"]
+  assert refill["kv_pages"] == refill["pool"]["pages_no_eviction"] == 4 * refill[
+      "pages_per_row"] + 1
+  assert set(refill["rollout_over_bound"]) == set(LENGTH_MODELS)
+  for name, row in refill["by_length_model"].items():
+    assert row["seconds"] > 0 and row["over_bound"] > 0.5, (name, row)
+  # Every response at the cap: ceil(rows / slots) waves of the cap, the step's rollout.
+  cap = refill["by_length_model"]["cap"]
+  assert cap["decode_steps"] == -(-cap["rows"] // 8) * 128
+  assert report["projected_rollout_s"] == pytest.approx(cap["seconds"])

@@ -9,6 +9,8 @@ programs warm-up compiles serve every group size with zero compilations after it
 
 from __future__ import annotations
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from sagc_jax.models.paged_cache import SCRATCH_PAGE, PagedKVCache, paged_decode_attend
 from sagc_jax.runtime import compilation
 from sagc_jax.sampling import Sampler, SamplingParams
-from sagc_jax.sampling.refill import PagePool
+from sagc_jax.sampling.refill_schedule import PagePool
 from test_sampler import llama, random_prompts  # noqa: F401 (fixtures)
 from test_segmented import assert_same_samples
 
@@ -169,3 +171,74 @@ def test_refill_compiles_nothing_after_warm_up_whatever_g(llama):
     batch = refill.generate(llama.model, prompts, group_size=g, seed=seed)
     assert batch.group_max.shape == (16 // g,)
   assert compilation.compile_count() == before
+
+
+@pytest.fixture(scope="module")
+def lanes_llama(llama):
+  """(mesh, model): the llama weights on a (4 data, 2 model) mesh of fake devices."""
+  import jax
+
+  from sagc_jax.models import from_pretrained
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return mesh, from_pretrained(llama.folder, mesh=mesh)[0]
+
+
+def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_llama):
+  """4 lanes of 2 slots (one per 'data' shard, KV heads on 'model'), a pool small
+  enough to evict: the tokens of one device's fused sampler, and the pools stay
+  sharded as laid out (each lane on its own device row)."""
+  mesh, sharded = lanes_llama
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=(7, 11, 13, 17))
+  fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
+                  decode_segment=0)
+  refill = Sampler(sharded, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0,
+                   group_sizes=(4,), mesh=mesh, refill_slots=8, page_size=4,
+                   refill_segment=3, kv_pages=10)
+  assert refill.refill.lanes == 4 and refill.refill.slots_per_lane == 2
+  for seed in range(2):
+    prompts = random_prompts(4, 4, 12, seed=80 + seed)
+    a = fused.generate(llama.model, prompts, group_size=4, seed=seed)
+    b = refill.generate(sharded, prompts, group_size=4, seed=seed)
+    assert_same_samples(a, b)
+  assert refill.refill.evictions > 0, "no lane's pool ran short: the test proves less"
+  pool = refill.refill._pools[0][0]
+  assert pool.shape[0] == 4 and pool.sharding.spec[:2] == ("data", "model")
+  # Every gather and scatter of the pages is local: the segment program's collectives
+  # move only per-slot activations (rank <= 3), never a pool or a slot view (rank >= 4).
+  from flax import nnx
+  keys = sorted(k for k in refill.refill.executable_keys(16)
+                if k[0] == "segment" and k in refill.refill.programs)
+  text = refill.refill.programs.get(keys[-1], nnx.state(sharded)).as_text()
+  collectives = re.findall(r"= \w+\[([\d,]*)\][^ ]* (?:all-gather|all-reduce|all-to-all|"
+                           r"collective-permute|reduce-scatter)\(", text)
+  assert collectives, "no collective at all: the model is not split over 'model'"
+  assert max(len(shape.split(",")) for shape in collectives) <= 3, collectives
+
+
+def test_refill_slots_must_split_over_the_data_axis(llama, lanes_llama):
+  mesh, sharded = lanes_llama
+  with pytest.raises(ValueError, match=r"refill_slots=6 must be a multiple of the mesh's "
+                     r"'data' axis \(4\)"):
+    Sampler(sharded, SamplingParams(N_NEW, stop_ids=STOPS), row_buckets=(16,),
+            prompt_buckets=(12,), mesh=mesh, refill_slots=6)
+
+
+def test_the_schedule_simulated_on_the_real_lengths_runs_the_real_call_s_steps(llama):
+  """``simulate_refill`` (the AOT tool's rollout projection) runs the decoder's own
+  host policy on drawn lengths: given a real call's lengths it must reproduce that
+  call's decode steps and evictions exactly."""
+  from sagc_jax.sampling.refill_schedule import simulate_refill
+
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=(7, 11, 13))
+  refill = refill_sampler(llama.model, params, kv_pages=9)
+  prompts = random_prompts(4, 3, 12, seed=91)
+  before = refill.refill.evictions
+  batch = refill.generate(llama.model, prompts, group_size=4, seed=5)
+  decoder = refill.refill
+  sim = simulate_refill([len(p) for p in prompts], batch.lengths[:16].reshape(4, 4),
+                        lanes=1, slots_per_lane=4, num_pages=decoder.num_pages,
+                        page_size=4, segment=3, max_new_tokens=N_NEW)
+  assert sim["decode_steps"] == batch.decode_steps
+  assert sim["evictions"] == decoder.evictions - before > 0

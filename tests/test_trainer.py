@@ -381,7 +381,7 @@ def test_second_ctrl_c_stops_at_once(shared, tmp_path):
     ("sft.guess_stage_prob", 1.5, "sft.guess_stage_prob=1.5 must be in"),
     ("rollout.refill_slots", -2, "rollout.refill_slots=-2 must be an integer >= 0"),
     ("rollout.page_size", 0, "rollout.page_size=0 must be a positive integer"),
-    ("rollout.refill_slots", 4, "runs on one device so far, and mesh.shape=(2, 1) has 2"),
+    ("rollout.refill_slots", 3, "rollout.refill_slots=3 must be a multiple of the mesh's 'data' axis (2"),
 ])
 def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, match):
   config = small_config(shared)

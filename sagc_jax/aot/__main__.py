@@ -56,11 +56,13 @@ def format_table(report: dict) -> str:
         f"{report['projected_rollout_s']:.1f} s (prefill + {report['decode_step_ms']:.2f} ms x "
         f"decode steps) + learner {report['projected_learner_s']:.1f} s; {report['steps']} "
         f"steps = {report['projected_hours']:.1f} h")
-    lines.append(
-        f"decode step vs ideal (weights + full cache per chip, {report['decode_ideal_ms']:.2f} "
-        f"ms): XLA's bytes x{report['decode_bytes_over_ideal']:.2f}; estimated HBM traffic "
-        f"{report['decode_step_hbm_ms']:.2f} ms, x{report['decode_hbm_over_ideal']:.2f} "
-        "(XLA also counts on-chip VMEM reads of prefetched data)")
+    if report.get("decode_ideal_ms") is not None:
+      lines.append(
+          f"decode step vs ideal (weights + full cache per chip, "
+          f"{report['decode_ideal_ms']:.2f} ms): XLA's bytes "
+          f"x{report['decode_bytes_over_ideal']:.2f}; estimated HBM traffic "
+          f"{report['decode_step_hbm_ms']:.2f} ms, x{report['decode_hbm_over_ideal']:.2f} "
+          "(XLA also counts on-chip VMEM reads of prefetched data)")
     if report.get("projected_step_s_hbm_estimate") is not None:
       lines.append(
           f"with the estimated decode HBM traffic: rollout "
@@ -74,6 +76,9 @@ def format_table(report: dict) -> str:
     lines.append(f"note: XLA counts the LM-head chunk loop once (1 of "
                  f"{report['logits_chunks_counted_once']} chunks): learner FLOPs / bytes "
                  "undercount by the head's share")
+  if report.get("refill"):
+    from sagc_jax.aot.refill_report import format_lines
+    lines.extend(format_lines(report["refill"]))
   lines.append("peak = the executable's own peak + resident run state not among its "
                "arguments (policy, master weights, Adam moments, reference)")
   if report["cost_is_per_loop_body"]:

@@ -44,6 +44,8 @@ from jax.sharding import Mesh
 
 from sagc_jax.aot.chips import ChipSpec, generation_of
 from sagc_jax.aot.hbm_traffic import hbm_traffic
+from sagc_jax.aot.refill_report import refill_projection, refill_rows
+from sagc_jax.aot.refill_report import summary as refill_summary
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, build_components
 from sagc_jax.config import validate
@@ -314,7 +316,12 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   decode: dict[str, dict] = {}
   generate: dict[str, dict] = {}
   samplers = _sampler_kinds(parts, largest_only) if only in (None, "samplers") else ()
+  refill: dict[str, Any] | None = None
   for kind, sampler, r, p in samplers:
+    if kind == "sampler" and sampler.refill is not None:
+      if refill is None:           # the refill programs, once (they serve every bucket)
+        refill = refill_rows(compile_one, sampler, model, chip, HBM_LIMIT, log)
+      continue
     # The fused program: every row decodes to the cap over the full cache, the worst
     # case of the segmented sampler too, so the projection below uses it.
     generate[kind] = compile_one(f"{kind}[rows={r},prompt={p}]",
@@ -358,27 +365,39 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
       # The LM-head chunk loop is a loop too: 1 of this many chunks is in the figures.
       logits_chunks_counted_once=-(-max(s[2] for s in learner.batch_shapes())
                                    // lc.logits_chunk))
+  projection = None if refill is None else refill_projection(config, parts.sampler, refill)
+  if refill is not None:
+    report["refill"] = refill_summary(refill, projection)
   if lc.scan_layers:
     # The learner's costs count one layer (a loop body): no honest projection.
     report["projected_step_s"] = None
   else:
-    report.update(_projection(config, parts, train_rows, generate, decode, executables))
+    report.update(_projection(config, parts, train_rows, generate, decode, executables,
+                              projection))
   return report
 
 
 def _projection(config, parts: RLComponents, train_rows, generate, decode,
-                compile_one_rows: list[dict[str, Any]]) -> dict[str, Any]:
+                compile_one_rows: list[dict[str, Any]],
+                refill: dict[str, Any] | None = None) -> dict[str, Any]:
   """Projected RL step: rollout at the worst-case length plus the learner's updates.
 
   Rollout = per sampler call of the largest bucket (several when
   ``rollout.max_rows_per_call`` splits it): prefill + first step (the generate
   executable) + (max_new_tokens - 1) decode steps.
+  With the refill sampler (``refill``: ``refill_report.refill_projection``), rollout =
+  its projection with every response at the cap (one call; the per-length-model
+  projections are in ``report["refill"]``).
   Learner = per minibatch: grad_accum x (reference pass (GRPO) + gradient step of one
   microbatch) + one optimizer update (``learner_apply``).
   """
   lc = parts.learner.config
   out: dict[str, Any] = {}
-  gen, step = generate.get("sampler"), decode.get("sampler")
+  if refill is not None:     # the refill sampler's decode step stands for the fused one's
+    gen = dict(roofline_ms=0.0)
+    step = dict(roofline_ms=refill["decode_step_ms"])
+  else:
+    gen, step = generate.get("sampler"), decode.get("sampler")
   largest = max(train_rows, key=lambda s: (s[0] * s[1], s)) if train_rows else None
   train = train_rows[largest].get("train") if largest else None
   if not (gen and step and train) or None in (gen.get("roofline_ms"), step.get("roofline_ms"),
@@ -402,6 +421,8 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode,
   # (which also counts on-chip reads of prefetched data: ``hbm_traffic``).
   rollout_hbm_s = (rollout_seconds(step["hbm_ms"]) if step.get("hbm_ms") is not None
                    else None)
+  if refill is not None:
+    calls, rollout_s = 1, refill["by_length_model"]["cap"]["seconds"]
   ref = train_rows[largest].get("ref")
   apply = next((e for e in compile_one_rows if e["name"] == "learner_apply"), None)
   # At the worst case (every response at the cap) a minibatch is grad_accum microbatches

@@ -128,11 +128,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("refill_slots", "kv_pages", "refill_segment"):
     checks.non_negative_int(config, f"rollout.{key}")
   checks.positive_int(config, "rollout.page_size")
-  devices = int(np.prod([jax.device_count() if s == -1 else s for s in config.mesh.shape]))
-  if config.rollout.refill_slots and devices > 1:
-    raise ValueError(f"rollout.refill_slots={config.rollout.refill_slots}: the refill sampler "
-                     f"runs on one device so far, and mesh.shape={tuple(config.mesh.shape)} has "
-                     f"{devices} (use mesh.shape=(1, 1) or rollout.refill_slots=0)")
+  slots = config.rollout.refill_slots
+  if slots and "data" in tuple(config.mesh.axes):
+    sizes = [s for s in config.mesh.shape if s != -1]
+    known = int(np.prod(sizes)) if sizes else 1
+    shape = [jax.device_count() // known if s == -1 else s for s in config.mesh.shape]
+    data = shape[tuple(config.mesh.axes).index("data")]
+    if data and slots % data:
+      raise ValueError(f"rollout.refill_slots={slots} must be a multiple of the mesh's "
+                       f"'data' axis ({data}, mesh.shape={tuple(config.mesh.shape)}): each "
+                       "data shard decodes its own slots")
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)

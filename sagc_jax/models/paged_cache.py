@@ -7,7 +7,7 @@ pool of ``num_pages`` pages of ``page_size`` tokens, ``[num_kv_heads, num_pages,
 page_size, head_dim]`` (the layout of JAX's Pallas TPU kernel
 ``jax.experimental.pallas.ops.tpu.paged_attention``), and a decode *slot* reads the
 pages its row of the page table names (vLLM's PagedAttention, Kwon et al. 2023). Pages
-are handed out and taken back on the host (``sampling.refill.PagePool``), between
+are handed out and taken back on the host (``sampling.refill_schedule.PagePool``), between
 decode segments, so the memory a step holds follows its live tokens, and a slot whose
 row finished can take a queued row (``sampling.refill``).
 
@@ -49,12 +49,15 @@ import jax.numpy as jnp
 from sagc_jax.models.attention import decode_attend
 from sagc_jax.models.config import ModelConfig
 
-__all__ = ["PAGED_KERNELS", "SCRATCH_PAGE", "PagedKVCache", "SlotKVCache", "abstract_pool",
-           "gather_slots", "init_pool", "paged_decode_attend", "scatter_slots",
+__all__ = ["PAGED_KERNELS", "POOL_AXES", "SCRATCH_PAGE", "PagedKVCache", "SlotKVCache",
+           "gather_slots", "paged_decode_attend", "pool_shape", "scatter_slots",
            "slot_decode_attend"]
 
 PAGED_KERNELS = ("xla", "pallas")
 SCRATCH_PAGE = 0
+# Mesh axes of a refill decoder's pools, [lanes, KV, num_pages, page_size, D]: one
+# lane (its slots and its own pages) per 'data' shard, KV heads on 'model'.
+POOL_AXES = ("data", "model", None, None, None)
 
 
 class PagedKVCache(NamedTuple):
@@ -107,24 +110,6 @@ def pool_shape(cfg: ModelConfig, num_pages: int, page_size: int) -> tuple[int, i
   return (cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
 
 
-def init_pool(cfg: ModelConfig, num_pages: int, page_size: int, dtype: jnp.dtype
-              ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-  """Zeroed key and value pools of every layer (``num_pages`` includes the scratch page)."""
-  if num_pages < 2 or page_size < 1:
-    raise ValueError(f"init_pool: num_pages={num_pages} must be >= 2 (page 0 is scratch) "
-                     f"and page_size={page_size} >= 1")
-  shape = pool_shape(cfg, num_pages, page_size)
-  zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-  return zeros(), zeros()
-
-
-def abstract_pool(cfg: ModelConfig, num_pages: int, page_size: int, dtype: jnp.dtype
-                  ) -> tuple[tuple[jax.ShapeDtypeStruct, ...], tuple[jax.ShapeDtypeStruct, ...]]:
-  """``init_pool``'s shapes, no memory (for lowering programs that receive the pools)."""
-  leaf = jax.ShapeDtypeStruct(pool_shape(cfg, num_pages, page_size), jnp.dtype(dtype))
-  return (leaf,) * cfg.num_layers, (leaf,) * cfg.num_layers
-
-
 def _write(pool: jax.Array, page: jax.Array, offset: jax.Array, new: jax.Array) -> jax.Array:
   """``pool`` [KV, P, page, D] with ``new`` [S, KV, D] written at (page[s], offset[s])."""
   return pool.at[:, page, offset].set(new.swapaxes(0, 1).astype(pool.dtype))
@@ -153,11 +138,13 @@ def slot_decode_attend(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
   """``paged_decode_attend`` on slot views: each running slot writes its key and value
   at its logical index (stopped slots write nothing) and attends to keys
   ``[0, logical]`` of its own view, read in place."""
-  s, _, length, _ = views[0].shape
+  length = views[0].shape[2]
   logical = cache.prompt_len + cache.own_len
-  row = jnp.arange(s)
   at = jnp.where(alive, logical, length)                       # out of range: dropped
-  write = lambda view, new: view.at[row, :, at].set(new[:, 0].astype(view.dtype), mode="drop")
+  # Batched over slots (a scatter with the slot as its batch dimension): slots sharded
+  # over the mesh write locally.
+  write = lambda view, new: jax.vmap(
+      lambda v, i, x: v.at[:, i].set(x.astype(v.dtype), mode="drop"))(view, at, new[:, 0])
   k_view, v_view = write(views[0], k_new), write(views[1], v_new)
   valid = jnp.arange(length)[None, :] <= logical[:, None]
   out = decode_attend(q, k_view.astype(q.dtype), v_view.astype(q.dtype), valid, num_groups,

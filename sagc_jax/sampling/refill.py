@@ -15,20 +15,15 @@ Same tokens. Every row keeps its global row id and draws token t with the key of
 ``decode.draw``, so a row samples the fused sampler's tokens wherever and whenever it
 runs (up to float rounding: the attention reads the same keys in another order).
 
-One call (``RefillDecoder.run``), on the host:
+One call (``RefillDecoder.run``): at each segment boundary the host schedule
+(``refill_schedule.RefillSchedule``) releases the stopped rows' pages, reserves the
+running rows' next segment (evicting the youngest when a pool is short) and admits
+queued rows into idle slots; then the device
 
-1. **Release**: rows that stopped in the last segment give back their own pages; a
-   prompt's pages go back when its last row has finished.
-2. **Reserve**: each running row gets the pages it can fill in the next segment
-   (``segment`` tokens), so no page is allocated inside a program. When the pool is
-   short, the youngest running rows are evicted (their pages freed, the rows queued
-   again at the front: they restart from token 0 and sample the same tokens).
-3. **Admit**: queued rows take idle slots, in order, while the pool holds their
-   prompt (unless resident) and their first segment's pages.
-4. **Prefill** the admitted rows' new prompts once each (every prompt token but the
-   last, whose key each row computes itself in its first decode step), straight into
-   pages.
-5. **Decode** one segment: a ``while_loop`` of up to ``segment`` steps over the slots
+1. **prefills** the admitted rows' new prompts once per lane (every prompt token but
+   the last, whose key each row computes itself in its first decode step), straight
+   into pages;
+2. **decodes** one segment: a ``while_loop`` of up to ``segment`` steps over the slots
    against the paged cache, reading ``W`` logical pages per slot (the smallest page
    bucket holding the longest running row).
 
@@ -40,10 +35,9 @@ host callback, once per call, as with the other samplers.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
+import math
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -52,60 +46,19 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.paged_cache import (SCRATCH_PAGE, PagedKVCache, SlotKVCache, abstract_pool,
-                                         gather_slots, init_pool, scatter_slots)
-from sagc_jax.models.sharding import abstract_like
+from sagc_jax.models.kv_cache import cache_sharding
+from sagc_jax.models.paged_cache import (POOL_AXES, SCRATCH_PAGE, PagedKVCache, SlotKVCache,
+                                         gather_slots, pool_shape, scatter_slots)
+from sagc_jax.models.sharding import abstract_like, named_sharding
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
-from sagc_jax.runtime.distributed import to_host
+from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
 from sagc_jax.sampling.params import SamplingParams
+from sagc_jax.sampling.refill_schedule import RefillSchedule, pages_for
 
-__all__ = ["PagePool", "RefillDecoder", "auto_pages", "auto_refill_segment"]
-
-
-def _pages(tokens: int, page_size: int) -> int:
-  return -(-tokens // page_size)
-
-
-class PagePool:
-  """The host's free list of a paged cache's pages; page 0 (scratch) is never handed out.
-
-  Every page is either free or held, never both: ``give`` refuses a page that is not
-  held, so a double free or a leak shows as an error or as ``held`` not returning to
-  0 after a call (both tested).
-  """
-
-  def __init__(self, num_pages: int):
-    if num_pages < 2:
-      raise ValueError(f"PagePool: num_pages={num_pages} must be >= 2 (page 0 is scratch)")
-    self.num_pages = num_pages
-    self._free = list(range(num_pages - 1, SCRATCH_PAGE, -1))     # pops low pages first
-    self._held: set[int] = set()
-
-  @property
-  def free(self) -> int:
-    return len(self._free)
-
-  @property
-  def held(self) -> int:
-    return len(self._held)
-
-  def take(self, n: int) -> list[int]:
-    if n > len(self._free):
-      raise RuntimeError(f"PagePool: {n} pages asked, {len(self._free)} free")
-    pages = [self._free.pop() for _ in range(n)]
-    self._held.update(pages)
-    return pages
-
-  def give(self, pages: Sequence[int]) -> None:
-    for page in pages:
-      if page not in self._held:
-        raise RuntimeError(f"PagePool: page {page} given back but not held")
-      self._held.remove(page)
-      self._free.append(page)
-
+__all__ = ["RefillDecoder", "auto_pages", "auto_refill_segment"]
 
 def auto_refill_segment(max_new_tokens: int) -> int:
   """Default decode steps between refills: 1/32 of the response cap, within [8, 64].
@@ -123,85 +76,91 @@ def auto_pages(slots: int, pages_per_row: int) -> int:
   return slots * pages_per_row + 1
 
 
-@dataclasses.dataclass
-class _Slot:
-  row: int = -1                 # row of the call (-1: idle)
-  prompt: int = -1
-  pages: list = dataclasses.field(default_factory=list)    # own pages, in order
-  own_len: int = 0
-  last: int = 0
-  done: bool = True
-
-
-@dataclasses.dataclass
-class _Prompt:
-  tokens: list
-  unfinished: int               # rows of the prompt not finished yet
-  pages: list = dataclasses.field(default_factory=list)    # resident pages (prefilled)
-
-  @property
-  def kv_len(self) -> int:      # keys the prompt shares: every token but the last
-    return len(self.tokens) - 1
-
-
 class RefillDecoder:
   """The programs and host loop of refill decoding for one model architecture.
+
+  On a mesh, the slots and the pools are split over its ``'data'`` axis into *lanes*:
+  lane ``l`` holds slots ``[l * S/L, (l + 1) * S/L)`` and its own pool of ``num_pages``
+  pages (page ids are lane-local), so every gather, write and scatter of the cache is
+  local to a device row of the mesh (batched over the lane dimension), and KV heads
+  are split over ``'model'`` where they divide it. A prompt is prefilled into each lane
+  that runs one of its rows. The Pallas kernel runs on one device only.
 
   Args:
     graphdef: the model's graph (``nnx.split``); parameters come with every call.
     params: ``SamplingParams`` (the fused sampler's: same tokens).
     cfg: the model config.
     cache_dtype: KV pool dtype.
-    options: ``ForwardOptions`` of the prefill and decode passes (``paged_kernel``:
-      ``"xla"`` or ``"pallas"``).
+    options_for: the ``ForwardOptions`` of a pass over a given row count
+      (``paged_kernel``: ``"xla"`` or ``"pallas"``).
     sink: host sink of the per-group length stats.
-    slots: rows decoding at once.
+    slots: rows decoding at once (a multiple of the mesh's 'data' axis).
     page_size: tokens per page.
-    num_pages: pages per layer pool, the scratch page included (None: ``auto_pages``).
+    num_pages: pages per layer pool of each lane, its scratch page included (None:
+      ``auto_pages``).
     segment: decode steps between refills (host syncs).
     prompt_buckets: padded prompt lengths (as the fused sampler's).
-    mesh: a one-device mesh the programs are placed on (e.g. one abstract TPU chip, for
-      ahead-of-time compilation), or None.
+    mesh: the mesh the programs are placed on, or None (one device).
   """
 
   def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, cfg: ModelConfig, *,
-               cache_dtype: Any, options: ForwardOptions, sink: LengthStatsSink,
-               slots: int, page_size: int, num_pages: int | None, segment: int,
-               prompt_buckets: Sequence[int], mesh: Mesh | None = None):
+               cache_dtype: Any, options_for: Callable[[int], ForwardOptions],
+               sink: LengthStatsSink, slots: int, page_size: int, num_pages: int | None,
+               segment: int, prompt_buckets: Sequence[int], mesh: Mesh | None = None):
     for name, value in (("refill_slots", slots), ("page_size", page_size),
                         ("refill_segment", segment)):
       if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive int")
+    self.lanes = 1 if mesh is None else int(mesh.shape.get("data", 1))
+    if slots % self.lanes:
+      raise ValueError(f"refill_slots={slots} must be a multiple of the mesh's 'data' axis "
+                       f"({self.lanes}): each data shard decodes its own slots")
     self.graphdef, self.params, self.cfg = graphdef, params, cfg
-    self.cache_dtype, self.options, self.sink = cache_dtype, options, sink
+    self.cache_dtype, self.options_for, self.sink = cache_dtype, options_for, sink
     self.slots, self.page_size, self.segment = slots, page_size, segment
+    self.slots_per_lane = slots // self.lanes
     self.prompt_buckets = tuple(sorted(set(prompt_buckets)))
     # The longest row: every prompt key but the last token's, then one own key per
     # response token.
-    self.pages_per_row = _pages(max(self.prompt_buckets) - 1 + params.max_new_tokens,
+    self.pages_per_row = pages_for(max(self.prompt_buckets) - 1 + params.max_new_tokens,
                                 page_size)
-    self.num_pages = auto_pages(slots, self.pages_per_row) if num_pages is None else num_pages
-    if (isinstance(self.num_pages, bool) or not isinstance(self.num_pages, int)
-        or self.num_pages < self.pages_per_row + 1):
-      raise ValueError(
-          f"kv_pages={num_pages!r}: the pool must hold at least one row of the longest "
-          f"length ({self.pages_per_row} pages of {page_size} tokens for a "
-          f"{max(self.prompt_buckets)}-token prompt bucket and {params.max_new_tokens} new "
-          f"tokens) plus the scratch page: >= {self.pages_per_row + 1}")
-    if mesh is not None and mesh.size > 1:
-      raise ValueError(f"the refill decoder runs on one device so far; the mesh has "
-                       f"{mesh.size}")
+    self.pages_auto = num_pages is None
+    self.num_pages = self._checked_pages(
+        auto_pages(self.slots_per_lane, self.pages_per_row) if num_pages is None else num_pages)
+    if (mesh is not None and mesh.size > 1
+        and options_for(slots).paged_kernel == "pallas"):
+      raise ValueError("paged_kernel='pallas' runs on one device so far; this mesh has "
+                       f"{mesh.size} (use paged_kernel='xla')")
     self.mesh = mesh
     self.programs = ProgramCache(self._lower)
     self._pools = None
     self.evictions = 0            # rows restarted because the pool ran short (all calls)
+
+  def _checked_pages(self, num_pages: int) -> int:
+    if (isinstance(num_pages, bool) or not isinstance(num_pages, int)
+        or num_pages < self.pages_per_row + 1):
+      raise ValueError(
+          f"kv_pages={num_pages!r}: the pool must hold at least one row of the longest "
+          f"length ({self.pages_per_row} pages of {self.page_size} tokens for a "
+          f"{max(self.prompt_buckets)}-token prompt bucket and {self.params.max_new_tokens} "
+          f"new tokens) plus the scratch page: >= {self.pages_per_row + 1}")
+    return num_pages
+
+  def resize_pool(self, num_pages: int) -> None:
+    """Another pool size (per lane, the scratch page included): the programs that
+    receive the pools are lowered again when next used (the AOT tool sizes the pool
+    to the chip's HBM this way)."""
+    self.pages_auto = num_pages is None
+    self.num_pages = self._checked_pages(num_pages)
+    self.programs = ProgramCache(self._lower)
+    self._pools = None
 
   # ----------------------------------------------------------------- shapes
   def page_buckets(self) -> tuple[int, ...]:
     """Logical pages a segment program reads per slot: doubling from one segment
     past the shortest prompt bucket up to ``pages_per_row``."""
     first = min(self.pages_per_row,
-                _pages(min(self.prompt_buckets) - 1 + self.segment, self.page_size))
+                pages_for(min(self.prompt_buckets) - 1 + self.segment, self.page_size))
     buckets, w = {self.pages_per_row}, max(first, 1)
     while w < self.pages_per_row:
       buckets.add(w)
@@ -209,22 +168,22 @@ class RefillDecoder:
     return tuple(sorted(buckets))
 
   def prompt_rungs(self) -> tuple[int, ...]:
-    """Prompt rows of a prefill: 1, 2, 4, ... up to ``slots`` (at most one new prompt
-    per admitted row)."""
-    rungs, r = {self.slots}, 1
-    while r < self.slots:
+    """Prompt rows of a prefill per lane: 1, 2, 4, ... up to the lane's slots (at most
+    one new prompt per admitted row)."""
+    rungs, r = {self.slots_per_lane}, 1
+    while r < self.slots_per_lane:
       rungs.add(r)
       r *= 2
     return tuple(sorted(rungs))
 
   def _prefill_len(self, prompt_bucket: int) -> int:
     """Token columns of a prefill (the bucket, whole pages)."""
-    return _pages(prompt_bucket, self.page_size) * self.page_size
+    return pages_for(prompt_bucket, self.page_size) * self.page_size
 
   def executable_keys(self, rows: int) -> set[tuple]:
     keys = {("prefill", p, b) for p in self.prompt_rungs() for b in self.prompt_buckets}
     keys |= {("segment", w, rows) for w in self.page_buckets()}
-    keys.add(("stats", rows))
+    keys |= {("stats", rows), ("outputs", rows)}
     return keys
 
   def warmup_job(self, state, row_buckets: Sequence[int]) -> WarmupJob:
@@ -236,16 +195,35 @@ class RefillDecoder:
   def num_executables(self) -> int:
     return len(self.programs)
 
+  def pool_bytes_per_device(self) -> int:
+    """Bytes of one device's share of the key and value pools of every layer."""
+    leaves = jax.tree.leaves(self._abstract_pools())
+    shard = lambda x: x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    return sum(math.prod(shard(x)) * jnp.dtype(x.dtype).itemsize for x in leaves)
+
   # ----------------------------------------------------------- executables
+  def _sharding(self, shape, names):
+    return None if self.mesh is None else named_sharding(shape, names, self.mesh)
+
   def _spec(self, shape, dtype, names=()):
-    return decode.sharded_spec(self.mesh, shape, dtype, ())    # one device: replicated
+    """An abstract input laid out by mesh axis ``names`` where they divide it."""
+    names = tuple(names) + (None,) * (len(shape) - len(names))
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=self._sharding(shape, names))
 
   def _jit(self, fn, in_specs: tuple, out_spec: Any = None, donate: tuple[int, ...] = ()):
-    return jax.jit(fn, donate_argnums=donate).lower(*in_specs)
+    shardings = None
+    if self.mesh is not None and out_spec is not None:
+      shardings = jax.tree.map(lambda s: s.sharding, out_spec)
+    return jax.jit(fn, donate_argnums=donate, out_shardings=shardings).lower(*in_specs)
 
   def _abstract_pools(self):
-    pools = abstract_pool(self.cfg, self.num_pages, self.page_size, self.cache_dtype)
-    return jax.tree.map(lambda x: self._spec(x.shape, x.dtype), pools)
+    shape = (self.lanes,) + pool_shape(self.cfg, self.num_pages, self.page_size)
+    leaf = self._spec(shape, jnp.dtype(self.cache_dtype), POOL_AXES)
+    return (leaf,) * self.cfg.num_layers, (leaf,) * self.cfg.num_layers
+
+  def _by_lane(self, x: jax.Array) -> jax.Array:
+    """[S, ...] -> [lanes, S / lanes, ...] (slot s is in lane s // (S / lanes))."""
+    return x.reshape((self.lanes, -1) + x.shape[1:])
 
   def _lower(self, key: tuple, state=None):
     kind, *shape = key
@@ -254,68 +232,90 @@ class RefillDecoder:
     return getattr(self, f"_lower_{kind}")(state, *shape)
 
   def _lower_prefill(self, state, prompt_rows: int, prompt_bucket: int):
-    """Prefills ``prompt_rows`` right-padded prompts into a dense cache and copies it
-    into their pages (``page_ids``; 0, the scratch page, where a prompt has none)."""
-    graphdef, cfg, options = self.graphdef, self.cfg, self.options
+    """Prefills ``prompt_rows`` right-padded prompts per lane into a dense cache and
+    copies each into its lane's pages (``page_ids`` [lanes, prompt_rows, pages]; 0,
+    the scratch page, where a prompt has none)."""
+    graphdef, cfg, lanes = self.graphdef, self.cfg, self.lanes
     length, page = self._prefill_len(prompt_bucket), self.page_size
+    options = self.options_for(lanes * prompt_rows)
 
     def sampler_prefill(state, pools, tokens, mask, page_ids):
       model = nnx.merge(graphdef, state)
-      cache = decode.new_cache(cfg, prompt_rows, length, self.cache_dtype, None)
+      cache = decode.new_cache(cfg, lanes * prompt_rows, length, self.cache_dtype, self.mesh)
       _, cache = decode.prefill(model, tokens, mask, cache, options)
 
-      def into_pages(pool, dense):        # [P, KV, T, D] -> pool pages
-        p, kv, _, d = dense.shape
-        paged = dense.reshape(p, kv, length // page, page, d).swapaxes(0, 1)
-        return pool.at[:, page_ids.reshape(-1)].set(
-            paged.reshape(kv, -1, page, d).astype(pool.dtype))
+      def into_pages(pool, dense):        # [L * P, KV, T, D] -> each lane's pool pages
+        _, kv, _, d = dense.shape
+        paged = dense.reshape(lanes, prompt_rows, kv, length // page, page, d)
+        paged = paged.swapaxes(1, 2).reshape(lanes, kv, -1, page, d).astype(pool.dtype)
+        return jax.vmap(lambda p, ids, new: p.at[:, ids].set(new))(
+            pool, page_ids.reshape(lanes, -1), paged)
 
       return (tuple(map(into_pages, pools[0], cache.k)),
               tuple(map(into_pages, pools[1], cache.v)))
 
-    inputs = (abstract_like(state), self._abstract_pools(),
-              self._spec((prompt_rows, length), jnp.int32, ()),
-              self._spec((prompt_rows, length), jnp.bool_, ()),
-              self._spec((prompt_rows, length // page), jnp.int32, ()))
-    return self._jit(sampler_prefill, inputs, donate=(1,))
+    rows = lanes * prompt_rows
+    pools = self._abstract_pools()
+    inputs = (abstract_like(state), pools,
+              self._spec((rows, length), jnp.int32, ("data",)),
+              self._spec((rows, length), jnp.bool_, ("data",)),
+              self._spec((lanes, prompt_rows, length // page), jnp.int32, ("data",)))
+    return self._jit(sampler_prefill, inputs, pools, donate=(1,))
+
+  def _lower_outputs(self, state, rows: int):
+    """The call's output buffers on device: pad tokens, zero log-probs."""
+    specs = self._out_specs(rows)
+    fill = dict(tokens=self.params.pad_id, logprobs=0)
+    return self._jit(lambda: {k: jnp.full(s.shape, fill[k], s.dtype) for k, s in specs.items()},
+                     (), specs)
 
   def _slot_specs(self, pages: int) -> dict[str, Any]:
     s = self.slots
-    one = lambda dtype: self._spec((s,), dtype, ())
-    return dict(page_table=self._spec((s, pages), jnp.int32, ()), prompt_len=one(jnp.int32),
-                own_len=one(jnp.int32), last=one(jnp.int32), done=one(jnp.bool_),
-                row_ids=one(jnp.int32), out_row=one(jnp.int32), copy_src=one(jnp.int32),
-                copy_dst=one(jnp.int32))
+    one = lambda dtype: self._spec((s,), dtype, ("data",))
+    return dict(page_table=self._spec((s, pages), jnp.int32, ("data",)),
+                prompt_len=one(jnp.int32), own_len=one(jnp.int32), last=one(jnp.int32),
+                done=one(jnp.bool_), row_ids=one(jnp.int32), out_row=one(jnp.int32),
+                copy_src=one(jnp.int32), copy_dst=one(jnp.int32))
 
   def _out_specs(self, rows: int) -> dict[str, Any]:
-    n_new = self.params.max_new_tokens
-    return dict(tokens=self._spec((rows + 1, n_new), jnp.int32, ()),
-                logprobs=self._spec((rows + 1, n_new), jnp.float32, ()))
+    """Each lane's outputs: row ``rows`` of a lane is the discard row of its idle slots."""
+    shape = (self.lanes, rows + 1, self.params.max_new_tokens)
+    return dict(tokens=self._spec(shape, jnp.int32, ("data",)),
+                logprobs=self._spec(shape, jnp.float32, ("data",)))
 
   def _lower_segment(self, state, pages: int, rows: int):
     """Up to ``segment`` decode steps of every running slot against the pools; a new
     row's copy-on-write page (``copy_src`` -> ``copy_dst``) is copied first. Tokens
-    and log-probs go to row ``out_row`` of the call's outputs (row ``rows``: a
-    discard row for idle slots).
+    and log-probs go to row ``out_row`` of the slot's lane's outputs.
 
     With ``paged_kernel="xla"`` the slots' pages are gathered into contiguous views
     once, the segment decodes against the views, and they are scattered back at the
     end (``models.paged_cache``: a per-step gather would copy every page each step);
     the Pallas kernel reads the pools every step."""
-    graphdef, params, options = self.graphdef, self.params, self.options
+    graphdef, params = self.graphdef, self.params
+    options = self.options_for(self.slots)
     n_new, segment = params.max_new_tokens, self.segment
     views = options.paged_kernel == "xla"
+    view_sharding = None if self.mesh is None else cache_sharding(
+        self.cfg, self.slots, pages * self.page_size, self.mesh).k[0]
+    by_lane = self._by_lane
+    lane_map = lambda fn, *args: jax.vmap(fn)(*args)
 
     def sampler_refill_segment(state, pools, slots, out, seed):
       model = nnx.merge(graphdef, state)
-      table = slots["page_table"]
-      copy = lambda pool: pool.at[:, slots["copy_dst"]].set(pool[:, slots["copy_src"]])
+      table = by_lane(slots["page_table"])
+      src, dst = by_lane(slots["copy_src"]), by_lane(slots["copy_dst"])
+      copy = lambda pool: lane_map(lambda p, a, b: p.at[:, b].set(p[:, a]), pool, src, dst)
       k_pools, v_pools = tuple(map(copy, pools[0])), tuple(map(copy, pools[1]))
       if views:
-        k_run = tuple(gather_slots(p, table) for p in k_pools)
-        v_run = tuple(gather_slots(p, table) for p in v_pools)
-      else:
-        k_run, v_run = k_pools, v_pools
+        def gather(pool):
+          view = lane_map(gather_slots, pool, table)
+          view = view.reshape((self.slots,) + view.shape[2:])
+          return view if view_sharding is None else jax.lax.with_sharding_constraint(
+              view, view_sharding)
+        k_run, v_run = tuple(map(gather, k_pools)), tuple(map(gather, v_pools))
+      else:                                            # one lane (checked at construction)
+        k_run, v_run = tuple(p[0] for p in k_pools), tuple(p[0] for p in v_pools)
       carry = dict(i=jnp.int32(0), k=k_run, v=v_run,
                    own_len=slots["own_len"], last=slots["last"], done=slots["done"], **out)
 
@@ -325,37 +325,49 @@ class RefillDecoder:
       def step(c):
         alive = ~c["done"]
         cache = (SlotKVCache(c["k"], c["v"], slots["prompt_len"], c["own_len"]) if views else
-                 PagedKVCache(c["k"], c["v"], table, slots["prompt_len"], c["own_len"]))
+                 PagedKVCache(c["k"], c["v"], table[0], slots["prompt_len"], c["own_len"]))
         logits, cache = model(c["last"][:, None], attention_mask=alive[:, None], cache=cache,
                               options=options)
         t = c["own_len"]                               # the token each slot samples now
         tokens, logp, hit_stop = decode.draw(logits[:, -1], seed, slots["row_ids"], t, alive,
                                              params)
-        row = jnp.where(alive, slots["out_row"], rows)
-        col = jnp.minimum(t, n_new - 1)
+        row = by_lane(jnp.where(alive, slots["out_row"], rows))
+        col = by_lane(jnp.minimum(t, n_new - 1))
+        write = lambda buf, new: lane_map(lambda b, r, k, x: b.at[r, k].set(x),
+                                          buf, row, col, by_lane(new))
         return dict(c, i=c["i"] + 1, k=cache.k, v=cache.v, own_len=cache.own_len,
                     last=jnp.where(alive, tokens, c["last"]),
                     done=c["done"] | hit_stop | (cache.own_len >= n_new),
-                    tokens=c["tokens"].at[row, col].set(tokens),
-                    logprobs=c["logprobs"].at[row, col].set(logp))
+                    tokens=write(c["tokens"], tokens), logprobs=write(c["logprobs"], logp))
 
       c = jax.lax.while_loop(keep_going, step, carry)
-      k_out, v_out = c["k"], c["v"]
       if views:
-        k_out = tuple(scatter_slots(p, table, view) for p, view in zip(k_pools, k_out))
-        v_out = tuple(scatter_slots(p, table, view) for p, view in zip(v_pools, v_out))
+        scatter = lambda pool, view: lane_map(scatter_slots, pool, table, by_lane(view))
+        k_out = tuple(map(scatter, k_pools, c["k"]))
+        v_out = tuple(map(scatter, v_pools, c["v"]))
+      else:
+        k_out, v_out = tuple(p[None] for p in c["k"]), tuple(p[None] for p in c["v"])
       return ((k_out, v_out), dict(own_len=c["own_len"], last=c["last"], done=c["done"]),
               dict(tokens=c["tokens"], logprobs=c["logprobs"]), c["i"])
 
-    inputs = (abstract_like(state), self._abstract_pools(), self._slot_specs(pages),
-              self._out_specs(rows), self._spec((), jnp.uint32, ()))
-    return self._jit(sampler_refill_segment, inputs, donate=(1, 3))
+    slot_specs, out_specs, pools = self._slot_specs(pages), self._out_specs(rows), \
+        self._abstract_pools()
+    inputs = (abstract_like(state), pools, slot_specs, out_specs, self._spec((), jnp.uint32))
+    outputs = (pools, {k: slot_specs[k] for k in ("own_len", "last", "done")}, out_specs,
+               self._spec((), jnp.int32))
+    return self._jit(sampler_refill_segment, inputs, outputs, donate=(1, 3))
 
   # ------------------------------------------------------------- host loop
   def _ensure_pools(self):
     if self._pools is None:
-      self._pools = init_pool(self.cfg, self.num_pages, self.page_size, self.cache_dtype)
+      zeros = lambda spec: jnp.zeros(spec.shape, spec.dtype)
+      specs = self._abstract_pools()
+      shardings = None if self.mesh is None else jax.tree.map(lambda s: s.sharding, specs)
+      self._pools = jax.jit(lambda: jax.tree.map(zeros, specs), out_shardings=shardings)()
     return self._pools
+
+  def _put(self, value: np.ndarray, spec: jax.ShapeDtypeStruct):
+    return value if self.mesh is None else put_global(value, spec.sharding)
 
   def run(self, state, rows: int, prompts: Sequence[Sequence[int]], group_size: int,
           row_ids: np.ndarray, group_ids: np.ndarray, row_valid: np.ndarray, seed: int
@@ -363,148 +375,91 @@ class RefillDecoder:
     """All ``len(prompts) * group_size`` rows of one call (outputs padded to ``rows``);
     ``(outputs, seconds, slots)`` like the other samplers' calls: tokens, logprobs,
     lengths, decode_steps (steps run) and stats; ``slots`` = slots x steps run."""
-    params, page = self.params, self.page_size
-    n_new, real_rows = params.max_new_tokens, len(prompts) * group_size
+    params = self.params
+    n_new = params.max_new_tokens
     for p in prompts:
       if len(p) > max(self.prompt_buckets):
         raise ValueError(f"a {len(p)}-token prompt exceeds the largest prompt bucket "
                          f"{max(self.prompt_buckets)}")
-    prompt_of = [_Prompt(list(map(int, p)), unfinished=group_size) for p in prompts]
-    queue = collections.deque(range(real_rows))
-    slots = [_Slot() for _ in range(self.slots)]
-    pool = PagePool(self.num_pages)
-    lengths = np.zeros(rows, np.int32)
+    sched = RefillSchedule(prompts, group_size, lanes=self.lanes,
+                           slots_per_lane=self.slots_per_lane, num_pages=self.num_pages,
+                           page_size=self.page_size, segment=self.segment,
+                           max_new_tokens=n_new)
     pools = self._ensure_pools()
     self._pools = None                   # donated below; restored when the call ends
-    out = dict(tokens=np.full((rows + 1, n_new), params.pad_id, np.int32),
-               logprobs=np.zeros((rows + 1, n_new), np.float32))
+    out = self.programs.get(("outputs", rows))()
     seed_arr = np.uint32(seed)
     steps = slots_used = 0
     start = time.perf_counter()
-
-    def own_pages_needed(slot: _Slot, prompt: _Prompt) -> int:
-      """Own pages a slot needs to run the next segment (shared prompt pages aside)."""
-      upto = prompt.kv_len + min(slot.own_len + self.segment, n_new)
-      return _pages(upto, page) - prompt.kv_len // page
-
-    def free_prompt(prompt: _Prompt) -> None:
-      pool.give(prompt.pages)
-      prompt.pages = []
-
-    def evict_youngest() -> bool:
-      running = [i for i, s in enumerate(slots) if s.row >= 0]
-      if len(running) <= 1:
-        return False
-      index = min(running, key=lambda i: (slots[i].own_len, -slots[i].row))
-      victim = slots[index]
-      pool.give(victim.pages)
-      queue.appendleft(victim.row)
-      slots[index] = _Slot()
-      self.evictions += 1
-      if not any(s.row >= 0 and s.prompt == victim.prompt for s in slots):
-        free_prompt(prompt_of[victim.prompt])   # prefilled again when a row of it restarts
-      return True
-
     try:
       while True:
-        # 1. Release the rows that stopped.
-        for index, s in enumerate(slots):
-          if s.row >= 0 and s.done:
-            lengths[s.row] = s.own_len
-            pool.give(s.pages)
-            prompt = prompt_of[s.prompt]
-            prompt.unfinished -= 1
-            if prompt.unfinished == 0:
-              free_prompt(prompt)
-            slots[index] = _Slot()
-        # 2. Reserve the running rows' next segment, evicting the youngest if short.
-        def shortfall() -> int:
-          need = sum(max(own_pages_needed(s, prompt_of[s.prompt]) - len(s.pages), 0)
-                     for s in slots if s.row >= 0)
-          return need - pool.free
-        while shortfall() > 0:
-          if not evict_youngest():
-            raise RuntimeError("refill: the pool cannot hold one running row "
-                               "(kv_pages is checked against this at construction)")
-        # 3. Admit queued rows into idle slots, in order.
-        spare = -shortfall()
-        new_prompts: list[int] = []
-        copies: dict[int, tuple[int, int]] = {}
-        for index, s in enumerate(slots):
-          if s.row >= 0 or not queue:
-            continue
-          row = queue[0]
-          p = row // group_size
-          prompt = prompt_of[p]
-          resident = bool(prompt.pages) or p in new_prompts
-          cost = own_pages_needed(_Slot(), prompt) + (
-              0 if resident else _pages(prompt.kv_len, page))
-          if cost > spare:
-            break
-          queue.popleft()
-          spare -= cost
-          if not resident:
-            new_prompts.append(p)
-            prompt.pages = pool.take(_pages(prompt.kv_len, page))
-          s.row, s.prompt, s.own_len, s.done = row, p, 0, False
-          s.last = prompt.tokens[-1]
-          s.pages = pool.take(own_pages_needed(s, prompt))
-          if prompt.kv_len % page:                 # copy on write of the partial page
-            copies[index] = (prompt.pages[prompt.kv_len // page], s.pages[0])
-        running = [s for s in slots if s.row >= 0]
-        if not running:
-          if queue:
-            raise RuntimeError("refill: no queued row fits the empty pool")
+        sched.release()
+        sched.reserve()
+        new_prompts, copies = sched.admit()
+        if not sched.running:
           break
-        for s in running:                          # pages for the segment
-          extra = own_pages_needed(s, prompt_of[s.prompt]) - len(s.pages)
-          if extra > 0:
-            s.pages += pool.take(extra)
-        # 4. Prefill the new prompts.
-        if new_prompts:
-          pools = self._prefill(state, pools, [prompt_of[p] for p in new_prompts])
-        # 5. One segment.
-        pools, got, out, ran = self._segment(state, pools, slots, prompt_of, copies, out,
-                                             rows, row_ids, seed_arr)
+        sched.grow()
+        if any(new_prompts):
+          pools = self._prefill(state, pools, [[sched.prompts[p] for p in lane_prompts]
+                                               for lane_prompts in new_prompts])
+        pools, got, out, ran = self._segment(state, pools, sched, copies, out, rows,
+                                             row_ids, seed_arr)
         steps += ran
         slots_used += self.slots * ran
-        for s, own_len, last, done in zip(slots, got["own_len"], got["last"], got["done"]):
-          if s.row >= 0:
-            s.own_len, s.last, s.done = int(own_len), int(last), bool(done)
+        sched.advance(got["own_len"], got["last"], got["done"])
     except BaseException:
       self._pools = None                 # possibly donated to a failed program: rebuilt
       raise
+    finally:
+      self.evictions += sched.evictions
     self._pools = pools
-    if pool.held:
-      raise RuntimeError(f"refill: {pool.held} pages still held after the call (a leak)")
+    if sched.held:
+      raise RuntimeError(f"refill: {sched.held} pages still held after the call (a leak)")
     result = to_host(out)
-    tokens, logprobs = result["tokens"][:rows].copy(), result["logprobs"][:rows].copy()
+    lengths = np.zeros(rows, np.int32)
+    lengths[:len(sched.lengths)] = sched.lengths
+    lane = np.zeros(rows, np.int32)
+    lane[:len(sched.final_lane)] = sched.final_lane
+    every = np.arange(rows)
+    tokens = result["tokens"][lane, every].copy()
+    logprobs = result["logprobs"][lane, every].copy()
     # An evicted row restarts and rewrites its tokens; columns past its final length
     # (left by an earlier, longer attempt, were rounding to change it) are cleared.
     past = np.arange(n_new)[None, :] >= lengths[:, None]
     tokens[past], logprobs[past] = params.pad_id, 0.0
-    stats = to_host(self.programs.get(("stats", rows))(lengths, group_ids, row_valid))
+    stats_spec = self._spec((rows,), jnp.int32, ("data",))
+    stats_inputs = tuple(self._put(x, stats_spec) for x in (lengths, group_ids, row_valid))
+    stats = to_host(self.programs.get(("stats", rows))(*stats_inputs))
     return (dict(tokens=tokens, logprobs=logprobs, lengths=lengths,
                  decode_steps=np.int32(steps), stats=stats),
             time.perf_counter() - start, slots_used)
 
-  def _prefill(self, state, pools, prompts: list[_Prompt]):
-    bucket = min(b for b in self.prompt_buckets if b >= max(p.kv_len for p in prompts))
-    rung = min(r for r in self.prompt_rungs() if r >= len(prompts))
+  def _prefill(self, state, pools, prompts: list[list[Any]]):
+    """Prefills each lane's new prompts (``prompts[lane]``) in one program."""
+    every = [p for lane_prompts in prompts for p in lane_prompts]
+    bucket = min(b for b in self.prompt_buckets if b >= max(p.kv_len for p in every))
+    rung = min(r for r in self.prompt_rungs() if r >= max(map(len, prompts)))
     length = self._prefill_len(bucket)
-    tokens = np.full((rung, length), self.params.pad_id, np.int32)
-    mask = np.zeros((rung, length), bool)
-    page_ids = np.full((rung, length // self.page_size), SCRATCH_PAGE, np.int32)
-    for i, prompt in enumerate(prompts):
-      tokens[i, :prompt.kv_len] = prompt.tokens[:-1]
-      mask[i, :prompt.kv_len] = True
-      page_ids[i, :len(prompt.pages)] = prompt.pages
-    return self.programs.get(("prefill", rung, bucket), state)(state, pools, tokens, mask,
-                                                               page_ids)
+    lanes = self.lanes
+    tokens = np.full((lanes, rung, length), self.params.pad_id, np.int32)
+    mask = np.zeros((lanes, rung, length), bool)
+    page_ids = np.full((lanes, rung, length // self.page_size), SCRATCH_PAGE, np.int32)
+    for lane, lane_prompts in enumerate(prompts):
+      for i, prompt in enumerate(lane_prompts):
+        tokens[lane, i, :prompt.kv_len] = prompt.tokens[:-1]
+        mask[lane, i, :prompt.kv_len] = True
+        page_ids[lane, i, :len(prompt.pages[lane])] = prompt.pages[lane]
+    program = self.programs.get(("prefill", rung, bucket), state)
+    inputs = (tokens.reshape(lanes * rung, length), mask.reshape(lanes * rung, length),
+              page_ids)
+    names = (("data",), ("data",), ("data",))
+    inputs = tuple(self._put(x, self._spec(x.shape, x.dtype, n)) for x, n in zip(inputs, names))
+    return program(state, pools, *inputs)
 
-  def _segment(self, state, pools, slots: list[_Slot], prompt_of: list[_Prompt],
-               copies: dict[int, tuple[int, int]], out, rows: int, row_ids: np.ndarray, seed):
+  def _segment(self, state, pools, sched: RefillSchedule, copies: dict[int, tuple[int, int]],
+               out, rows: int, row_ids: np.ndarray, seed):
     page = self.page_size
+    slots, prompt_of = sched.slots, sched.prompts
     s_count = self.slots
     longest = max(prompt_of[s.prompt].kv_len // page + len(s.pages)
                   for s in slots if s.row >= 0)
@@ -518,7 +473,7 @@ class RefillDecoder:
       if s.row < 0:
         continue
       prompt = prompt_of[s.prompt]
-      shared = prompt.pages[:prompt.kv_len // page]
+      shared = prompt.pages[s.lane][:prompt.kv_len // page]
       table[i, :len(shared) + len(s.pages)] = shared + s.pages
       host["prompt_len"][i], host["own_len"][i], host["last"][i] = (
           prompt.kv_len, s.own_len, s.last)
@@ -527,6 +482,8 @@ class RefillDecoder:
     for i, (src, dst) in copies.items():
       host["copy_src"][i], host["copy_dst"][i] = src, dst
     slot_inputs = dict(host, page_table=table, done=done)
+    specs = self._slot_specs(width)
+    slot_inputs = {k: self._put(v, specs[k]) for k, v in slot_inputs.items()}
     pools, got, out, ran = self.programs.get(("segment", width, rows), state)(
-        state, pools, slot_inputs, out, seed)
+        state, pools, slot_inputs, out, self._put(seed, self._spec((), jnp.uint32)))
     return pools, to_host(got), out, int(ran)

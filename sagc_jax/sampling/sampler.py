@@ -225,12 +225,9 @@ class Sampler:
                        "(0 = fused sampler) or None (auto)")
     self.refill = None
     if refill_slots:
-      if mesh is not None and mesh.size > 1:
-        raise ValueError(f"refill_slots={refill_slots}: the refill sampler runs on one device "
-                         f"so far; this mesh has {mesh.size} (use refill_slots=0)")
       self.refill = RefillDecoder(
           self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype,
-          options=self.options, sink=self.sink, slots=refill_slots, page_size=page_size,
+          options_for=self._options_for, sink=self.sink, slots=refill_slots, page_size=page_size,
           num_pages=kv_pages, prompt_buckets=self.prompt_buckets,
           segment=refill_segment or auto_refill_segment(params.max_new_tokens), mesh=mesh)
     self.segmented = None

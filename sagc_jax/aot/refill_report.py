@@ -1,0 +1,185 @@
+"""The refill sampler in the AOT report: its pool sized to the chip, its rollout projected.
+
+Pool. With ``rollout.kv_pages=0`` the tool sizes each lane's pool from HBM: it
+compiles the largest segment program with the smallest legal pool (one longest row
+plus the scratch page), reads the program's peak without the pool, and gives the
+pool what is left under 90% of HBM (capped at the no-eviction pool, every slot
+holding a longest row), then compiles again with that pool to confirm it fits. A set
+``kv_pages`` is compiled as given.
+
+Projection. A refill call's decode steps depend on the response lengths, so the
+rollout is projected per *length model*: lengths are drawn (``LengthProcess`` of the
+simulator, parameters below) for every candidate G's ``P(G) x G`` rows, and the
+decoder's own host policy (``refill.simulate_refill``: admission, page reservation,
+eviction) is run on them. Seconds = decode steps x the decode step's roofline (a step
+of ``slots`` rows against a full-width cache, the XLA path's worst case) + segments x
+the page gather / scatter around each segment + prefill rounds x the largest
+prefill. The bound it is compared with is ``(sum(lengths) / slots + max(lengths)) x
+step``: every token decoded at full slot occupancy, plus the longest row's own decode
+time. ``rollout_over_bound`` reports projection / bound per model; ``cap`` (every
+response at the cap) is the worst case the step projection uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from flax import nnx
+
+from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
+from sagc_jax.control.simulator import LengthProcess
+from sagc_jax.sampling.refill_schedule import simulate_refill
+
+__all__ = ["LENGTH_MODELS", "draw_lengths", "format_lines", "project_refill", "refill_projection",
+           "refill_rows", "size_pool", "summary"]
+
+GIB = 2.0 ** 30
+
+# Response-length models, as fractions of the response cap (LengthProcess, steady).
+LENGTH_MODELS: dict[str, dict[str, float]] = {
+    # Log-normal fitted to SmolLM2-135M-Instruct's sampled GSM8K rollouts before RL
+    # (docs/claims.md, natural statistics: p50 104, p90 224 of a 512-token cap):
+    # median 0.203 of the cap, sigma ln(224 / 104) / 1.2816 = 0.60.
+    "smollm2_natural": dict(median=0.203, sigma=0.60, tail_prob=0.0, tail_min=1.0,
+                            tail_max=1.0),
+    # A stand-in for the long-CoT regime DAPO reports (mean response length growing to
+    # about a quarter of its 20k cap, with responses at the cap): median 0.15 of the
+    # cap, sigma 0.8, 5% of responses 3-6x longer (clipped at the cap). Not a fit to
+    # their data.
+    "dapo_like": dict(median=0.15, sigma=0.80, tail_prob=0.05, tail_min=3.0, tail_max=6.0),
+    # Every response at the cap: the worst case.
+    "cap": dict(median=1e9, sigma=0.0, tail_prob=0.0, tail_min=1.0, tail_max=1.0),
+}
+
+
+def draw_lengths(model: str, cap: int, prompts: int, group: int, seed: int = 0) -> np.ndarray:
+  """Lengths [prompts, group] of ``LENGTH_MODELS[model]`` for a ``cap``-token cap."""
+  m = LENGTH_MODELS[model]
+  process = LengthProcess(
+      steps=1, max_len=cap, median_start=m["median"] * cap, median_end=m["median"] * cap,
+      sigma_start=m["sigma"], sigma_end=m["sigma"], tail_prob_start=m["tail_prob"],
+      tail_prob_end=m["tail_prob"], tail_factor_min=m["tail_min"],
+      tail_factor_max=m["tail_max"], prompt_sigma=0.0, seed=seed)
+  return process.draw(0, prompts, group)
+
+
+def size_pool(refill, compile_segment: Callable[[], dict | None], hbm_gib: float,
+              hbm_limit: float, log: Callable[[str], None]) -> dict[str, Any]:
+  """Sizes ``refill``'s pool (pages per lane) to the chip; returns what it chose and why.
+
+  ``compile_segment()`` compiles the largest segment program for the decoder's current
+  pool and returns its report row (peak GiB per device, resident state included).
+  """
+  auto = refill.slots_per_lane * refill.pages_per_row + 1
+  smallest = refill.pages_per_row + 1
+  refill.resize_pool(smallest)
+  probe = compile_segment()
+  if probe is None or probe.get("peak_gib") is None:
+    return dict(pages=smallest, sized=False, reason="the probe segment did not compile")
+  page_gib = refill.pool_bytes_per_device() / smallest / GIB
+  rest_gib = probe["peak_gib"] - page_gib * smallest
+  fit = int((hbm_limit * hbm_gib - rest_gib) // page_gib)
+  pages = max(min(fit, auto), smallest)
+  log(f"    pool: the segment program needs {rest_gib:.2f} GiB per device besides the "
+      f"pool; {page_gib * 1024:.2f} MiB per page (all layers, keys and values, this "
+      f"device's share); {fit} pages fit under {hbm_limit:.0%} of {hbm_gib:g} GiB, "
+      f"{auto} hold every slot at the cap -> {pages} pages per lane")
+  refill.resize_pool(pages)
+  return dict(pages=pages, sized=True, pages_that_fit=fit, pages_no_eviction=auto,
+              segment_gib_without_pool=round(rest_gib, 3), page_mib=page_gib * 1024)
+
+
+def project_refill(config, sampler, step_ms: float, view_ms: float, prefill_ms: float,
+                   seed: int = 0) -> dict[str, Any]:
+  """Projected refill rollout seconds and ``rollout_over_bound`` per length model, at
+  the candidate G with the longest projection (rows ``P(G) x G``)."""
+  refill = sampler.refill
+  r = config.rollout
+  prompt_len = max(sampler.prompt_buckets)
+  by_model: dict[str, dict[str, Any]] = {}
+  for name in LENGTH_MODELS:
+    worst = None
+    for g in candidate_group_sizes(config.controller):
+      prompts = prompts_per_round(r, g)
+      lengths = draw_lengths(name, r.max_new_tokens, prompts, g, seed)
+      sim = simulate_refill([prompt_len] * prompts, lengths, lanes=refill.lanes,
+                            slots_per_lane=refill.slots_per_lane,
+                            num_pages=refill.num_pages, page_size=refill.page_size,
+                            segment=refill.segment, max_new_tokens=r.max_new_tokens)
+      seconds = (sim["decode_steps"] * step_ms + sim["segments"] * view_ms
+                 + sim["prefill_rounds"] * prefill_ms) / 1e3
+      bound = (lengths.sum() / refill.slots + lengths.max()) * step_ms / 1e3
+      row = dict(group_size=g, rows=int(lengths.size), seconds=seconds, bound_s=bound,
+                 over_bound=seconds / bound, length_mean=float(lengths.mean()),
+                 length_p90=float(np.percentile(lengths, 90)), length_max=int(lengths.max()),
+                 **sim)
+      if worst is None or seconds > worst["seconds"]:
+        worst = row
+    by_model[name] = worst
+  return dict(by_length_model=by_model,
+              rollout_over_bound={k: v["over_bound"] for k, v in by_model.items()},
+              length_models=LENGTH_MODELS)
+
+
+def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
+                log: Callable[[str], None]) -> dict[str, Any]:
+  """Compiles the refill sampler's programs (pool sized first when ``kv_pages`` is
+  auto) and its decode step; returns the rows the projection needs."""
+  refill = sampler.refill
+  state = nnx.state(model)
+  rows = sampler.row_buckets[-1]
+  width = refill.page_buckets()[-1]
+  rung, bucket = refill.prompt_rungs()[-1], refill.prompt_buckets[-1]
+
+  def segment(tag: str):
+    return compile_one(f"sampler_refill_segment{tag}[pages={width},rows={rows},"
+                       f"kv_pages={refill.num_pages}]",
+                       lambda: refill.programs.get(("segment", width, rows), state))
+  out: dict[str, Any] = dict(slots=refill.slots, lanes=refill.lanes, page_size=refill.page_size,
+                             segment=refill.segment, pages_per_row=refill.pages_per_row)
+  if refill.pages_auto:
+    out["pool"] = size_pool(refill, lambda: segment("_probe"), chip.hbm_gib, hbm_limit, log)
+  out["program_segment"] = segment("")
+  out["kv_pages"] = refill.num_pages
+  out["pool_gib_per_device"] = refill.pool_bytes_per_device() / GIB
+  out["program_prefill"] = compile_one(f"sampler_refill_prefill[prompts={rung},prompt={bucket}]",
+                               lambda: refill.programs.get(("prefill", rung, bucket), state))
+  out["program_decode_step"] = compile_one(
+      f"sampler_refill_decode_step[rows={refill.slots},prompt={bucket}]",
+      lambda: sampler.compile_decode_step(model, refill.slots, bucket), hbm=True)
+  return out
+
+
+def refill_projection(config, sampler, rows: dict[str, Any]) -> dict[str, Any] | None:
+  """``project_refill`` from the compiled rows (None when one of them failed)."""
+  step, seg, pre = (rows.get(f"program_{k}") for k in ("decode_step", "segment", "prefill"))
+  if any(x is None or x.get("roofline_ms") is None for x in (step, seg, pre)):
+    return None
+  # The segment program's cost counts its loop body (one step) once, plus the page
+  # gather and scatter around the loop.
+  view_ms = max(seg["roofline_ms"] - step["roofline_ms"], 0.0)
+  out = project_refill(config, sampler, step["roofline_ms"], view_ms, pre["roofline_ms"])
+  out.update(decode_step_ms=step["roofline_ms"], view_ms=view_ms,
+             prefill_ms=pre["roofline_ms"])
+  return out
+
+
+def summary(rows: dict[str, Any], projection: dict[str, Any] | None) -> dict[str, Any]:
+  """The JSON-ready part of the report (compiled rows are in ``executables``)."""
+  keep = {k: v for k, v in rows.items() if not k.startswith("program_")}
+  if projection is not None:
+    keep.update(projection)
+  return keep
+
+
+def format_lines(refill: dict[str, Any]) -> list[str]:
+  lines = [f"refill: {refill['slots']} slots in {refill['lanes']} lanes, {refill['kv_pages']} "
+           f"pages of {refill['page_size']} per lane ({refill['pool_gib_per_device']:.2f} GiB "
+           f"per device), segment {refill['segment']}"]
+  for name, row in refill.get("by_length_model", {}).items():
+    lines.append(f"  {name:16s} G={row['group_size']:<3d} mean {row['length_mean']:7.0f} "
+                 f"max {row['length_max']:6d}: rollout {row['seconds']:7.1f} s, bound "
+                 f"{row['bound_s']:7.1f} s, x{row['over_bound']:.2f} ({row['decode_steps']} "
+                 f"steps, {row['evictions']} evictions)")
+  return lines
