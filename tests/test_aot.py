@@ -173,8 +173,10 @@ def test_decode_step_updates_the_cache_in_place_at_qwen_layout(tmp_path):
 
 
 def test_the_refill_sampler_compiles_for_tpu_with_the_pallas_paged_kernel():
-  """The paged decode segment lowers and compiles for a v5e chip with both attention
-  paths; only ``paged_kernel="pallas"`` calls the TPU kernel (a Mosaic custom call)."""
+  """The paged decode segment lowers and compiles for v5e with both attention paths, on
+  one chip and on a (2 data, 2 model) mesh (two lanes, the kernel per device under
+  ``shard_map``); only ``paged_kernel="pallas"`` calls the TPU kernel (a Mosaic custom
+  call)."""
   import dataclasses
 
   import jax.numpy as jnp
@@ -189,11 +191,12 @@ def test_the_refill_sampler_compiles_for_tpu_with_the_pallas_paged_kernel():
 
   topology = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2",
                                           chips_per_host_bounds=(2, 2, 1), num_slices=1)
-  mesh = Mesh(np.array(topology.devices[:1]).reshape(1, 1), ("data", "model"))
   cfg = dataclasses.replace(tiny_config(), hidden_size=512, num_heads=4, num_kv_heads=2,
                             head_dim=128)                 # the kernel's 128-lane head dim
-  model = abstract_model(cfg, jnp.bfloat16, mesh)
-  for kernel in ("xla", "pallas"):
+  for shape, kernel in [((1, 1), "xla"), ((1, 1), "pallas"), ((2, 2), "pallas")]:
+    devices = np.array(topology.devices[:shape[0] * shape[1]]).reshape(shape)
+    mesh = Mesh(devices, ("data", "model"))
+    model = abstract_model(cfg, jnp.bfloat16, mesh)
     options = ForwardOptions(attention="blocked", decode_attention="einsum",
                              decode_cache_read="before_write", paged_kernel=kernel)
     sampler = Sampler(model, SamplingParams(256, stop_ids=(2,)), row_buckets=(64,),

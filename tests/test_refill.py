@@ -53,12 +53,12 @@ def test_paged_decode_attention_equals_attention_over_the_slot_s_own_keys():
   q = rng.normal(size=(slots, 1, heads, d)).astype(np.float32)
   k_new = rng.normal(size=(slots, 1, kv_heads, d)).astype(np.float32)
   v_new = rng.normal(size=(slots, 1, kv_heads, d)).astype(np.float32)
-  cache = PagedKVCache((k_pool,), (v_pool,), table, prompt_len, own_len)
+  lanes = (jnp.asarray(k_pool)[None], jnp.asarray(v_pool)[None])     # one lane
+  cache = PagedKVCache(lanes[:1], lanes[1:], table, prompt_len, own_len)
   out, (k_out, v_out) = paged_decode_attend(
-      jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new), (jnp.asarray(k_pool),
-                                                               jnp.asarray(v_pool)),
-      cache, jnp.asarray(alive), heads // kv_heads)
-  k_out, v_out = np.asarray(k_out), np.asarray(v_out)
+      jnp.asarray(q), jnp.asarray(k_new), jnp.asarray(v_new), lanes, cache,
+      jnp.asarray(alive), heads // kv_heads)
+  k_out, v_out = np.asarray(k_out)[0], np.asarray(v_out)[0]
   for s in range(2):
     logical = prompt_len[s] + own_len[s]
     page_of = lambda j, s=s: table[s, j // page]
@@ -91,9 +91,11 @@ def test_slot_views_attend_and_write_like_the_pages_they_were_gathered_from():
   q = jnp.asarray(rng.normal(size=(3, 1, heads, d)), jnp.float32)
   k_new, v_new = (jnp.asarray(rng.normal(size=(3, 1, kv_heads, d)), jnp.float32)
                   for _ in range(2))
+  lanes = tuple(p[None] for p in pools)                    # one lane
   paged_out, paged_pools = paged_decode_attend(
-      q, k_new, v_new, pools, PagedKVCache(pools, pools, table, prompt_len, own_len), alive,
+      q, k_new, v_new, lanes, PagedKVCache(lanes, lanes, table, prompt_len, own_len), alive,
       heads // kv_heads)
+  paged_pools = tuple(p[0] for p in paged_pools)
   views = tuple(gather_slots(p, table) for p in pools)
   slot_out, views = slot_decode_attend(q, k_new, v_new, views,
                                        SlotKVCache(views, views, prompt_len, own_len), alive,
@@ -185,17 +187,23 @@ def lanes_llama(llama):
   return mesh, from_pretrained(llama.folder, mesh=mesh)[0]
 
 
-def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_llama):
+@pytest.mark.parametrize("kernel", ["xla", "reference"])
+def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_llama, kernel):
   """4 lanes of 2 slots (one per 'data' shard, KV heads on 'model'), a pool small
   enough to evict: the tokens of one device's fused sampler, and the pools stay
-  sharded as laid out (each lane on its own device row)."""
+  sharded as laid out (each lane on its own device row). ``"reference"`` runs the
+  Pallas kernel's path (pools read in place, per device under ``shard_map``) with the
+  kernel's contract in XLA."""
+  import dataclasses
+
   mesh, sharded = lanes_llama
   params = SamplingParams(N_NEW, temperature=1.0, stop_ids=(7, 11, 13, 17))
   fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
                   decode_segment=0)
+  options = dataclasses.replace(fused.options, paged_kernel=kernel)
   refill = Sampler(sharded, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0,
                    group_sizes=(4,), mesh=mesh, refill_slots=8, page_size=4,
-                   refill_segment=3, kv_pages=10)
+                   refill_segment=3, kv_pages=10, options=options)
   assert refill.refill.lanes == 4 and refill.refill.slots_per_lane == 2
   for seed in range(2):
     prompts = random_prompts(4, 4, 12, seed=80 + seed)
@@ -242,3 +250,38 @@ def test_the_schedule_simulated_on_the_real_lengths_runs_the_real_call_s_steps(l
                         page_size=4, segment=3, max_new_tokens=N_NEW)
   assert sim["decode_steps"] == batch.decode_steps
   assert sim["evictions"] == decoder.evictions - before > 0
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 4), (4, 2)])
+def test_the_kernel_path_on_a_mesh_attends_like_the_gather_path_on_one_device(mesh_shape):
+  """``kernel="reference"`` (the Pallas kernel's contract in XLA) under the kernel's
+  ``shard_map``: lanes on 'data', heads on 'model'; at (2, 4) the 2 KV heads do not
+  divide the 4-way axis, so each device slices the KV head its query head reads."""
+  import jax
+
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
+  mesh = jax.make_mesh(mesh_shape, ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  rng = np.random.default_rng(2)
+  lanes, per_lane, kv_heads, heads, d, page, pages, width = mesh_shape[0], 2, 2, 4, 8, 4, 9, 3
+  slots = lanes * per_lane
+  pools = tuple(jnp.asarray(rng.normal(size=(lanes, kv_heads, pages, page, d)), jnp.float32)
+                for _ in range(2))
+  table = jnp.asarray(rng.integers(1, pages, (slots, width)), jnp.int32)   # lane-local ids
+  prompt_len = jnp.asarray(rng.integers(0, 5, slots), jnp.int32)
+  own_len = jnp.asarray(rng.integers(0, 6, slots), jnp.int32)
+  alive = jnp.asarray(rng.random(slots) < 0.8)
+  q = jnp.asarray(rng.normal(size=(slots, 1, heads, d)), jnp.float32)
+  k_new, v_new = (jnp.asarray(rng.normal(size=(slots, 1, kv_heads, d)), jnp.float32)
+                  for _ in range(2))
+  cache = PagedKVCache(pools, pools, table, prompt_len, own_len)
+  want, want_pools = paged_decode_attend(q, k_new, v_new, pools, cache, alive,
+                                         heads // kv_heads, kernel="xla")
+  got, got_pools = jax.jit(lambda *a: paged_decode_attend(
+      *a, heads // kv_heads, kernel="reference", mesh=mesh))(q, k_new, v_new, pools, cache,
+                                                            alive)
+  live = np.asarray(alive)
+  np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=1e-5)
+  for a, b in zip(got_pools, want_pools):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

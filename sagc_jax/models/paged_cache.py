@@ -29,7 +29,8 @@ handed out, it takes the writes of slots that are not running and fills unused p
 table entries, whose keys are never valid.
 
 Attention paths: ``"pallas"`` calls the TPU kernel on the pools every step, reading
-only the pages a slot fills. ``"xla"`` (every backend) works on a *slot view*
+only the pages a slot fills (per device, inside ``jax.shard_map``, on a mesh;
+``"reference"`` runs the kernel's contract in XLA in its place, for tests). ``"xla"`` (every backend) works on a *slot view*
 (``SlotKVCache``): the refill sampler gathers each slot's W pages into a contiguous
 [S, KV, W * page, D] array once per decode segment, decodes the segment against it
 (``slot_decode_attend``: per-slot writes, ``attention.decode_attend`` reads), and
@@ -45,15 +46,17 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
 
 from sagc_jax.models.attention import decode_attend
 from sagc_jax.models.config import ModelConfig
 
 __all__ = ["PAGED_KERNELS", "POOL_AXES", "SCRATCH_PAGE", "PagedKVCache", "SlotKVCache",
-           "gather_slots", "paged_decode_attend", "pool_shape", "scatter_slots",
+           "gather_slots", "paged_decode_attend", "pool_shape", "reference_paged_attention",
+           "scatter_slots",
            "slot_decode_attend"]
 
-PAGED_KERNELS = ("xla", "pallas")
+PAGED_KERNELS = ("xla", "pallas", "reference")
 SCRATCH_PAGE = 0
 # Mesh axes of a refill decoder's pools, [lanes, KV, num_pages, page_size, D]: one
 # lane (its slots and its own pages) per 'data' shard, KV heads on 'model'.
@@ -63,9 +66,10 @@ POOL_AXES = ("data", "model", None, None, None)
 class PagedKVCache(NamedTuple):
   """The pools and one decode call's view of them (a pytree).
 
-  ``k[i]``, ``v[i]``: layer i's pool [KV, num_pages, page_size, D]; ``page_table``
-  [S, W] int32 physical pages of each slot's first W logical pages (the rest of a
-  slot's pages are not read by this call); ``prompt_len`` [S] int32 shared-prompt keys
+  ``k[i]``, ``v[i]``: layer i's pools, one per lane [L, KV, num_pages, page_size, D];
+  ``page_table`` [S, W] int32 lane-local physical pages of each slot's first W
+  logical pages (slot s is in lane s // (S / L); the rest of a slot's pages are not
+  read by this call); ``prompt_len`` [S] int32 shared-prompt keys
   of each slot; ``own_len`` [S] int32 own keys written so far (the response tokens
   sampled so far: see the module docstring).
   """
@@ -78,11 +82,11 @@ class PagedKVCache(NamedTuple):
 
   @property
   def page_size(self) -> int:
-    return self.k[0].shape[2]
+    return self.k[0].shape[3]
 
   @property
   def num_pages(self) -> int:
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
   @property
   def positions(self) -> jax.Array:
@@ -152,40 +156,112 @@ def slot_decode_attend(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
   return out, (k_view, v_view)
 
 
+def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
+                              lengths: jax.Array, page_indices: jax.Array) -> jax.Array:
+  """The Pallas kernel's contract (``paged_attention``) in XLA: q [B, H, D], already
+  scaled; pages [KV, P, page, D]; attends to keys ``[0, lengths[b])`` of each row's
+  pages. ``kernel="reference"`` runs it where the kernel would, under the same
+  ``shard_map``, so the sharded wiring is tested on any backend."""
+  b, h, d = q.shape
+  keys, values = gather_slots(k_pages, page_indices), gather_slots(v_pages, page_indices)
+  kv, t = keys.shape[1], keys.shape[2]
+  scores = jnp.einsum("bkgd,bktd->bkgt", q.reshape(b, kv, h // kv, d).astype(jnp.float32),
+                      keys.astype(jnp.float32))
+  valid = jnp.arange(t)[None, :] < lengths[:, None]
+  scores = jnp.where(valid[:, None, None], scores, -jnp.inf)
+  out = jnp.einsum("bkgt,bktd->bkgd", jax.nn.softmax(scores, axis=-1),
+                   values.astype(jnp.float32))
+  return out.reshape(b, h, d)
+
+
+def _kernel(kernel: str, q, k_pages, v_pages, lengths, page_indices):
+  if kernel == "reference":
+    return reference_paged_attention(q, k_pages, v_pages, lengths, page_indices)
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+  w = page_indices.shape[1]
+  block = max(b for b in (8, 4, 2, 1) if w % b == 0)      # must divide W
+  return paged_attention(q, k_pages, v_pages, lengths, page_indices,
+                         pages_per_compute_block=block)
+
+
+def _lanes_kernel(kernel: str, q, k_pool, v_pool, lengths, page_table, mesh):
+  """The per-device kernel over lane-leading pools: inside ``jax.shard_map`` on a mesh
+  (lanes on 'data', query and KV heads on 'model' where they divide it; when the KV
+  heads do not, each device slices the KV heads its query heads read)."""
+  lanes = k_pool.shape[0]
+  if mesh is None or mesh.size == 1:
+    return _kernel(kernel, q, k_pool[0], v_pool[0], lengths, page_table)
+  if lanes != mesh.shape.get("data", 1):
+    raise ValueError(f"paged kernel: {lanes} lanes on a mesh whose 'data' axis is "
+                     f"{mesh.shape.get('data', 1)}")
+  data = "data" if "data" in mesh.shape else None
+  ways = mesh.shape.get("model", 1)
+  heads, kv_heads = q.shape[1], k_pool.shape[1]
+  heads_axis = "model" if ways > 1 and heads % ways == 0 else None
+  kv_axis = "model" if ways > 1 and kv_heads % ways == 0 else None
+  group = heads // kv_heads
+  local_heads = heads // ways if heads_axis else heads
+  if heads_axis and not kv_axis and local_heads % group and group % local_heads:
+    raise ValueError(f"paged kernel: {heads} query heads over {kv_heads} KV heads do not "
+                     f"split {ways} ways")
+
+  def per_device(q, k, v, lengths, table):
+    k, v = k[0], v[0]
+    if heads_axis and not kv_axis:       # this device's query heads read these KV heads
+      count = max(local_heads // group, 1)
+      start = jax.lax.axis_index("model") * local_heads // group
+      k = jax.lax.dynamic_slice_in_dim(k, start, count, 0)
+      v = jax.lax.dynamic_slice_in_dim(v, start, count, 0)
+    return _kernel(kernel, q, k, v, lengths, table)
+
+  pool_spec = P(data, kv_axis, None, None, None)
+  return jax.shard_map(per_device, mesh=mesh,
+                       in_specs=(P(data, heads_axis, None), pool_spec, pool_spec, P(data),
+                                 P(data, None)),
+                       out_specs=P(data, heads_axis, None), check_vma=False)(
+      q, k_pool, v_pool, lengths, page_table)
+
+
 def paged_decode_attend(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
                         pools: tuple[jax.Array, jax.Array], cache: PagedKVCache,
                         alive: jax.Array, num_groups: int, *, kernel: str = "xla",
-                        decode_kind: str = "einsum"
+                        decode_kind: str = "einsum", mesh: Mesh | None = None
                         ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """One decode step of one layer: writes each running slot's key and value, attends.
 
-  q [S, 1, H, D]; k_new / v_new [S, 1, KV, D]; ``pools`` this layer's (k, v) pools;
-  ``alive`` [S] bool (other slots write to the scratch page and their output is
-  meaningless). Returns (attention output [S, 1, H, D], updated pools).
+  q [S, 1, H, D]; k_new / v_new [S, 1, KV, D]; ``pools`` this layer's (k, v) pools,
+  lane-leading [L, KV, P, page, D] (slot s is in lane s // (S / L); its page table row
+  holds lane-local page ids); ``alive`` [S] bool (other slots write to the scratch page
+  and their output is meaningless). ``kernel``: ``"xla"`` gathers the pages (the
+  reference), ``"pallas"`` calls the TPU kernel, per device on ``mesh``,
+  ``"reference"`` the kernel's contract in XLA in its place. Returns (attention
+  output [S, 1, H, D], updated pools).
   """
   if kernel not in PAGED_KERNELS:
     raise ValueError(f"paged attention kernel={kernel!r} is not one of {PAGED_KERNELS}")
-  page_size = pools[0].shape[2]
+  lanes, page_size = pools[0].shape[0], pools[0].shape[3]
   s, w = cache.page_table.shape
+  by_lane = lambda x: x.reshape((lanes, -1) + x.shape[1:])
   logical = cache.prompt_len + cache.own_len                       # [S] the write index
   column = jnp.minimum(logical // page_size, w - 1)
   page = jnp.take_along_axis(cache.page_table, column[:, None], axis=1)[:, 0]
   page = jnp.where(alive, page, SCRATCH_PAGE)
   offset = logical % page_size
-  k_pool = _write(pools[0], page, offset, k_new[:, 0])
-  v_pool = _write(pools[1], page, offset, v_new[:, 0])
+  write = lambda pool, new: jax.vmap(_write)(pool, by_lane(page), by_lane(offset),
+                                             by_lane(new[:, 0]))
+  k_pool, v_pool = write(pools[0], k_new), write(pools[1], v_new)
   lengths = logical + 1                                          # keys [0, logical]
-  if kernel == "pallas":
-    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-
+  if kernel != "xla":
     # The kernel scales nothing: the scores' 1/sqrt(D) is applied to the queries.
     scaled = (q[:, 0] * (q.shape[-1] ** -0.5)).astype(k_pool.dtype)
-    block = max(b for b in (8, 4, 2, 1) if w % b == 0)      # must divide W
-    out = paged_attention(scaled, k_pool, v_pool, jnp.where(alive, lengths, 1),
-                          cache.page_table, pages_per_compute_block=block)
+    out = _lanes_kernel(kernel, scaled, k_pool, v_pool, jnp.where(alive, lengths, 1),
+                        cache.page_table, mesh)
     return out[:, None].astype(q.dtype), (k_pool, v_pool)
-  keys = gather_slots(k_pool, cache.page_table)
-  values = gather_slots(v_pool, cache.page_table)
+  table = by_lane(cache.page_table)
+  gather = lambda pool: jax.vmap(gather_slots)(pool, table).reshape(
+      (s,) + (pool.shape[1], w * page_size, pool.shape[4]))
+  keys, values = gather(k_pool), gather(v_pool)
   valid = jnp.arange(w * page_size)[None, :] < lengths[:, None]
   out = decode_attend(q, keys.astype(q.dtype), values.astype(q.dtype), valid, num_groups,
                       decode_kind)

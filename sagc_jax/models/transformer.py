@@ -239,7 +239,8 @@ class Attention(nnx.Module):
       else:
         out, kv = paged_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
                                       kernel=options.paged_kernel,
-                                      decode_kind=options.decode_attention)
+                                      decode_kind=options.decode_attention,
+                                      mesh=options.mesh)
       return self.o_proj(out.reshape(b, t, -1)), kv
     if kv is None:
       out = attend(q, k, v, mask, self.num_groups, kind=options.attention,

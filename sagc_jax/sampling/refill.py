@@ -35,6 +35,7 @@ host callback, once per call, as with the other samplers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -84,7 +85,8 @@ class RefillDecoder:
   pages (page ids are lane-local), so every gather, write and scatter of the cache is
   local to a device row of the mesh (batched over the lane dimension), and KV heads
   are split over ``'model'`` where they divide it. A prompt is prefilled into each lane
-  that runs one of its rows. The Pallas kernel runs on one device only.
+  that runs one of its rows. The Pallas kernel runs per device, inside
+  ``jax.shard_map`` (``paged_cache.paged_decode_attend``).
 
   Args:
     graphdef: the model's graph (``nnx.split``); parameters come with every call.
@@ -127,10 +129,6 @@ class RefillDecoder:
     self.pages_auto = num_pages is None
     self.num_pages = self._checked_pages(
         auto_pages(self.slots_per_lane, self.pages_per_row) if num_pages is None else num_pages)
-    if (mesh is not None and mesh.size > 1
-        and options_for(slots).paged_kernel == "pallas"):
-      raise ValueError("paged_kernel='pallas' runs on one device so far; this mesh has "
-                       f"{mesh.size} (use paged_kernel='xla')")
     self.mesh = mesh
     self.programs = ProgramCache(self._lower)
     self._pools = None
@@ -294,6 +292,8 @@ class RefillDecoder:
     the Pallas kernel reads the pools every step."""
     graphdef, params = self.graphdef, self.params
     options = self.options_for(self.slots)
+    if options.paged_kernel != "xla":    # the kernel runs per device on the mesh
+      options = dataclasses.replace(options, mesh=self.mesh)
     n_new, segment = params.max_new_tokens, self.segment
     views = options.paged_kernel == "xla"
     view_sharding = None if self.mesh is None else cache_sharding(
@@ -314,8 +314,8 @@ class RefillDecoder:
           return view if view_sharding is None else jax.lax.with_sharding_constraint(
               view, view_sharding)
         k_run, v_run = tuple(map(gather, k_pools)), tuple(map(gather, v_pools))
-      else:                                            # one lane (checked at construction)
-        k_run, v_run = tuple(p[0] for p in k_pools), tuple(p[0] for p in v_pools)
+      else:                          # the kernel reads the pools in place, every step
+        k_run, v_run = k_pools, v_pools
       carry = dict(i=jnp.int32(0), k=k_run, v=v_run,
                    own_len=slots["own_len"], last=slots["last"], done=slots["done"], **out)
 
@@ -325,7 +325,8 @@ class RefillDecoder:
       def step(c):
         alive = ~c["done"]
         cache = (SlotKVCache(c["k"], c["v"], slots["prompt_len"], c["own_len"]) if views else
-                 PagedKVCache(c["k"], c["v"], table[0], slots["prompt_len"], c["own_len"]))
+                 PagedKVCache(c["k"], c["v"], slots["page_table"], slots["prompt_len"],
+                              c["own_len"]))
         logits, cache = model(c["last"][:, None], attention_mask=alive[:, None], cache=cache,
                               options=options)
         t = c["own_len"]                               # the token each slot samples now
@@ -346,7 +347,7 @@ class RefillDecoder:
         k_out = tuple(map(scatter, k_pools, c["k"]))
         v_out = tuple(map(scatter, v_pools, c["v"]))
       else:
-        k_out, v_out = tuple(p[None] for p in c["k"]), tuple(p[None] for p in c["v"])
+        k_out, v_out = c["k"], c["v"]
       return ((k_out, v_out), dict(own_len=c["own_len"], last=c["last"], done=c["done"]),
               dict(tokens=c["tokens"], logprobs=c["logprobs"]), c["i"])
 
