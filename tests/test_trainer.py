@@ -406,11 +406,15 @@ def test_too_long_prompts_fail_at_startup_naming_the_bucket(shared, tmp_path):
   assert not any("supervised warm start" in m for m in messages)
 
 
-def test_tpu_presets_need_a_checkpoint_path():
+@pytest.mark.parametrize("name", ["qwen2_5_3b", "llama3_2_3b_16k"])
+def test_tpu_presets_need_a_checkpoint_path(name, tmp_path):
   namespace = {}
-  exec((REPO / "configs" / "qwen2_5_3b.py").read_text(), namespace)
+  exec((REPO / "configs" / f"{name}.py").read_text(), namespace)
+  config = namespace["get_config"]()
   with pytest.raises(ValueError, match="model.path is empty"):
-    validate(namespace["get_config"]())
+    validate(config)
+  config.model.path, config.data.manual_dir = str(tmp_path), str(tmp_path)
+  validate(config)                       # otherwise valid (refill slots split over 'data')
 
 
 def _tree_snapshot(root: Path) -> dict[str, bytes]:

@@ -10,14 +10,17 @@ holding a longest row), then compiles again with that pool to confirm it fits. A
 Projection. A refill call's decode steps depend on the response lengths, so the
 rollout is projected per *length model*: lengths are drawn (``LengthProcess`` of the
 simulator, parameters below) for every candidate G's ``P(G) x G`` rows, and the
-decoder's own host policy (``refill.simulate_refill``: admission, page reservation,
-eviction) is run on them. Seconds = decode steps x the decode step's roofline (a step
-of ``slots`` rows against a full-width cache, the XLA path's worst case) + segments x
-the page gather / scatter around each segment + prefill rounds x the largest
-prefill. The bound it is compared with is ``(sum(lengths) / slots + max(lengths)) x
-step``: every token decoded at full slot occupancy, plus the longest row's own decode
-time. ``rollout_over_bound`` reports projection / bound per model; ``cap`` (every
-response at the cap) is the worst case the step projection uses.
+decoder's own host policy (``refill_schedule.simulate_refill``: admission, page
+reservation, eviction) is run on them. A decode step costs the segment program's
+roofline (XLA counts its loop body, one step, once, plus the page copies around it;
+on the XLA path that includes attention over full-width slot views) plus, with the
+Pallas kernel, whose reads XLA cannot see, the keys the fullest lane holds at that
+point x the bytes a device stores per key / HBM bandwidth; each prefill round costs
+the largest prefill program. The bound it is compared with is
+``(sum(lengths) / slots + max(lengths)) x the mean step``: every token decoded at full
+slot occupancy, plus the longest row's own decode time. ``rollout_over_bound`` is
+projection / bound per model; ``cap`` (every response at the cap) is the worst case
+the step projection uses.
 """
 
 from __future__ import annotations
@@ -90,10 +93,15 @@ def size_pool(refill, compile_segment: Callable[[], dict | None], hbm_gib: float
               segment_gib_without_pool=round(rest_gib, 3), page_mib=page_gib * 1024)
 
 
-def project_refill(config, sampler, step_ms: float, view_ms: float, prefill_ms: float,
-                   seed: int = 0) -> dict[str, Any]:
+def project_refill(config, sampler, segment_ms: float, prefill_ms: float,
+                   kv_ms_per_key: float, seed: int = 0) -> dict[str, Any]:
   """Projected refill rollout seconds and ``rollout_over_bound`` per length model, at
-  the candidate G with the longest projection (rows ``P(G) x G``)."""
+  the candidate G with the longest projection (rows ``P(G) x G``).
+
+  A decode step costs ``segment_ms`` (the segment program's roofline: XLA counts its
+  loop body, one step, once, with the page copies around it) plus, with the kernel
+  (whose reads XLA cannot see), ``kv_ms_per_key`` per key the fullest lane holds.
+  """
   refill = sampler.refill
   r = config.rollout
   prompt_len = max(sampler.prompt_buckets)
@@ -107,11 +115,14 @@ def project_refill(config, sampler, step_ms: float, view_ms: float, prefill_ms: 
                             slots_per_lane=refill.slots_per_lane,
                             num_pages=refill.num_pages, page_size=refill.page_size,
                             segment=refill.segment, max_new_tokens=r.max_new_tokens)
-      seconds = (sim["decode_steps"] * step_ms + sim["segments"] * view_ms
-                 + sim["prefill_rounds"] * prefill_ms) / 1e3
+      runs = sim.pop("segment_runs")
+      decode_ms = sum(ran * (segment_ms + kv_ms_per_key * keys) for ran, keys in runs)
+      step_ms = decode_ms / max(sim["decode_steps"], 1)          # the mean decode step
+      seconds = (decode_ms + sim["prefill_rounds"] * prefill_ms) / 1e3
       bound = (lengths.sum() / refill.slots + lengths.max()) * step_ms / 1e3
       row = dict(group_size=g, rows=int(lengths.size), seconds=seconds, bound_s=bound,
-                 over_bound=seconds / bound, length_mean=float(lengths.mean()),
+                 over_bound=seconds / bound, step_ms=step_ms,
+                 length_mean=float(lengths.mean()),
                  length_p90=float(np.percentile(lengths, 90)), length_max=int(lengths.max()),
                  **sim)
       if worst is None or seconds > worst["seconds"]:
@@ -125,7 +136,7 @@ def project_refill(config, sampler, step_ms: float, view_ms: float, prefill_ms: 
 def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
                 log: Callable[[str], None]) -> dict[str, Any]:
   """Compiles the refill sampler's programs (pool sized first when ``kv_pages`` is
-  auto) and its decode step; returns the rows the projection needs."""
+  auto); returns the rows the projection needs."""
   refill = sampler.refill
   state = nnx.state(model)
   rows = sampler.row_buckets[-1]
@@ -137,31 +148,35 @@ def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
                        f"kv_pages={refill.num_pages}]",
                        lambda: refill.programs.get(("segment", width, rows), state))
   out: dict[str, Any] = dict(slots=refill.slots, lanes=refill.lanes, page_size=refill.page_size,
-                             segment=refill.segment, pages_per_row=refill.pages_per_row)
+                             segment=refill.segment, pages_per_row=refill.pages_per_row,
+                             kernel=refill.options_for(refill.slots).paged_kernel)
   if refill.pages_auto:
     out["pool"] = size_pool(refill, lambda: segment("_probe"), chip.hbm_gib, hbm_limit, log)
   out["program_segment"] = segment("")
   out["kv_pages"] = refill.num_pages
   out["pool_gib_per_device"] = refill.pool_bytes_per_device() / GIB
+  # What one device stores per key (keys and values of every layer, its share of heads).
+  out["kv_bytes_per_key"] = refill.pool_bytes_per_device() / (refill.num_pages
+                                                              * refill.page_size)
+  out["hbm_gbps"] = chip.hbm_gbps
   out["program_prefill"] = compile_one(f"sampler_refill_prefill[prompts={rung},prompt={bucket}]",
-                               lambda: refill.programs.get(("prefill", rung, bucket), state))
-  out["program_decode_step"] = compile_one(
-      f"sampler_refill_decode_step[rows={refill.slots},prompt={bucket}]",
-      lambda: sampler.compile_decode_step(model, refill.slots, bucket), hbm=True)
+                                       lambda: refill.programs.get(("prefill", rung, bucket),
+                                                                   state))
   return out
 
 
 def refill_projection(config, sampler, rows: dict[str, Any]) -> dict[str, Any] | None:
   """``project_refill`` from the compiled rows (None when one of them failed)."""
-  step, seg, pre = (rows.get(f"program_{k}") for k in ("decode_step", "segment", "prefill"))
-  if any(x is None or x.get("roofline_ms") is None for x in (step, seg, pre)):
+  seg, pre = rows.get("program_segment"), rows.get("program_prefill")
+  if any(x is None or x.get("roofline_ms") is None for x in (seg, pre)):
     return None
-  # The segment program's cost counts its loop body (one step) once, plus the page
-  # gather and scatter around the loop.
-  view_ms = max(seg["roofline_ms"] - step["roofline_ms"], 0.0)
-  out = project_refill(config, sampler, step["roofline_ms"], view_ms, pre["roofline_ms"])
-  out.update(decode_step_ms=step["roofline_ms"], view_ms=view_ms,
-             prefill_ms=pre["roofline_ms"])
+  # The XLA path's attention reads are inside the segment program (full-width views);
+  # the kernel's are not: they are added per key held, at the chip's HBM bandwidth.
+  kv_ms = (0.0 if rows["kernel"] == "xla"
+           else rows["kv_bytes_per_key"] / (rows["hbm_gbps"] * 1e9) * 1e3)
+  out = project_refill(config, sampler, seg["roofline_ms"], pre["roofline_ms"], kv_ms)
+  out.update(segment_ms=seg["roofline_ms"], prefill_ms=pre["roofline_ms"],
+             kv_ms_per_key=kv_ms, decode_step_ms=out["by_length_model"]["cap"]["step_ms"])
   return out
 
 

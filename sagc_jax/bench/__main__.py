@@ -3,6 +3,9 @@
 ``heavy_tail`` is the sampler benchmark's heavy-tailed-rollouts part alone (refill vs
 sub-calls vs fused, ``sagc_jax/bench/heavy_tail.py``).
 
+``heavy_tail --model MODEL`` runs the scenario on a real model's weights (forced
+lengths from 128 prompts' greedy continuations, ``--max_new_tokens`` default 256).
+
 ``sampler`` and ``learner`` also run on a real pretrained model with ``--model MODEL``
 (a local HF folder, a ``.gguf`` file or ``smollm2-135m-instruct``), on natural
 rollouts of chat prompts: ``--rows`` (default 8,32,64; the learner trains at the
@@ -28,6 +31,10 @@ BENCHMARKS = ("controller", "heavy_tail", "learner", "sampler")
 # With --model: the (run, report) functions of the real-model benchmark.
 REAL_MODEL = {"learner": ("run_learner", "report_learner"),
               "sampler": ("run_sampler", "report_sampler")}
+# heavy_tail --model: greedy continuations of this many prompts to force lengths from,
+# and the response cap (a real model decodes ~100x slower than the tiny one here).
+REAL_MODEL_POOL = 128
+REAL_MODEL_HEAVY_TAIL_MAX_NEW = 256
 
 
 def _rows(text: str) -> tuple[int, ...]:
@@ -80,10 +87,21 @@ def main(argv: list[str] | None = None) -> int:
       if getattr(args, flag) is not None:
         parser.error(f"--{flag} needs --model (it sets the real-model benchmark)")
     run, report = module.run, module.report
+  elif args.name == "heavy_tail":
+    if args.rows is not None:
+      parser.error("--rows: the heavy-tail scenario has 64 rows")
+    real_model = importlib.import_module("sagc_jax.bench.real_model")
+    try:
+      folder = real_model.resolve_model(args.model)
+    except (ValueError, OSError) as err:
+      parser.error(f"--model={args.model!r}: {err}")
+    run, report = module.run, module.report
+    kwargs.update(folder=folder, source=args.model, pool=REAL_MODEL_POOL,
+                  max_new_tokens=args.max_new_tokens or REAL_MODEL_HEAVY_TAIL_MAX_NEW)
   else:
     if args.name not in REAL_MODEL:
       parser.error(f"--model={args.model!r}: the {args.name} benchmark has no real-model "
-                   f"option (only {', '.join(sorted(REAL_MODEL))})")
+                   f"option (only {', '.join(sorted(REAL_MODEL) + ['heavy_tail'])})")
     real_model = importlib.import_module("sagc_jax.bench.real_model")
     try:
       folder = real_model.resolve_model(args.model)

@@ -85,10 +85,19 @@ def forced_rows(model, cfg, targets: np.ndarray, max_new: int, seed: int, pool: 
 
 def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens: int = 512,
         median: float = 32.0, sigma: float = 1.0, page_size: int = 16, seed: int = 0,
-        log=print) -> dict[str, Any]:
+        pool: int = 512, folder=None, source: str | None = None, log=print) -> dict[str, Any]:
   """The scenario on ``model`` (default: the tiny CPU Llama, random weights of std 0.1,
-  the straggler benchmark's); ``steps`` timed calls per sampler."""
-  if model is None:
+  the straggler benchmark's; ``folder``: a real model's HF folder, float32);
+  ``steps`` timed calls per sampler; ``pool`` prompts whose greedy continuations the
+  forced lengths are picked from."""
+  described = {"source": source or "tiny (random weights, std 0.1)"}
+  if folder is not None:
+    from sagc_jax.bench.real_model import load_model
+
+    loaded = load_model(folder)
+    model, cfg = loaded.model, loaded.cfg
+    described = loaded.describe(source or str(folder))
+  elif model is None:
     from sagc_jax.models import init_model, tiny_config
 
     cfg = tiny_config()
@@ -96,7 +105,7 @@ def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens
   compilation.install()
   runs = steps
   targets = lognormal_targets(ROWS, median, sigma, max_new_tokens)
-  prompts, stop_ids, forced = forced_rows(model, cfg, targets, max_new_tokens, seed)
+  prompts, stop_ids, forced = forced_rows(model, cfg, targets, max_new_tokens, seed, pool)
   params = SamplingParams(max_new_tokens, temperature=0.0, stop_ids=stop_ids)
   common = dict(row_buckets=(ROWS,), prompt_buckets=(32,), group_sizes=(1,))
   samplers = {"refill": dict(refill_slots=slots, page_size=page_size, decode_segment=0),
@@ -123,7 +132,7 @@ def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens
       ref.response_tokens[r, :ref.lengths[r]], got.response_tokens[r, :got.lengths[r]]))
       for r in range(ROWS)]
   lengths = ref.lengths[:ROWS]
-  return {"rows": ROWS, "slots": slots, "page_size": page_size,
+  return {"model": described, "rows": ROWS, "slots": slots, "page_size": page_size, "pool": pool,
           "max_new_tokens": max_new_tokens, "runs": runs,
           "target_median": median, "target_sigma": sigma,
           "target_lengths": targets.tolist(), "lengths": lengths.tolist(),

@@ -19,6 +19,7 @@ DATASETS = ("synthetic", "word_problems", "gsm8k_local", "math_local", "jsonl", 
 FILE_DATASETS = ("jsonl", "parquet")   # user prompt/answer files (sagc_jax.data.prompt_files)
 REWARDS = ("exact_match", "math_verify")
 DTYPES = ("float32", "bfloat16")
+PAGED_KERNEL_CHOICES = ("xla", "pallas")   # rollout.paged_kernel (models.paged_cache)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -78,8 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
       # Refill decoding (sampling/refill.py, rollouts only): this many decode slots over
       # a paged KV cache, refilled from a queue of the step's rows (0 = off); tokens
       # per page; pages per layer pool (0 = every slot can hold a longest row); decode
-      # steps between refills (0 = auto).
-      refill_slots=0, page_size=16, kv_pages=0, refill_segment=0,
+      # steps between refills (0 = auto); decode attention over the pages: "xla" (every
+      # backend) or "pallas" (the TPU kernel, which reads only the pages a row fills).
+      refill_slots=0, page_size=16, kv_pages=0, refill_segment=0, paged_kernel="xla",
       # Evaluation samplers segmented too (off: they run a few times per run, and the
       # fused sampler's one executable per shape compiles much faster).
       segmented_eval=False))

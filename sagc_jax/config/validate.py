@@ -15,7 +15,8 @@ import ml_collections
 import numpy as np
 
 from sagc_jax.config import checks
-from sagc_jax.config.schema import DATASETS, DTYPES, FILE_DATASETS, REWARDS, base_config
+from sagc_jax.config.schema import (DATASETS, DTYPES, FILE_DATASETS, PAGED_KERNEL_CHOICES,
+                                    REWARDS, base_config)
 from sagc_jax.control.budget import ROLLOUT_MODES, candidate_group_sizes, prompts_per_round
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.models.gguf_import import is_gguf_source, resolve_source
@@ -128,6 +129,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("refill_slots", "kv_pages", "refill_segment"):
     checks.non_negative_int(config, f"rollout.{key}")
   checks.positive_int(config, "rollout.page_size")
+  kernel = config.rollout.get("paged_kernel", "xla")
+  if kernel not in PAGED_KERNEL_CHOICES:
+    raise ValueError(f"rollout.paged_kernel={kernel!r} is not one of {PAGED_KERNEL_CHOICES}")
   slots = config.rollout.refill_slots
   if slots and "data" in tuple(config.mesh.axes):
     sizes = [s for s in config.mesh.shape if s != -1]

@@ -115,8 +115,16 @@ def pool_shape(cfg: ModelConfig, num_pages: int, page_size: int) -> tuple[int, i
 
 
 def _write(pool: jax.Array, page: jax.Array, offset: jax.Array, new: jax.Array) -> jax.Array:
-  """``pool`` [KV, P, page, D] with ``new`` [S, KV, D] written at (page[s], offset[s])."""
-  return pool.at[:, page, offset].set(new.swapaxes(0, 1).astype(pool.dtype))
+  """``pool`` [KV, P, page, D] with ``new`` [S, KV, D] written at (page[s], offset[s]).
+
+  One scatter of S x KV vectors of D, the KV head an index rather than a window
+  dimension: with [KV, D] windows XLA:TPU lays the pool out KV-minor for the write and
+  copies all of it into the Pallas kernel's layout in every step (v5e AOT: a full
+  pool copy per layer and step; none this way)."""
+  s, kv, d = new.shape
+  heads = jnp.tile(jnp.arange(kv), s)
+  return pool.at[heads, jnp.repeat(page, kv), jnp.repeat(offset, kv)].set(
+      new.reshape(s * kv, d).astype(pool.dtype))
 
 
 def gather_slots(pool: jax.Array, page_table: jax.Array) -> jax.Array:

@@ -242,13 +242,16 @@ def simulate_refill(prompt_lens: Sequence[int], lengths: np.ndarray, *, lanes: i
   """``RefillSchedule`` against drawn response lengths (``lengths`` [prompts, G]):
   the decode steps a refill call would run, and its prefills and evictions. A
   segment runs until ``segment`` steps or until every running row has stopped, as
-  the device program does."""
+  the device program does. ``segment_runs`` lists each segment's (steps, the most
+  keys one lane's running rows hold at its middle): the lanes decode in lock step, so
+  the fullest lane sets a step's attention reads."""
   group = lengths.shape[1]
   sched = RefillSchedule([[1] * max(int(n), 1) for n in prompt_lens], group, lanes=lanes,
                          slots_per_lane=slots_per_lane, num_pages=num_pages,
                          page_size=page_size, segment=segment, max_new_tokens=max_new_tokens)
   target = np.minimum(lengths.reshape(-1), max_new_tokens)
   steps = segments = prefills = prefill_rounds = 0
+  runs: list[tuple[int, int]] = []
   while True:
     sched.release()
     sched.reserve()
@@ -261,6 +264,11 @@ def simulate_refill(prompt_lens: Sequence[int], lengths: np.ndarray, *, lanes: i
       prefill_rounds += 1
     left = [int(target[s.row]) - s.own_len for s in sched.running]
     ran = min(segment, max(left))
+    keys = [0] * lanes
+    for s in sched.running:
+      keys[s.lane] += sched.prompts[s.prompt].kv_len + s.own_len + min(
+          ran, int(target[s.row]) - s.own_len) // 2
+    runs.append((ran, max(keys)))
     own = [s.own_len + min(ran, int(target[s.row]) - s.own_len) if s.row >= 0 else 0
            for s in sched.slots]
     done = [s.row >= 0 and own[i] >= target[s.row] for i, s in enumerate(sched.slots)]
@@ -268,4 +276,4 @@ def simulate_refill(prompt_lens: Sequence[int], lengths: np.ndarray, *, lanes: i
     steps += ran
     segments += 1
   return dict(decode_steps=steps, segments=segments, prefills=prefills,
-              prefill_rounds=prefill_rounds, evictions=sched.evictions)
+              prefill_rounds=prefill_rounds, evictions=sched.evictions, segment_runs=runs)

@@ -157,6 +157,8 @@ class Sampler:
       every slot can hold a row of the longest length at once).
     refill_segment: decode steps between refills (refill only; None:
       ``refill.auto_refill_segment``).
+    paged_kernel: the paged decode attention (``ForwardOptions.paged_kernel``: "xla"
+      or "pallas"); None keeps ``options``'.
 
   The model may be abstract (ShapeDtypeStruct leaves with shardings): the sampler can
   then only compile (``warmup``), which is what ``sagc_jax.aot`` does.
@@ -170,7 +172,7 @@ class Sampler:
                min_compact_rows: int = 8, group_sizes: Sequence[int] = (1,),
                prompts_for: Callable[[int], int] | None = None, refill_slots: int = 0,
                page_size: int = 16, kv_pages: int | None = None,
-               refill_segment: int | None = None):
+               refill_segment: int | None = None, paged_kernel: str | None = None):
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
@@ -207,6 +209,8 @@ class Sampler:
                   else mesh.devices.flat[0].platform)
       options = ForwardOptions(attention="blocked", decode_attention="einsum",
                                decode_cache_read=decode_cache_read_for(platform))
+    if paged_kernel is not None:
+      options = dataclasses.replace(options, paged_kernel=paged_kernel)
     self.options = options
     self.programs = ProgramCache(self._lower_fused)       # (rows, prompt_len) -> program
     self._jitted = jax.jit(self._make_core(), **self._shardings(state))

@@ -102,11 +102,14 @@ def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh
       prompts_for=lambda g: prompts_per_round(config.rollout, g),
       refill_slots=r.get("refill_slots", 0), page_size=r.get("page_size", 16),
       kv_pages=r.get("kv_pages", 0) or None, refill_segment=r.get("refill_segment", 0) or None,
-      **common)
+      paged_kernel=r.get("paged_kernel", "xla"), **common)
   eval_sampler, eval_sampled_sampler = build_eval_samplers(config, model, mesh,
                                                            stop_ids=stop_ids, pad_id=pad_id)
   learner_cfg = learner_config(config)
   platform = mesh.devices.flat[0].platform
+  if r.get("refill_slots", 0) and r.get("paged_kernel", "xla") == "pallas" and platform != "tpu":
+    raise ValueError(f"rollout.paged_kernel='pallas' is a TPU kernel and this run's devices "
+                     f"are {platform}; use rollout.paged_kernel='xla' (same tokens) off TPU")
   if learner_cfg.attention == "splash" and platform != "tpu":
     # Off TPU the kernel only runs in Pallas' (test) interpreter, orders of magnitude slower.
     raise ValueError(f"learner.attention='splash' is a TPU kernel and this run's devices are "
