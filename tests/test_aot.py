@@ -220,6 +220,7 @@ def test_the_refill_sampler_gets_a_pool_sized_to_hbm_and_a_rollout_against_its_b
   names = [e["name"] for e in report["executables"]]
   assert not any(n.startswith("sampler[") for n in names), "the fused rollout program"
   assert any(n.startswith("sampler_refill_segment_probe[") for n in names)
+  assert any(n.startswith("sampler_refill_prefill_probe[") for n in names)
   assert any(n.startswith("sampler_refill_segment[") for n in names)
   refill = report["refill"]
   assert refill["lanes"] == 2 and refill["slots"] == 8

@@ -175,15 +175,17 @@ def test_refill_compiles_nothing_after_warm_up_whatever_g(llama):
   assert compilation.compile_count() == before
 
 
-@pytest.fixture(scope="module")
-def lanes_llama(llama):
-  """(mesh, model): the llama weights on a (4 data, 2 model) mesh of fake devices."""
+@pytest.fixture(scope="module", params=[(4, 2), (2, 4)], ids=["4x2", "2x4"])
+def lanes_llama(llama, request):
+  """(mesh, model): the llama weights on a (data, model) mesh of fake devices; at
+  (2, 4) its 2 KV heads do not divide 'model' (the pools hold 2 copies of each)."""
   import jax
 
   from sagc_jax.models import from_pretrained
   if jax.device_count() < 8:
     pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
-  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  mesh = jax.make_mesh(request.param, ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
   return mesh, from_pretrained(llama.folder, mesh=mesh)[0]
 
 
@@ -204,7 +206,9 @@ def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_ll
   refill = Sampler(sharded, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0,
                    group_sizes=(4,), mesh=mesh, refill_slots=8, page_size=4,
                    refill_segment=3, kv_pages=10, options=options)
-  assert refill.refill.lanes == 4 and refill.refill.slots_per_lane == 2
+  lanes = mesh.shape["data"]
+  assert refill.refill.lanes == lanes and refill.refill.slots_per_lane == 8 // lanes
+  assert refill.refill.kv_repeats == max(mesh.shape["model"] // llama.cfg.num_kv_heads, 1)
   for seed in range(2):
     prompts = random_prompts(4, 4, 12, seed=80 + seed)
     a = fused.generate(llama.model, prompts, group_size=4, seed=seed)
@@ -212,7 +216,7 @@ def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_ll
     assert_same_samples(a, b)
   assert refill.refill.evictions > 0, "no lane's pool ran short: the test proves less"
   pool = refill.refill._pools[0][0]
-  assert pool.shape[0] == 4 and pool.sharding.spec[:2] == ("data", "model")
+  assert pool.shape[0] == lanes and pool.sharding.spec[:2] == ("data", "model")
   # Every gather and scatter of the pages is local: the segment program's collectives
   # move only per-slot activations, never a pool ([.., pages, page, D]) or a slot view
   # ([.., W * page, D]).
@@ -223,17 +227,21 @@ def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_ll
   collectives = re.findall(r"= \w+\[([\d,]*)\][^ ]* (?:all-gather|all-reduce|all-to-all|"
                            r"collective-permute|reduce-scatter)\(", text)
   assert collectives, "no collective at all: the model is not split over 'model'"
-  d = llama.cfg.head_dim
-  cache_like = [f"10,4,{d}"] + [f"{w * 4},{d}" for w in refill.refill.page_buckets()]
-  assert not [c for c in collectives if any(c.endswith(p) for p in cache_like)], collectives
+  d, pages = llama.cfg.head_dim, refill.refill.num_pages
+  views = {(w * 4, d) for w in refill.refill.page_buckets()}
+  shapes = [tuple(int(x) for x in c.split(",")) for c in collectives if c]
+  cache_like = [x for x in shapes if (len(x) == 5 and x[-3:] == (pages, 4, d))
+                or (len(x) == 4 and x[-2:] in views)]
+  assert not cache_like, cache_like
 
 
 def test_refill_slots_must_split_over_the_data_axis(llama, lanes_llama):
   mesh, sharded = lanes_llama
-  with pytest.raises(ValueError, match=r"refill_slots=6 must be a multiple of the mesh's "
-                     r"'data' axis \(4\)"):
+  data = mesh.shape["data"]
+  with pytest.raises(ValueError, match=rf"refill_slots={data + 1} must be a multiple of the "
+                     rf"mesh's 'data' axis \({data}\)"):
     Sampler(sharded, SamplingParams(N_NEW, stop_ids=STOPS), row_buckets=(16,),
-            prompt_buckets=(12,), mesh=mesh, refill_slots=6)
+            prompt_buckets=(12,), mesh=mesh, refill_slots=data + 1)
 
 
 def test_the_schedule_simulated_on_the_real_lengths_runs_the_real_call_s_steps(llama):
@@ -259,7 +267,8 @@ def test_the_schedule_simulated_on_the_real_lengths_runs_the_real_call_s_steps(l
 def test_the_kernel_path_on_a_mesh_attends_like_the_gather_path_on_one_device(mesh_shape):
   """``kernel="reference"`` (the Pallas kernel's contract in XLA) under the kernel's
   ``shard_map``: lanes on 'data', heads on 'model'; at (2, 4) the 2 KV heads do not
-  divide the 4-way axis, so each device slices the KV head its query head reads."""
+  divide the 4-way axis, so the pools hold 2 copies of each (``kv_repeats``) and each
+  device the one copy its query head reads."""
   import jax
 
   if jax.device_count() < 8:
@@ -281,10 +290,13 @@ def test_the_kernel_path_on_a_mesh_attends_like_the_gather_path_on_one_device(me
   cache = PagedKVCache(pools, pools, table, prompt_len, own_len)
   want, want_pools = paged_decode_attend(q, k_new, v_new, pools, cache, alive,
                                          heads // kv_heads, kernel="xla")
+  repeats = mesh_shape[1] // kv_heads if mesh_shape[1] > kv_heads else 1
+  copies = tuple(jnp.repeat(p, repeats, axis=1) for p in pools)
   got, got_pools = jax.jit(lambda *a: paged_decode_attend(
-      *a, heads // kv_heads, kernel="reference", mesh=mesh))(q, k_new, v_new, pools, cache,
-                                                            alive)
+      *a, heads // kv_heads, kernel="reference", mesh=mesh))(
+          q, k_new, v_new, copies, PagedKVCache(copies, copies, table, prompt_len, own_len),
+          alive)
   live = np.asarray(alive)
   np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live], atol=1e-5)
   for a, b in zip(got_pools, want_pools):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(a), np.repeat(np.asarray(b), repeats, axis=1))

@@ -1,10 +1,11 @@
 """The refill sampler in the AOT report: its pool sized to the chip, its rollout projected.
 
 Pool. With ``rollout.kv_pages=0`` the tool sizes each lane's pool from HBM: it
-compiles the largest segment program with the smallest legal pool (one longest row
-plus the scratch page), reads the program's peak without the pool, and gives the
-pool what is left under 90% of HBM (capped at the no-eviction pool, every slot
-holding a longest row), then compiles again with that pool to confirm it fits. A set
+compiles the programs that hold the pools (the largest segment and prefill) with the
+smallest legal pool (one longest row plus the scratch page), reads their peaks
+without the pool, and gives the pool what the hungriest leaves under 90% of HBM
+(capped at the no-eviction pool, every slot holding a longest row), then compiles
+both again with that pool to confirm it fits. A set
 ``kv_pages`` is compiled as given.
 
 Projection. A refill call's decode steps depend on the response lengths, so the
@@ -67,30 +68,35 @@ def draw_lengths(model: str, cap: int, prompts: int, group: int, seed: int = 0) 
   return process.draw(0, prompts, group)
 
 
-def size_pool(refill, compile_segment: Callable[[], dict | None], hbm_gib: float,
+def size_pool(refill, probes: dict[str, Callable[[], dict | None]], hbm_gib: float,
               hbm_limit: float, log: Callable[[str], None]) -> dict[str, Any]:
   """Sizes ``refill``'s pool (pages per lane) to the chip; returns what it chose and why.
 
-  ``compile_segment()`` compiles the largest segment program for the decoder's current
-  pool and returns its report row (peak GiB per device, resident state included).
+  ``probes`` compile each program that holds the pools (the largest segment and
+  prefill) for the decoder's current pool and return their report rows (peak GiB per
+  device, resident state included); the pool gets what the hungriest leaves.
   """
   auto = refill.slots_per_lane * refill.pages_per_row + 1
   smallest = refill.pages_per_row + 1
   refill.resize_pool(smallest)
-  probe = compile_segment()
-  if probe is None or probe.get("peak_gib") is None:
-    return dict(pages=smallest, sized=False, reason="the probe segment did not compile")
   page_gib = refill.pool_bytes_per_device() / smallest / GIB
-  rest_gib = probe["peak_gib"] - page_gib * smallest
-  fit = int((hbm_limit * hbm_gib - rest_gib) // page_gib)
+  rest: dict[str, float] = {}
+  for name, probe in probes.items():
+    row = probe()
+    if row is None or row.get("peak_gib") is None:
+      return dict(pages=smallest, sized=False, reason=f"the {name} probe did not compile")
+    rest[name] = row["peak_gib"] - page_gib * smallest
+  hungriest = max(rest, key=rest.get)
+  fit = int((hbm_limit * hbm_gib - rest[hungriest]) // page_gib)
   pages = max(min(fit, auto), smallest)
-  log(f"    pool: the segment program needs {rest_gib:.2f} GiB per device besides the "
-      f"pool; {page_gib * 1024:.2f} MiB per page (all layers, keys and values, this "
+  log(f"    pool: the {hungriest} program needs {rest[hungriest]:.2f} GiB per device besides "
+      f"the pool; {page_gib * 1024:.2f} MiB per page (all layers, keys and values, this "
       f"device's share); {fit} pages fit under {hbm_limit:.0%} of {hbm_gib:g} GiB, "
       f"{auto} hold every slot at the cap -> {pages} pages per lane")
   refill.resize_pool(pages)
   return dict(pages=pages, sized=True, pages_that_fit=fit, pages_no_eviction=auto,
-              segment_gib_without_pool=round(rest_gib, 3), page_mib=page_gib * 1024)
+              gib_without_pool={k: round(v, 3) for k, v in rest.items()},
+              page_mib=page_gib * 1024)
 
 
 def project_refill(config, sampler, segment_ms: float, prefill_ms: float,
@@ -143,25 +149,30 @@ def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
   width = refill.page_buckets()[-1]
   rung, bucket = refill.prompt_rungs()[-1], refill.prompt_buckets[-1]
 
-  def segment(tag: str):
+  def segment(tag: str = ""):
     return compile_one(f"sampler_refill_segment{tag}[pages={width},rows={rows},"
                        f"kv_pages={refill.num_pages}]",
                        lambda: refill.programs.get(("segment", width, rows), state))
+
+  def prefill(tag: str = ""):
+    return compile_one(f"sampler_refill_prefill{tag}[prompts={rung},prompt={bucket},"
+                       f"kv_pages={refill.num_pages}]",
+                       lambda: refill.programs.get(("prefill", rung, bucket), state))
   out: dict[str, Any] = dict(slots=refill.slots, lanes=refill.lanes, page_size=refill.page_size,
                              segment=refill.segment, pages_per_row=refill.pages_per_row,
                              kernel=refill.options_for(refill.slots).paged_kernel)
   if refill.pages_auto:
-    out["pool"] = size_pool(refill, lambda: segment("_probe"), chip.hbm_gib, hbm_limit, log)
-  out["program_segment"] = segment("")
+    out["pool"] = size_pool(refill, dict(segment=lambda: segment("_probe"),
+                                         prefill=lambda: prefill("_probe")),
+                            chip.hbm_gib, hbm_limit, log)
+  out["program_segment"] = segment()
   out["kv_pages"] = refill.num_pages
   out["pool_gib_per_device"] = refill.pool_bytes_per_device() / GIB
   # What one device stores per key (keys and values of every layer, its share of heads).
   out["kv_bytes_per_key"] = refill.pool_bytes_per_device() / (refill.num_pages
                                                               * refill.page_size)
   out["hbm_gbps"] = chip.hbm_gbps
-  out["program_prefill"] = compile_one(f"sampler_refill_prefill[prompts={rung},prompt={bucket}]",
-                                       lambda: refill.programs.get(("prefill", rung, bucket),
-                                                                   state))
+  out["program_prefill"] = prefill()
   return out
 
 

@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
       parser.error(f"--model={args.model!r}: {err}")
     run, report = module.run, module.report
-    kwargs.update(folder=folder, source=args.model, pool=REAL_MODEL_POOL,
+    loaded = real_model.load_model(folder)
+    kwargs.update(model=loaded.model, cfg=loaded.cfg, model_info=loaded.describe(args.model),
+                  pool=REAL_MODEL_POOL,
                   max_new_tokens=args.max_new_tokens or REAL_MODEL_HEAVY_TAIL_MAX_NEW)
   else:
     if args.name not in REAL_MODEL:

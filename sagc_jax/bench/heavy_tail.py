@@ -85,19 +85,13 @@ def forced_rows(model, cfg, targets: np.ndarray, max_new: int, seed: int, pool: 
 
 def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens: int = 512,
         median: float = 32.0, sigma: float = 1.0, page_size: int = 16, seed: int = 0,
-        pool: int = 512, folder=None, source: str | None = None, log=print) -> dict[str, Any]:
+        pool: int = 512, model_info: dict | None = None, log=print) -> dict[str, Any]:
   """The scenario on ``model`` (default: the tiny CPU Llama, random weights of std 0.1,
-  the straggler benchmark's; ``folder``: a real model's HF folder, float32);
+  the straggler benchmark's; ``model_info`` describes another in the JSON);
   ``steps`` timed calls per sampler; ``pool`` prompts whose greedy continuations the
   forced lengths are picked from."""
-  described = {"source": source or "tiny (random weights, std 0.1)"}
-  if folder is not None:
-    from sagc_jax.bench.real_model import load_model
-
-    loaded = load_model(folder)
-    model, cfg = loaded.model, loaded.cfg
-    described = loaded.describe(source or str(folder))
-  elif model is None:
+  described = model_info or {"source": "tiny (random weights, std 0.1)"}
+  if model is None:
     from sagc_jax.models import init_model, tiny_config
 
     cfg = tiny_config()

@@ -53,7 +53,7 @@ from sagc_jax.models.config import ModelConfig
 
 __all__ = ["PAGED_KERNELS", "POOL_AXES", "SCRATCH_PAGE", "PagedKVCache", "SlotKVCache",
            "gather_slots", "paged_decode_attend", "pool_shape", "reference_paged_attention",
-           "scatter_slots",
+           "repeat_heads", "scatter_slots",
            "slot_decode_attend"]
 
 PAGED_KERNELS = ("xla", "pallas", "reference")
@@ -110,8 +110,18 @@ class SlotKVCache(NamedTuple):
     return self.prompt_len + self.own_len
 
 
-def pool_shape(cfg: ModelConfig, num_pages: int, page_size: int) -> tuple[int, int, int, int]:
-  return (cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
+def pool_shape(cfg: ModelConfig, num_pages: int, page_size: int, kv_repeats: int = 1
+               ) -> tuple[int, int, int, int]:
+  """One lane's pool of one layer: [KV x kv_repeats, pages, page, D] (``kv_repeats``
+  copies of each KV head make the heads divide the 'model' axis: ``splash.kv_repeats``)."""
+  return (cfg.num_kv_heads * kv_repeats, num_pages, page_size, cfg.head_dim)
+
+
+def repeat_heads(new: jax.Array, heads: int, axis: int) -> jax.Array:
+  """``new``'s KV heads (on ``axis``) copied to ``heads``: head j holds head j // r, so
+  query head h still reads a copy of its KV head h // groups."""
+  r = heads // new.shape[axis]
+  return new if r == 1 else jnp.repeat(new, r, axis=axis)
 
 
 def _write(pool: jax.Array, page: jax.Array, offset: jax.Array, new: jax.Array) -> jax.Array:
@@ -150,7 +160,9 @@ def slot_decode_attend(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
   """``paged_decode_attend`` on slot views: each running slot writes its key and value
   at its logical index (stopped slots write nothing) and attends to keys
   ``[0, logical]`` of its own view, read in place."""
-  length = views[0].shape[2]
+  view_heads, length = views[0].shape[1], views[0].shape[2]
+  num_groups = num_groups * k_new.shape[2] // view_heads      # per (repeated) view head
+  k_new, v_new = repeat_heads(k_new, view_heads, 2), repeat_heads(v_new, view_heads, 2)
   logical = cache.prompt_len + cache.own_len
   at = jnp.where(alive, logical, length)                       # out of range: dropped
   # Batched over slots (a scatter with the slot as its batch dimension): slots sharded
@@ -195,8 +207,8 @@ def _kernel(kernel: str, q, k_pages, v_pages, lengths, page_indices):
 
 def _lanes_kernel(kernel: str, q, k_pool, v_pool, lengths, page_table, mesh):
   """The per-device kernel over lane-leading pools: inside ``jax.shard_map`` on a mesh
-  (lanes on 'data', query and KV heads on 'model' where they divide it; when the KV
-  heads do not, each device slices the KV heads its query heads read)."""
+  (lanes on 'data', query and KV heads on 'model' where they divide it; the refill
+  decoder repeats KV heads until they do, ``pool_shape``)."""
   lanes = k_pool.shape[0]
   if mesh is None or mesh.size == 1:
     return _kernel(kernel, q, k_pool[0], v_pool[0], lengths, page_table)
@@ -206,28 +218,20 @@ def _lanes_kernel(kernel: str, q, k_pool, v_pool, lengths, page_table, mesh):
   data = "data" if "data" in mesh.shape else None
   ways = mesh.shape.get("model", 1)
   heads, kv_heads = q.shape[1], k_pool.shape[1]
-  heads_axis = "model" if ways > 1 and heads % ways == 0 else None
-  kv_axis = "model" if ways > 1 and kv_heads % ways == 0 else None
-  group = heads // kv_heads
-  local_heads = heads // ways if heads_axis else heads
-  if heads_axis and not kv_axis and local_heads % group and group % local_heads:
-    raise ValueError(f"paged kernel: {heads} query heads over {kv_heads} KV heads do not "
-                     f"split {ways} ways")
+  split = ways > 1 and heads % ways == 0
+  if split and kv_heads % ways:
+    raise ValueError(f"paged kernel: {kv_heads} KV heads do not divide the {ways}-way "
+                     "'model' axis (repeat them: pool_shape(kv_repeats=...))")
+  axis = "model" if split else None
 
   def per_device(q, k, v, lengths, table):
-    k, v = k[0], v[0]
-    if heads_axis and not kv_axis:       # this device's query heads read these KV heads
-      count = max(local_heads // group, 1)
-      start = jax.lax.axis_index("model") * local_heads // group
-      k = jax.lax.dynamic_slice_in_dim(k, start, count, 0)
-      v = jax.lax.dynamic_slice_in_dim(v, start, count, 0)
-    return _kernel(kernel, q, k, v, lengths, table)
+    return _kernel(kernel, q, k[0], v[0], lengths, table)
 
-  pool_spec = P(data, kv_axis, None, None, None)
+  pool_spec = P(data, axis, None, None, None)
   return jax.shard_map(per_device, mesh=mesh,
-                       in_specs=(P(data, heads_axis, None), pool_spec, pool_spec, P(data),
+                       in_specs=(P(data, axis, None), pool_spec, pool_spec, P(data),
                                  P(data, None)),
-                       out_specs=P(data, heads_axis, None), check_vma=False)(
+                       out_specs=P(data, axis, None), check_vma=False)(
       q, k_pool, v_pool, lengths, page_table)
 
 
@@ -248,7 +252,9 @@ def paged_decode_attend(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
   """
   if kernel not in PAGED_KERNELS:
     raise ValueError(f"paged attention kernel={kernel!r} is not one of {PAGED_KERNELS}")
-  lanes, page_size = pools[0].shape[0], pools[0].shape[3]
+  lanes, pool_heads, page_size = pools[0].shape[0], pools[0].shape[1], pools[0].shape[3]
+  num_groups = num_groups * k_new.shape[2] // pool_heads      # per (repeated) pool head
+  k_new, v_new = repeat_heads(k_new, pool_heads, 2), repeat_heads(v_new, pool_heads, 2)
   s, w = cache.page_table.shape
   by_lane = lambda x: x.reshape((lanes, -1) + x.shape[1:])
   logical = cache.prompt_len + cache.own_len                       # [S] the write index

@@ -47,9 +47,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.models.config import ModelConfig
-from sagc_jax.models.kv_cache import cache_sharding
 from sagc_jax.models.paged_cache import (POOL_AXES, SCRATCH_PAGE, PagedKVCache, SlotKVCache,
-                                         gather_slots, pool_shape, scatter_slots)
+                                         gather_slots, pool_shape, repeat_heads, scatter_slots)
+from sagc_jax.models.splash import head_layout
 from sagc_jax.models.sharding import abstract_like, named_sharding
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
@@ -130,6 +130,10 @@ class RefillDecoder:
     self.num_pages = self._checked_pages(
         auto_pages(self.slots_per_lane, self.pages_per_row) if num_pages is None else num_pages)
     self.mesh = mesh
+    # Copies of each KV head in the pools, so that the heads divide 'model' (Qwen2.5-3B:
+    # 2 KV heads, 4-way axis -> 2 copies, one head per device instead of both on all).
+    self.kv_repeats = 1 if mesh is None else head_layout(
+        cfg.num_heads, cfg.num_kv_heads, mesh.shape.get("model", 1))[1]
     self.programs = ProgramCache(self._lower)
     self._pools = None
     self.evictions = 0            # rows restarted because the pool ran short (all calls)
@@ -215,7 +219,8 @@ class RefillDecoder:
     return jax.jit(fn, donate_argnums=donate, out_shardings=shardings).lower(*in_specs)
 
   def _abstract_pools(self):
-    shape = (self.lanes,) + pool_shape(self.cfg, self.num_pages, self.page_size)
+    shape = (self.lanes,) + pool_shape(self.cfg, self.num_pages, self.page_size,
+                                       self.kv_repeats)
     leaf = self._spec(shape, jnp.dtype(self.cache_dtype), POOL_AXES)
     return (leaf,) * self.cfg.num_layers, (leaf,) * self.cfg.num_layers
 
@@ -243,6 +248,7 @@ class RefillDecoder:
       _, cache = decode.prefill(model, tokens, mask, cache, options)
 
       def into_pages(pool, dense):        # [L * P, KV, T, D] -> each lane's pool pages
+        dense = repeat_heads(dense, pool.shape[1], 1)
         _, kv, _, d = dense.shape
         paged = dense.reshape(lanes, prompt_rows, kv, length // page, page, d)
         paged = paged.swapaxes(1, 2).reshape(lanes, kv, -1, page, d).astype(pool.dtype)
@@ -296,8 +302,9 @@ class RefillDecoder:
       options = dataclasses.replace(options, mesh=self.mesh)
     n_new, segment = params.max_new_tokens, self.segment
     views = options.paged_kernel == "xla"
-    view_sharding = None if self.mesh is None else cache_sharding(
-        self.cfg, self.slots, pages * self.page_size, self.mesh).k[0]
+    view_shape = (self.slots, self.cfg.num_kv_heads * self.kv_repeats, pages * self.page_size,
+                  self.cfg.head_dim)               # slots on 'data', heads on 'model'
+    view_sharding = self._sharding(view_shape, ("data", "model", None, None))
     by_lane = self._by_lane
     lane_map = lambda fn, *args: jax.vmap(fn)(*args)
 
