@@ -76,7 +76,10 @@ def test_real_model_learner_reports_both_layouts_on_sampled_lengths(tiny_folder,
     (["learner", "--model", "missing.gguf"], "--model='missing.gguf'"),
     (["controller", "--model", "smollm2-135m-instruct"], "--model="),
     (["sampler", "--model", "x", "--rows", "6"], "--rows"),
-    (["sampler", "--rows", "8"], "--rows needs --model")])
+    (["sampler", "--rows", "8"], "--rows needs --model"),
+    (["sampler", "--peer_python", "/bin/sh"], "only the heavy_tail benchmark"),
+    (["heavy_tail", "--peer_python", "/no/such/python"], "--peer_python='/no/such/python'"),
+    (["heavy_tail", "--model", "x", "--rows", "8"], "--rows")])
 def test_a_bad_real_model_flag_is_one_argparse_error(args, named, capsys):
   from sagc_jax.bench.__main__ import main
 
@@ -101,3 +104,36 @@ def test_heavy_tail_scenario_reports_refill_against_subcalls_and_fused():
   # 16 slots never run more slot-steps than the fused sampler's 64 rows x longest row.
   steps = {k: v["decode_slots"] for k, v in r["samplers"].items()}
   assert steps["refill"] <= steps["fused"] == 64 * r["length_max"]
+
+
+def test_the_peer_column_compares_tunix_row_by_row_and_refuses_another_rope_theta():
+  """Tunix's response ends before its stop token (the worker adds it to the length):
+  a row matches when the lengths agree and the tokens before the stop do; a model
+  whose RoPE theta is not Tunix's 1e6 is refused (Tunix would run another function)."""
+  import dataclasses
+
+  from sagc_jax.bench import heavy_tail
+  from sagc_jax.models import init_model, tiny_config
+
+  tunix = {"tokens": [[5, 6], [5, 6, 7], [9]], "lengths": [3, 3, 2]}
+  ours = [[5, 6, 2, 0], [5, 6, 7, 0], [8, 2, 0, 0]]
+  assert heavy_tail._match(tunix, ours, [3, 3, 2]) == pytest.approx(2 / 3)
+  cfg = dataclasses.replace(tiny_config(), rope_theta=1e4)
+  with pytest.raises(ValueError, match="RoPE theta 1e\+06 .* this model has 10000"):
+    heavy_tail.run(1, model=init_model(cfg), cfg=cfg, peer_python="/bin/python")
+
+
+def test_with_rope_theta_links_the_weights_and_rewrites_only_the_config(tmp_path):
+  import json
+
+  from sagc_jax.bench.real_model import with_rope_theta
+
+  src = tmp_path / "m"
+  src.mkdir()
+  (src / "config.json").write_text(json.dumps({"rope_theta": 1e5, "hidden_size": 8}))
+  (src / "model.safetensors").write_bytes(b"weights")
+  out = with_rope_theta(src, 1e6)
+  assert json.loads((out / "config.json").read_text()) == {"rope_theta": 1e6, "hidden_size": 8}
+  assert (out / "model.safetensors").is_symlink()
+  assert (out / "model.safetensors").read_bytes() == b"weights"
+  assert json.loads((src / "config.json").read_text())["rope_theta"] == 1e5

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rows", type=_rows, default=None,
                       help=f"with --model: row counts, comma list (default "
                       f"{','.join(map(str, defaults.DEFAULT_ROWS))})")
+  parser.add_argument("--peer_python", default=None, metavar="PYTHON",
+                      help="heavy_tail: also run Tunix's sampler on the same rows and weights, "
+                      "in this Python (a venv with google-tunix, e.g. the .[peers] extra's)")
   parser.add_argument("--max_new_tokens", type=_positive, default=None,
                       help=f"with --model: response cap (default "
                       f"{defaults.DEFAULT_MAX_NEW_TOKENS})")
@@ -82,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
   kwargs = {} if args.steps is None else {"steps": args.steps}
   if args.steps is not None and args.steps <= 0:
     parser.error(f"--steps={args.steps} must be positive")
+  if args.peer_python is not None:
+    if args.name != "heavy_tail":
+      parser.error("--peer_python: only the heavy_tail benchmark has a Tunix column")
+    if not Path(args.peer_python).is_file():
+      parser.error(f"--peer_python={args.peer_python!r}: no such file")
+    kwargs["peer_python"] = args.peer_python
   if args.model is None:
     for flag in ("rows", "max_new_tokens"):
       if getattr(args, flag) is not None:
@@ -96,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
       parser.error(f"--model={args.model!r}: {err}")
     run, report = module.run, module.report
+    if args.peer_python is not None:     # Tunix's Llama applies RoPE theta 1e6 whatever
+      folder = real_model.with_rope_theta(folder, module.TUNIX_ROPE_THETA)  # the config
+      kwargs["peer_folder"] = str(folder)
     loaded = real_model.load_model(folder)
     kwargs.update(model=loaded.model, cfg=loaded.cfg, model_info=loaded.describe(args.model),
                   pool=REAL_MODEL_POOL,

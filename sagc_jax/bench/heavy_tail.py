@@ -27,6 +27,12 @@ equal the fused sampler's.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +42,8 @@ from sagc_jax.sampling import Sampler, SamplingParams
 
 EOS = 2
 ROWS = 64
+TUNIX_ROPE_THETA = 1e6        # what Tunix's Llama applies, whatever config.json says
+WORKER = Path(__file__).with_name("tunix_worker.py")
 
 
 def lognormal_targets(rows: int, median: float, sigma: float, cap: int) -> np.ndarray:
@@ -85,17 +93,28 @@ def forced_rows(model, cfg, targets: np.ndarray, max_new: int, seed: int, pool: 
 
 def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens: int = 512,
         median: float = 32.0, sigma: float = 1.0, page_size: int = 16, seed: int = 0,
-        pool: int = 512, model_info: dict | None = None, log=print) -> dict[str, Any]:
+        pool: int = 512, model_info: dict | None = None, peer_python: str | None = None,
+        peer_folder: str | None = None, equal_tokens: int = 128, log=print
+        ) -> dict[str, Any]:
   """The scenario on ``model`` (default: the tiny CPU Llama, random weights of std 0.1,
-  the straggler benchmark's; ``model_info`` describes another in the JSON);
-  ``steps`` timed calls per sampler; ``pool`` prompts whose greedy continuations the
-  forced lengths are picked from."""
-  described = model_info or {"source": "tiny (random weights, std 0.1)"}
+  RoPE theta 1e6, the straggler benchmark's; ``model_info`` describes another in the
+  JSON); ``steps`` timed calls per sampler; ``pool`` prompts whose greedy
+  continuations the forced lengths are picked from.
+
+  ``peer_python``: a Python with ``google-tunix``; Tunix's sampler then runs the same
+  rows on the same weights (``peer_folder``, an HF folder of ``model`` whose RoPE
+  theta is 1e6, the one Tunix's Llama applies; written here for the tiny model), on
+  the heavy tail and on ``equal_tokens`` tokens for every row (no stop), where our
+  default sampler runs beside it."""
+  described = model_info or {"source": "tiny (random weights, std 0.1, RoPE theta 1e6)"}
   if model is None:
     from sagc_jax.models import init_model, tiny_config
 
-    cfg = tiny_config()
+    cfg = dataclasses.replace(tiny_config(), rope_theta=TUNIX_ROPE_THETA)
     model = init_model(cfg, seed=seed, init_std=0.1)
+  if peer_python is not None and cfg.rope_theta != TUNIX_ROPE_THETA:
+    raise ValueError(f"peer_python: Tunix's Llama applies RoPE theta {TUNIX_ROPE_THETA:g} "
+                     f"whatever its config says; this model has {cfg.rope_theta:g}")
   compilation.install()
   runs = steps
   targets = lognormal_targets(ROWS, median, sigma, max_new_tokens)
@@ -121,6 +140,10 @@ def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens
                  "tokens_per_s": float(timed[0].lengths.sum() / np.median(seconds))}
     log(f"  heavy tail, {name:>8}: {out[name]['seconds']:.3f} s "
         f"({out[name]['tokens_per_s']:.0f} tok/s, {timed[0].decode_slots} slot-steps)")
+  peer = None
+  if peer_python is not None:
+    peer = _peer_columns(peer_python, peer_folder, model, cfg, prompts, stop_ids, params,
+                         equal_tokens, runs, seed, log)
   ref, got = batches["fused"], batches["refill"]
   match = [bool(ref.lengths[r] == got.lengths[r] and np.array_equal(
       ref.response_tokens[r, :ref.lengths[r]], got.response_tokens[r, :got.lengths[r]]))
@@ -137,11 +160,18 @@ def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens
           "heavy_tail_refill_over_subcalls": out["subcalls"]["seconds"] / out["refill"]["seconds"],
           "heavy_tail_refill_over_fused": out["fused"]["seconds"] / out["refill"]["seconds"],
           "heavy_tail_greedy_match": float(np.mean(match)),
-          "heavy_tail_compiles_after_warmup": int(compiles)}
+          "heavy_tail_compiles_after_warmup": int(compiles),
+          **({} if peer is None else _peer_summary(peer, out, ref))}
 
 
 def report(result: dict[str, Any]) -> str:
   s = result["samplers"]
+  peer = "" if "tunix" not in result else (
+      f"; Tunix {np.median(result['tunix']['heavy_tail']['seconds']):.3f} s: refill "
+      f"{result['heavy_tail_refill_over_tunix']:.2f}x faster (greedy match "
+      f"{result['tunix_heavy_tail_greedy_match']:.3f}); equal lengths: ours "
+      f"{result['equal_lengths_ours_over_tunix']:.2f}x faster than Tunix (greedy match "
+      f"{result['tunix_equal_lengths_greedy_match']:.3f})")
   return (f"heavy tail ({result['rows']} rows, lengths p50 {result['length_p50']:.0f} / p90 "
           f"{result['length_p90']:.0f} / max {result['length_max']}, log-sd "
           f"{result['length_sigma']:.2f}; {result['slots']} slots): refill "
@@ -149,4 +179,80 @@ def report(result: dict[str, Any]) -> str:
           f"{s['subcalls']['seconds']:.3f} s ({result['heavy_tail_refill_over_subcalls']:.2f}x), "
           f"fused {s['fused']['seconds']:.3f} s ({result['heavy_tail_refill_over_fused']:.2f}x); "
           f"greedy match {result['heavy_tail_greedy_match']:.3f}, compiles after warm-up "
-          f"{result['heavy_tail_compiles_after_warmup']}")
+          f"{result['heavy_tail_compiles_after_warmup']}") + peer
+
+
+def tunix_call(peer_python: str, folder: str, prompts, stop_ids, max_new_tokens: int,
+               runs: int, pad_id: int) -> dict[str, Any]:
+  """``tunix_worker.py`` in ``peer_python``'s environment: its seconds and outputs."""
+  with tempfile.TemporaryDirectory() as tmp:
+    job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+    job.write_text(json.dumps(dict(folder=str(folder), prompts=[list(map(int, p))
+                                                                for p in prompts],
+                                   stop_ids=list(map(int, stop_ids)), runs=runs,
+                                   max_new_tokens=max_new_tokens, pad_id=pad_id)))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([peer_python, str(WORKER), str(job), str(out)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise RuntimeError(f"the Tunix worker failed under {peer_python} (exit "
+                         f"{proc.returncode}): {proc.stderr.strip()[-1500:]}")
+    return json.loads(out.read_text())
+
+
+def _peer_columns(peer_python, peer_folder, model, cfg, prompts, stop_ids, params,
+                  equal_tokens: int, runs: int, seed: int, log) -> dict[str, Any]:
+  """Tunix on the heavy tail, and Tunix vs our default sampler at equal lengths."""
+  with tempfile.TemporaryDirectory() as tmp:
+    if peer_folder is None:
+      from sagc_jax.models.hf_io import save_pretrained
+
+      peer_folder = str(save_pretrained(model, cfg, Path(tmp) / "model"))
+    heavy = tunix_call(peer_python, peer_folder, prompts, stop_ids, params.max_new_tokens,
+                       runs, params.pad_id)
+    # A stop id past the vocabulary: every row runs to equal_tokens on both sides.
+    never = (cfg.vocab_size,)
+    equal = tunix_call(peer_python, peer_folder, prompts, never, equal_tokens, runs,
+                       params.pad_id)
+  ours = Sampler(model, SamplingParams(equal_tokens, temperature=0.0, stop_ids=never),
+                 row_buckets=(ROWS,), prompt_buckets=(32,), group_sizes=(1,))
+  ours.warmup(model)
+  ours.generate(model, prompts, 1, seed)
+  timed = [ours.generate(model, prompts, 1, seed) for _ in range(runs)]
+  ours_s = [b.seconds for b in timed]
+  for name, r in (("heavy tail", heavy), ("equal lengths", equal)):
+    log(f"  {name}, tunix: {np.median(r['seconds']):.3f} s "
+        f"({sum(r['lengths']) / np.median(r['seconds']):.0f} tok/s)")
+  log(f"  equal lengths, ours (default sampler): {np.median(ours_s):.3f} s")
+  return dict(heavy=heavy, equal=equal, equal_ours_seconds=ours_s,
+              equal_ours_lengths=timed[0].lengths[:ROWS].tolist(),
+              equal_ours_tokens=[timed[0].response_tokens[r, :timed[0].lengths[r]].tolist()
+                                 for r in range(ROWS)])
+
+
+def _match(tunix: dict[str, Any], tokens: list[list[int]], lengths) -> float:
+  """Share of rows whose Tunix length equals ours and whose tokens equal ours before
+  the stop token (Tunix's response ends before it)."""
+  same = [int(n) == int(m) and list(t[:n - 1]) == list(ours[:n - 1])
+          for t, n, ours, m in zip(tunix["tokens"], tunix["lengths"], tokens, lengths)]
+  return float(np.mean(same))
+
+
+def _peer_summary(peer: dict[str, Any], out: dict[str, Any], ref) -> dict[str, Any]:
+  heavy_s, equal_s = np.median(peer["heavy"]["seconds"]), np.median(peer["equal"]["seconds"])
+  ours_equal = float(np.median(peer["equal_ours_seconds"]))
+  return {"tunix": {"heavy_tail": {"seconds": peer["heavy"]["seconds"],
+                                   "warmup_seconds": peer["heavy"]["warmup_seconds"],
+                                   "lengths": peer["heavy"]["lengths"]},
+                    "equal_lengths": {"seconds": peer["equal"]["seconds"],
+                                      "lengths": peer["equal"]["lengths"],
+                                      "ours_seconds": peer["equal_ours_seconds"]}},
+          "heavy_tail_refill_over_tunix": float(heavy_s / out["refill"]["seconds"]),
+          "heavy_tail_fused_over_tunix": float(heavy_s / out["fused"]["seconds"]),
+          "equal_lengths_ours_over_tunix": float(equal_s / ours_equal),
+          "tunix_heavy_tail_greedy_match": _match(
+              peer["heavy"], [ref.response_tokens[r].tolist() for r in range(ROWS)],
+              ref.lengths[:ROWS]),
+          "tunix_equal_lengths_greedy_match": _match(
+              peer["equal"], peer["equal_ours_tokens"], peer["equal_ours_lengths"])}

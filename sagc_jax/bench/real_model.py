@@ -46,6 +46,7 @@ Needs torch + transformers (``pip install -e ".[test]"``); GGUF sources also nee
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -130,6 +131,21 @@ def _side(calls: list[dict], lengths: np.ndarray, ended: np.ndarray) -> dict[str
           "median_call_seconds": float(np.median([c["seconds"] for c in calls])),
           "tokens_per_s": tokens / seconds, "length": length_stats(lengths, ended),
           "calls": calls}
+
+
+def with_rope_theta(folder: str | os.PathLike, theta: float) -> Path:
+  """``folder`` with RoPE theta ``theta`` (a sibling folder: config.json rewritten, every
+  other file linked), for comparing with a peer whose Llama ignores the config's."""
+  folder = Path(folder)
+  out = folder.with_name(f"{folder.name}-rope{theta:g}")
+  out.mkdir(exist_ok=True)
+  for f in folder.iterdir():
+    if f.name != "config.json" and not (out / f.name).exists():
+      (out / f.name).symlink_to(f.resolve())
+  config = json.loads((folder / "config.json").read_text())
+  config["rope_theta"] = theta
+  (out / "config.json").write_text(json.dumps(config, indent=1))
+  return out
 
 
 def load_model(folder: str | os.PathLike) -> "_Loaded":
