@@ -46,6 +46,7 @@ def format_table(report: dict) -> str:
     peak = "failed" if e["peak_gib"] is None else f"{e['peak_gib']:.2f}"
     roof = "-" if e["roofline_ms"] is None else f"{e['roofline_ms']:.2f}"
     flag = "" if e["fits"] else "  > 90% HBM" if e["peak_gib"] is not None else "  FAILED"
+    flag += " (pool sizing probe)" if flag and e.get("probe") else ""
     lines.append(f"{e['name']:58s} {e['compile_s']:9.1f} {peak:>9s} {e['flops'] / 1e12:8.2f} "
                  f"{e['bytes'] / 1e9:8.2f} {roof:>11s}{flag}")
   lines.append(f"HBM per device {report['chip']['hbm_gib']:g} GiB ({report['chip']['name']}); "

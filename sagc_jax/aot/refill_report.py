@@ -26,6 +26,7 @@ the step projection uses.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -69,34 +70,61 @@ def draw_lengths(model: str, cap: int, prompts: int, group: int, seed: int = 0) 
 
 
 def size_pool(refill, probes: dict[str, Callable[[], dict | None]], hbm_gib: float,
-              hbm_limit: float, log: Callable[[str], None]) -> dict[str, Any]:
+              hbm_limit: float, log: Callable[[str], None], tries: int = 3) -> dict[str, Any]:
   """Sizes ``refill``'s pool (pages per lane) to the chip; returns what it chose and why.
 
   ``probes`` compile each program that holds the pools (the largest segment and
   prefill) for the decoder's current pool and return their report rows (peak GiB per
-  device, resident state included); the pool gets what the hungriest leaves.
+  device, resident state included). The first guess gives the pool what the hungriest
+  program leaves at the smallest pool; a program whose peak then still exceeds the
+  limit (its temporaries grow with the pool too) takes the pool down by its excess at
+  its measured GiB per page, up to ``tries`` times.
   """
   auto = refill.slots_per_lane * refill.pages_per_row + 1
   smallest = refill.pages_per_row + 1
-  refill.resize_pool(smallest)
+  limit = hbm_limit * hbm_gib
+
+  def peaks(pages: int) -> dict[str, float] | None:
+    refill.resize_pool(pages)
+    out = {}
+    for name, probe in probes.items():
+      row = probe()
+      if row is None or row.get("peak_gib") is None:
+        return None
+      row["probe"] = True             # sizing only: the fit verdict is the final compile's
+      out[name] = row["peak_gib"]
+    return out
+
+  base = peaks(smallest)
+  if base is None:
+    return dict(pages=smallest, sized=False, reason="a probe at the smallest pool failed")
   page_gib = refill.pool_bytes_per_device() / smallest / GIB
-  rest: dict[str, float] = {}
-  for name, probe in probes.items():
-    row = probe()
-    if row is None or row.get("peak_gib") is None:
-      return dict(pages=smallest, sized=False, reason=f"the {name} probe did not compile")
-    rest[name] = row["peak_gib"] - page_gib * smallest
-  hungriest = max(rest, key=rest.get)
-  fit = int((hbm_limit * hbm_gib - rest[hungriest]) // page_gib)
+  hungriest = max(base, key=base.get)
+  fit = int((limit - (base[hungriest] - page_gib * smallest)) // page_gib)
   pages = max(min(fit, auto), smallest)
-  log(f"    pool: the {hungriest} program needs {rest[hungriest]:.2f} GiB per device besides "
-      f"the pool; {page_gib * 1024:.2f} MiB per page (all layers, keys and values, this "
-      f"device's share); {fit} pages fit under {hbm_limit:.0%} of {hbm_gib:g} GiB, "
-      f"{auto} hold every slot at the cap -> {pages} pages per lane")
+  log(f"    pool: the {hungriest} program needs {base[hungriest] - page_gib * smallest:.2f} "
+      f"GiB per device besides the pool; {page_gib * 1024:.2f} MiB per page (all layers, "
+      f"keys and values, this device's share); {fit} pages fit under {hbm_limit:.0%} of "
+      f"{hbm_gib:g} GiB, {auto} hold every slot at the cap -> {pages} pages per lane")
+  history = []
+  for _ in range(tries):
+    got = peaks(pages)
+    if got is None:
+      break
+    history.append(dict(pages=pages, peak_gib=got))
+    over = {k: v - limit for k, v in got.items() if v > limit}
+    if not over or pages == smallest:
+      break
+    # GiB per page each program really takes, from its two peaks.
+    slope = {k: (got[k] - base[k]) / (pages - smallest) for k in over}
+    cut = max(math.ceil(over[k] / max(slope[k], page_gib)) for k in over)
+    log(f"    pool: {', '.join(f'{k} {got[k]:.2f} GiB' for k in over)} over the limit at "
+        f"{pages} pages -> {max(pages - cut, smallest)}")
+    pages = max(pages - cut, smallest)
   refill.resize_pool(pages)
   return dict(pages=pages, sized=True, pages_that_fit=fit, pages_no_eviction=auto,
-              gib_without_pool={k: round(v, 3) for k, v in rest.items()},
-              page_mib=page_gib * 1024)
+              gib_without_pool={k: round(v - page_gib * smallest, 3) for k, v in base.items()},
+              page_mib=page_gib * 1024, tries=history)
 
 
 def project_refill(config, sampler, segment_ms: float, prefill_ms: float,
