@@ -17,4 +17,8 @@ from sagc_jax.config import tpu_pod_16k_preset
 def get_config():
   c = tpu_pod_16k_preset()
   c.model.config_json = "configs/models/qwen2_5_3b.json"   # sizes `python -m sagc_jax.aot`
+  # Pages per 'data' shard's pool: what `python -m sagc_jax.aot` sized for v5e:4x4 with
+  # --config.rollout.kv_pages=0 (docs/scale.md). With 0 a run takes the no-eviction pool
+  # (every slot at the cap), which does not fit a 16 GiB chip.
+  c.rollout.kv_pages = 7232
   return c

@@ -49,6 +49,12 @@ def _simulate(extra: Sequence[str] = (), claims: int = 0) -> Callable[[Path], li
                     *extra]
 
 
+def _aot(preset: str, topology: str = "v5e:4x4") -> Callable[[Path], list[str]]:
+  return lambda d: [_PY, "-m", "sagc_jax.aot", f"--config=configs/{preset}.py",
+                    f"--topology={topology}", "--largest_only", "--markdown",
+                    f"--out={d / 'aot.json'}"]
+
+
 JOBS = (
     Job("main_job", "Quickstart command 1: the tiny GRPO + SAGC run and its plot", 3.5,
         lambda d: [_PY, "-m", "sagc_jax.train", "--config=configs/tiny_cpu.py",
@@ -83,14 +89,11 @@ JOBS = (
         lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_paper_regime_cpu.py",
                    "--config.train.eval_every=4", f"--workdir={d}",
                    "--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
-    Job("aot_llama3_2_3b", "Sizing a 3B run: Llama 3.2 3B on v5e:4x4 (TPU AOT)", 8.0,
-        lambda d: [_PY, "-m", "sagc_jax.aot", "--config=configs/llama3_2_3b.py",
-                   "--topology=v5e:4x4", "--largest_only", "--markdown",
-                   f"--out={d / 'aot.json'}"], needs="libtpu"),
-    Job("aot_qwen2_5_3b", "Sizing a 3B run: Qwen2.5 3B on v5e:4x4 (TPU AOT)", 8.0,
-        lambda d: [_PY, "-m", "sagc_jax.aot", "--config=configs/qwen2_5_3b.py",
-                   "--topology=v5e:4x4", "--largest_only", "--markdown",
-                   f"--out={d / 'aot.json'}"], needs="libtpu"),
+    *(Job(f"aot_{preset}", f"Sizing a 3B run: {title} on v5e:4x4 (TPU AOT)", 8.0,
+          _aot(preset), needs="libtpu")
+      for preset, title in (("llama3_2_3b", "Llama 3.2 3B"), ("qwen2_5_3b", "Qwen2.5 3B"),
+                            ("llama3_2_3b_16k", "Llama 3.2 3B, 16k-token responses"),
+                            ("qwen2_5_3b_16k", "Qwen2.5 3B, 16k-token responses"))),
 )
 
 

@@ -49,8 +49,8 @@ from jax.sharding import Mesh
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.paged_cache import (POOL_AXES, SCRATCH_PAGE, PagedKVCache, SlotKVCache,
                                          gather_slots, pool_shape, repeat_heads, scatter_slots)
-from sagc_jax.models.splash import head_layout
 from sagc_jax.models.sharding import abstract_like, named_sharding
+from sagc_jax.models.splash import head_layout
 from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.runtime.distributed import put_global, to_host
@@ -60,6 +60,7 @@ from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.refill_schedule import RefillSchedule, pages_for
 
 __all__ = ["RefillDecoder", "auto_pages", "auto_refill_segment"]
+
 
 def auto_refill_segment(max_new_tokens: int) -> int:
   """Default decode steps between refills: 1/32 of the response cap, within [8, 64].
