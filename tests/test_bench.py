@@ -130,10 +130,12 @@ def test_with_rope_theta_links_the_weights_and_rewrites_only_the_config(tmp_path
 
   src = tmp_path / "m"
   src.mkdir()
-  (src / "config.json").write_text(json.dumps({"rope_theta": 1e5, "hidden_size": 8}))
+  (src / "config.json").write_text(json.dumps({"rope_parameters": {"rope_theta": 1e5},
+                                               "hidden_size": 8}))
   (src / "model.safetensors").write_bytes(b"weights")
   out = with_rope_theta(src, 1e6)
-  assert json.loads((out / "config.json").read_text()) == {"rope_theta": 1e6, "hidden_size": 8}
+  config = json.loads((out / "config.json").read_text())
+  assert config["rope_parameters"]["rope_theta"] == 1e6 and config["hidden_size"] == 8
   assert (out / "model.safetensors").is_symlink()
   assert (out / "model.safetensors").read_bytes() == b"weights"
-  assert json.loads((src / "config.json").read_text())["rope_theta"] == 1e5
+  assert json.loads((src / "config.json").read_text())["rope_parameters"]["rope_theta"] == 1e5

@@ -23,6 +23,12 @@ counts any compilation after that), medians of ``runs`` timed calls:
 
 ``greedy_match`` is the fraction of rows whose tokens and length under ``refill``
 equal the fused sampler's.
+
+With ``peer_python`` (a Python with ``google-tunix``) Tunix's native sampler runs the
+same rows on the same weights too (``tunix_worker.py``, in its own environment), on
+the heavy tail and at equal lengths beside our default sampler:
+``heavy_tail_refill_over_tunix``, ``equal_lengths_ours_over_tunix`` and its greedy
+match with ours. Both sides use RoPE theta 1e6, the one Tunix's Llama applies.
 """
 
 from __future__ import annotations
@@ -161,6 +167,7 @@ def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens
           "heavy_tail_refill_over_fused": out["fused"]["seconds"] / out["refill"]["seconds"],
           "heavy_tail_greedy_match": float(np.mean(match)),
           "heavy_tail_compiles_after_warmup": int(compiles),
+          "compiles_after_warmup": int(compiles),
           **({} if peer is None else _peer_summary(peer, out, ref))}
 
 
@@ -239,6 +246,18 @@ def _match(tunix: dict[str, Any], tokens: list[list[int]], lengths) -> float:
   return float(np.mean(same))
 
 
+def _first_mismatch(tunix: dict[str, Any], tokens: list[list[int]]) -> list[int]:
+  """Per row that differs, the index of the first token where Tunix's and ours part
+  (late partings point at rounding that flips a near-tie, early ones at the model)."""
+  out = []
+  for t, ours in zip(tunix["tokens"], tokens):
+    n = min(len(t), len(ours))
+    diff = [i for i in range(n) if int(t[i]) != int(ours[i])]
+    if diff:
+      out.append(diff[0])
+  return sorted(out)
+
+
 def _peer_summary(peer: dict[str, Any], out: dict[str, Any], ref) -> dict[str, Any]:
   heavy_s, equal_s = np.median(peer["heavy"]["seconds"]), np.median(peer["equal"]["seconds"])
   ours_equal = float(np.median(peer["equal_ours_seconds"]))
@@ -255,4 +274,8 @@ def _peer_summary(peer: dict[str, Any], out: dict[str, Any], ref) -> dict[str, A
               peer["heavy"], [ref.response_tokens[r].tolist() for r in range(ROWS)],
               ref.lengths[:ROWS]),
           "tunix_equal_lengths_greedy_match": _match(
-              peer["equal"], peer["equal_ours_tokens"], peer["equal_ours_lengths"])}
+              peer["equal"], peer["equal_ours_tokens"], peer["equal_ours_lengths"]),
+          "tunix_heavy_tail_first_mismatch": _first_mismatch(
+              peer["heavy"], [ref.response_tokens[r].tolist() for r in range(ROWS)]),
+          "tunix_equal_lengths_first_mismatch": _first_mismatch(
+              peer["equal"], peer["equal_ours_tokens"])}

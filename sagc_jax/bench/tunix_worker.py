@@ -57,11 +57,12 @@ def main(job_path: str, out_path: str) -> None:
   with open(os.path.join(job["folder"], "config.json")) as f:
     hf = json.load(f)
   heads = hf["num_attention_heads"]
+  theta = (hf.get("rope_parameters") or {}).get("rope_theta") or hf.get("rope_theta", 1e6)
   cfg = model_lib.ModelConfig(
       num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
       embed_dim=hf["hidden_size"], hidden_dim=hf["intermediate_size"], num_heads=heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-      num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf.get("rope_theta", 1e6)),
+      num_kv_heads=hf["num_key_value_heads"], rope_theta=int(theta),
       norm_eps=hf["rms_norm_eps"], weight_tying=bool(hf.get("tie_word_embeddings", False)))
   model = params_lib.create_model_from_safe_tensors(job["folder"], cfg, dtype=jnp.float32)
   prompts = job["prompts"]
