@@ -28,7 +28,8 @@ queued rows into idle slots; then the device
    bucket holding the longest running row).
 
 Programs (all compiled by ``warmup``): ``prefill`` per (prompt-row rung, prompt
-bucket), ``segment`` per (page bucket, row bucket) and ``stats`` per row bucket. The
+bucket), ``segment`` per (page bucket, row bucket), and per row bucket ``stats`` and
+``outputs`` (the call's output buffers, filled on device). The
 per-group max / median reach the controller through the ``stats`` program's in-jit
 host callback, once per call, as with the other samplers.
 """
