@@ -119,7 +119,7 @@ def test_the_peer_column_compares_tunix_row_by_row_and_refuses_another_rope_thet
   ours = [[5, 6, 2, 0], [5, 6, 7, 0], [8, 2, 0, 0]]
   assert heavy_tail._match(tunix, ours, [3, 3, 2]) == pytest.approx(2 / 3)
   cfg = dataclasses.replace(tiny_config(), rope_theta=1e4)
-  with pytest.raises(ValueError, match="RoPE theta 1e\+06 .* this model has 10000"):
+  with pytest.raises(ValueError, match=r"RoPE theta 1e\+06 .* this model has 10000"):
     heavy_tail.run(1, model=init_model(cfg), cfg=cfg, peer_python="/bin/python")
 
 
