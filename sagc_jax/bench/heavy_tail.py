@@ -261,6 +261,7 @@ def _first_mismatch(tunix: dict[str, Any], tokens: list[list[int]]) -> list[int]
 def _peer_summary(peer: dict[str, Any], out: dict[str, Any], ref) -> dict[str, Any]:
   heavy_s, equal_s = np.median(peer["heavy"]["seconds"]), np.median(peer["equal"]["seconds"])
   ours_equal = float(np.median(peer["equal_ours_seconds"]))
+  fused_tokens = [ref.response_tokens[r].tolist() for r in range(ROWS)]
   return {"tunix": {"heavy_tail": {"seconds": peer["heavy"]["seconds"],
                                    "warmup_seconds": peer["heavy"]["warmup_seconds"],
                                    "lengths": peer["heavy"]["lengths"]},
@@ -270,12 +271,10 @@ def _peer_summary(peer: dict[str, Any], out: dict[str, Any], ref) -> dict[str, A
           "heavy_tail_refill_over_tunix": float(heavy_s / out["refill"]["seconds"]),
           "heavy_tail_fused_over_tunix": float(heavy_s / out["fused"]["seconds"]),
           "equal_lengths_ours_over_tunix": float(equal_s / ours_equal),
-          "tunix_heavy_tail_greedy_match": _match(
-              peer["heavy"], [ref.response_tokens[r].tolist() for r in range(ROWS)],
-              ref.lengths[:ROWS]),
+          "tunix_heavy_tail_greedy_match": _match(peer["heavy"], fused_tokens,
+                                                  ref.lengths[:ROWS]),
           "tunix_equal_lengths_greedy_match": _match(
               peer["equal"], peer["equal_ours_tokens"], peer["equal_ours_lengths"]),
-          "tunix_heavy_tail_first_mismatch": _first_mismatch(
-              peer["heavy"], [ref.response_tokens[r].tolist() for r in range(ROWS)]),
+          "tunix_heavy_tail_first_mismatch": _first_mismatch(peer["heavy"], fused_tokens),
           "tunix_equal_lengths_first_mismatch": _first_mismatch(
               peer["equal"], peer["equal_ours_tokens"])}
