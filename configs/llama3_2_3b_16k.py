@@ -5,8 +5,10 @@ the refill sampler (paged KV cache, Pallas kernel; `sagc_jax.config.tpu_pod_16k_
       --workdir gs://BUCKET/runs/llama3_2_3b_16k \\
       --config.model.path=gs://BUCKET/models/Llama-3.2-3B --config.data.manual_dir=gs://BUCKET/data/gsm8k
 
-Sized for v5e:4x4 and v6e:4x4 slices without a TPU; the figures (fit, pool, projected
-rollout against its bound per length model) are in docs/scale.md:
+Sized for a v5e:4x4 slice without a TPU. On v6e:4x4 add --config.rollout.kv_pages=0:
+the pool that holds every slot at the cap fits there. The figures (fit, pool,
+projected rollout against its bound per length model, both slices) are in
+docs/scale.md:
 
   python -m sagc_jax.aot --config configs/llama3_2_3b_16k.py --topology v5e:4x4 --largest_only
 """
@@ -15,10 +17,6 @@ from sagc_jax.config import tpu_pod_16k_preset
 
 
 def get_config():
-  c = tpu_pod_16k_preset()
-  c.model.config_json = "configs/models/llama3_2_3b.json"   # sizes `python -m sagc_jax.aot`
-  # Pages per 'data' shard's pool: what `python -m sagc_jax.aot` sized for v5e:4x4 with
-  # --config.rollout.kv_pages=0 (docs/scale.md). With 0 a run takes the no-eviction pool
-  # (every slot at the cap), which does not fit a 16 GiB chip.
-  c.rollout.kv_pages = 5688
-  return c
+  # The pool per 'data' shard is what `python -m sagc_jax.aot` sized for v5e:4x4 with
+  # --config.rollout.kv_pages=0 (docs/scale.md).
+  return tpu_pod_16k_preset("configs/models/llama3_2_3b.json", kv_pages=5688)

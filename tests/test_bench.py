@@ -2,8 +2,10 @@
 real-model option of ``bench sampler`` / ``bench learner`` runs end to end."""
 
 import json
+import os
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -77,8 +79,9 @@ def test_real_model_learner_reports_both_layouts_on_sampled_lengths(tiny_folder,
     (["controller", "--model", "smollm2-135m-instruct"], "--model="),
     (["sampler", "--model", "x", "--rows", "6"], "--rows"),
     (["sampler", "--rows", "8"], "--rows needs --model"),
-    (["sampler", "--peer_python", "/bin/sh"], "only the heavy_tail benchmark"),
+    (["sampler", "--peer_python", "/bin/sh"], "only the heavy_tail and learner"),
     (["heavy_tail", "--peer_python", "/no/such/python"], "--peer_python='/no/such/python'"),
+    (["learner", "--model", "x", "--peer_python", "/bin/sh"], "runs on the tiny model"),
     (["heavy_tail", "--model", "x", "--rows", "8"], "--rows")])
 def test_a_bad_real_model_flag_is_one_argparse_error(args, named, capsys):
   from sagc_jax.bench.__main__ import main
@@ -121,6 +124,40 @@ def test_the_peer_column_compares_tunix_row_by_row_and_refuses_another_rope_thet
   cfg = dataclasses.replace(tiny_config(), rope_theta=1e4)
   with pytest.raises(ValueError, match=r"RoPE theta 1e\+06 .* this model has 10000"):
     heavy_tail.run(1, model=init_model(cfg), cfg=cfg, peer_python="/bin/python")
+
+
+PEER_PYTHON = os.environ.get("SAGC_PEER_PYTHON", "/tmp/peers/bin/python")
+
+
+@pytest.mark.skipif(not os.path.isfile(PEER_PYTHON),
+                    reason=f"no Python with google-tunix at {PEER_PYTHON} (set SAGC_PEER_PYTHON; "
+                    "docs/benchmarks.md says how to make one)")
+def test_tunix_s_grpo_step_trains_the_same_batches_and_is_timed_per_step():
+  """The learner's Tunix column on two real batches: Tunix's GRPO loss on the tiny
+  model's initial weights is finite, each step is timed, and the ratios are totals
+  over the timed steps of Tunix's seconds over ours."""
+  from sagc_jax.bench import learner
+  from sagc_jax.models import tiny_config
+
+  rng = np.random.default_rng(0)
+  batches = [learner.rollout("main_job", 4, tiny_config().vocab_size, rng) for _ in range(2)]
+  config = learner._learners(0)[True].config
+  ours = {"packed_step_seconds": [9.0, 2.0], "padded_step_seconds": [9.0, 4.0]}
+  r = learner.tunix_column(PEER_PYTHON, 0, config, batches, 1, ours, log=lambda m: None)
+  assert len(r["tunix_seconds"]) == 2 and all(t > 0 for t in r["tunix_seconds"])
+  assert all(np.isfinite(r["tunix_losses"]))
+  assert r["packed_over_tunix"] == pytest.approx(r["tunix_seconds"][1] / 2.0)
+  assert r["padded_over_tunix"] == pytest.approx(r["tunix_seconds"][1] / 4.0)
+  tokens = int(batches[1].lengths.sum())
+  assert r["tunix_real_tokens_per_s"] == pytest.approx(tokens / r["tunix_seconds"][1])
+
+
+def test_grpo_advantages_are_normalised_within_each_group():
+  from sagc_jax.bench.learner import _advantages
+
+  scores = np.array([1.0, 0.0, 3.0, 3.0, 2.0, 4.0], np.float32)
+  adv = _advantages(scores, np.array([0, 0, 1, 1, 2, 2]), 1e-6)
+  np.testing.assert_allclose(adv, [1, -1, 0, 0, -1, 1], atol=1e-5)
 
 
 def test_with_rope_theta_links_the_weights_and_rewrites_only_the_config(tmp_path):

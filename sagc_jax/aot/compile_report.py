@@ -378,6 +378,26 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   return report
 
 
+def _dense_rollout(config, sampler, gen: dict[str, Any], step: dict[str, Any]
+                   ) -> tuple[int, float, float | None]:
+  """The fused sampler's rollout at the cap: (calls per round, seconds, seconds with
+  the decode step's estimated HBM traffic instead of XLA's byte count, which also
+  counts on-chip reads of prefetched data: ``hbm_traffic``; None without it)."""
+  r = config.rollout
+  calls = 1
+  for g in candidate_group_sizes(config.controller):         # generate's own split, worst G
+    bucket = sampler.row_bucket_for(prompts_per_round(r, g) * g)
+    call_rows = sampler.call_rows(bucket)
+    per_call = bucket if call_rows == bucket else (call_rows // g) * g
+    calls = max(calls, -(-prompts_per_round(r, g) * g // per_call))
+
+  def seconds(decode_step_ms: float) -> float:
+    return calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * decode_step_ms) / 1e3
+
+  hbm_ms = step.get("hbm_ms")
+  return calls, seconds(step["roofline_ms"]), None if hbm_ms is None else seconds(hbm_ms)
+
+
 def _projection(config, parts: RLComponents, train_rows, generate, decode,
                 compile_one_rows: list[dict[str, Any]],
                 refill: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -395,8 +415,7 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode,
   lc = parts.learner.config
   out: dict[str, Any] = {}
   if refill is not None:     # the refill sampler's decode step stands for the fused one's
-    gen = dict(roofline_ms=0.0)
-    step = dict(roofline_ms=refill["decode_step_ms"])
+    gen, step = dict(roofline_ms=0.0), dict(roofline_ms=refill["decode_step_ms"])
   else:
     gen, step = generate.get("sampler"), decode.get("sampler")
   largest = max(train_rows, key=lambda s: (s[0] * s[1], s)) if train_rows else None
@@ -405,25 +424,11 @@ def _projection(config, parts: RLComponents, train_rows, generate, decode,
                                              train.get("roofline_ms")):
     out["projected_step_s"] = None
     return out
-  r = config.rollout
   rounds = 1 + (lc.dynamic_max_rounds - 1 if lc.dynamic_sampling else 0)
-  sampler = parts.sampler
-  calls = 1
-  for g in candidate_group_sizes(config.controller):         # generate's own split, worst G
-    bucket = sampler.row_bucket_for(prompts_per_round(config.rollout, g) * g)
-    call_rows = sampler.call_rows(bucket)
-    per_call = bucket if call_rows == bucket else (call_rows // g) * g
-    calls = max(calls, -(-prompts_per_round(config.rollout, g) * g // per_call))
-  def rollout_seconds(decode_step_ms: float) -> float:
-    return calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * decode_step_ms) / 1e3
-
-  rollout_s = rollout_seconds(step["roofline_ms"])
-  # The same with the decode step's estimated HBM traffic instead of XLA's byte count
-  # (which also counts on-chip reads of prefetched data: ``hbm_traffic``).
-  rollout_hbm_s = (rollout_seconds(step["hbm_ms"]) if step.get("hbm_ms") is not None
-                   else None)
   if refill is not None:
-    calls, rollout_s = 1, refill["by_length_model"]["cap"]["seconds"]
+    calls, rollout_s, rollout_hbm_s = 1, refill["by_length_model"]["cap"]["seconds"], None
+  else:
+    calls, rollout_s, rollout_hbm_s = _dense_rollout(config, parts.sampler, gen, step)
   ref = train_rows[largest].get("ref")
   apply = next((e for e in compile_one_rows if e["name"] == "learner_apply"), None)
   # At the worst case (every response at the cap) a minibatch is grad_accum microbatches

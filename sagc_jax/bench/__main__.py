@@ -25,6 +25,7 @@ from pathlib import Path
 import importlib
 
 from sagc_jax.bench import defaults
+from sagc_jax.bench.peer import TUNIX_ROPE_THETA
 
 # Imported only when run (they import JAX): --help answers at once.
 BENCHMARKS = ("controller", "heavy_tail", "learner", "sampler")
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                       help=f"with --model: row counts, comma list (default "
                       f"{','.join(map(str, defaults.DEFAULT_ROWS))})")
   parser.add_argument("--peer_python", default=None, metavar="PYTHON",
-                      help="heavy_tail: also run Tunix's sampler on the same rows and weights, "
+                      help="heavy_tail, learner: also run Tunix's sampler (train step) on the "
+                      "same rows and weights, "
                       "in this Python (a venv with google-tunix, e.g. the .[peers] extra's)")
   parser.add_argument("--max_new_tokens", type=_positive, default=None,
                       help=f"with --model: response cap (default "
@@ -86,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
   if args.steps is not None and args.steps <= 0:
     parser.error(f"--steps={args.steps} must be positive")
   if args.peer_python is not None:
-    if args.name != "heavy_tail":
-      parser.error("--peer_python: only the heavy_tail benchmark has a Tunix column")
+    if args.name not in ("heavy_tail", "learner"):
+      parser.error("--peer_python: only the heavy_tail and learner benchmarks have a Tunix "
+                   "column")
+    if args.name == "learner" and args.model is not None:
+      parser.error("--peer_python: the learner's Tunix column runs on the tiny model (without "
+                   "--model)")
     if not Path(args.peer_python).is_file():
       parser.error(f"--peer_python={args.peer_python!r}: no such file")
     kwargs["peer_python"] = args.peer_python
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
       parser.error(f"--model={args.model!r}: {err}")
     run, report = module.run, module.report
     if args.peer_python is not None:     # Tunix's Llama applies RoPE theta 1e6 whatever
-      folder = real_model.with_rope_theta(folder, module.TUNIX_ROPE_THETA)  # the config
+      folder = real_model.with_rope_theta(folder, TUNIX_ROPE_THETA)  # the config
       kwargs["peer_folder"] = str(folder)
     loaded = real_model.load_model(folder)
     kwargs.update(model=loaded.model, cfg=loaded.cfg, model_info=loaded.describe(args.model),

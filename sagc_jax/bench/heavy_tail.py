@@ -34,22 +34,18 @@ match with ours. Both sides use RoPE theta 1e6, the one Tunix's Llama applies.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sagc_jax.bench.peer import TUNIX_ROPE_THETA, run_worker
 from sagc_jax.runtime import compilation
 from sagc_jax.sampling import Sampler, SamplingParams
 
 EOS = 2
 ROWS = 64
-TUNIX_ROPE_THETA = 1e6        # what Tunix's Llama applies, whatever config.json says
-WORKER = Path(__file__).with_name("tunix_worker.py")
 
 
 def lognormal_targets(rows: int, median: float, sigma: float, cap: int) -> np.ndarray:
@@ -191,21 +187,11 @@ def report(result: dict[str, Any]) -> str:
 
 def tunix_call(peer_python: str, folder: str, prompts, stop_ids, max_new_tokens: int,
                runs: int, pad_id: int) -> dict[str, Any]:
-  """``tunix_worker.py`` in ``peer_python``'s environment: its seconds and outputs."""
-  with tempfile.TemporaryDirectory() as tmp:
-    job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
-    job.write_text(json.dumps(dict(folder=str(folder), prompts=[list(map(int, p))
-                                                                for p in prompts],
-                                   stop_ids=list(map(int, stop_ids)), runs=runs,
-                                   max_new_tokens=max_new_tokens, pad_id=pad_id)))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([peer_python, str(WORKER), str(job), str(out)], env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-      raise RuntimeError(f"the Tunix worker failed under {peer_python} (exit "
-                         f"{proc.returncode}): {proc.stderr.strip()[-1500:]}")
-    return json.loads(out.read_text())
+  """Tunix's sampler on ``prompts`` (``tunix_worker.py``): its seconds and outputs."""
+  return run_worker(peer_python, dict(
+      folder=str(folder), prompts=[list(map(int, p)) for p in prompts],
+      stop_ids=list(map(int, stop_ids)), runs=runs, max_new_tokens=max_new_tokens,
+      pad_id=pad_id))
 
 
 def _peer_columns(peer_python, peer_folder, model, cfg, prompts, stop_ids, params,

@@ -21,6 +21,15 @@ tokens per second of both and their ratio ``speedup`` (total over the timed step
 per-step minimum and maximum next to it), executables and XLA compilations after
 warm-up (must be 0). The first pass over the three G values is not timed.
 
+With ``peer_python`` (a Python with ``google-tunix``) Tunix's GRPO train step runs the
+same batches on the same initial weights too (``tunix_worker.py``, in its own
+environment): per step the reference pass and one update per minibatch, every
+completion padded to the response cap as Tunix's ``GRPOLearner`` pads it. Reported:
+its trained response tokens per second and ``packed_over_tunix`` /
+``padded_over_tunix`` (Tunix's seconds over ours, totals over the timed steps, per-step
+minimum and maximum next to them). RoPE theta does not change a step's cost; Tunix's
+Llama applies 1e6.
+
 ``layout_learners`` and ``compare_layouts`` (the two learners, and the loop that trains
 and measures them) are what ``bench learner --model`` runs too, on a real model's
 natural rollouts (``real_model.py``).
@@ -139,6 +148,8 @@ def compare_layouts(label: str, learners: dict[bool, Learner], batches: Sequence
       "unpacked_real_tokens_per_s": (total("response_tokens", timed)
                                      / total("padded_seconds", timed)),
       "speedup": total("padded_seconds", timed) / total("packed_seconds", timed),
+      "packed_step_seconds": [r["packed_seconds"] for r in records],
+      "padded_step_seconds": [r["padded_seconds"] for r in records],
       "speedup_per_step_min": min(per_step), "speedup_per_step_max": max(per_step),
       "executables": executables[True], "unpacked_executables": executables[False],
       "pack_lengths": list(learners[True].pack_lengths),
@@ -147,18 +158,72 @@ def compare_layouts(label: str, learners: dict[bool, Learner], batches: Sequence
   }
 
 
-def run_mix(mix: str, steps: int, seed: int, log=print) -> dict[str, Any]:
+def _advantages(scores: np.ndarray, group_ids: np.ndarray, eps: float) -> np.ndarray:
+  """GRPO's group-normalised advantages (Shao et al., 2024): what a step trains on."""
+  out = np.zeros_like(scores)
+  for g in np.unique(group_ids):
+    s = scores[group_ids == g]
+    out[group_ids == g] = (s - s.mean()) / (s.std() + eps)
+  return out
+
+
+def tunix_column(peer_python: str, seed: int, config: LearnerConfig,
+                 batches: Sequence[RolloutBatch], untimed: int,
+                 ours: dict[str, Any], log=print) -> dict[str, Any]:
+  """Tunix's GRPO train step on ``batches`` from the tiny model's ``seed`` weights."""
+  import tempfile
+  from pathlib import Path
+
+  from sagc_jax.bench.peer import run_worker
+  from sagc_jax.models.hf_io import save_pretrained
+
+  cfg = tiny_config()
+  jobs = [dict(prompt_ids=b.prompt_tokens.tolist(), completion_ids=b.response_tokens.tolist(),
+               completion_mask=b.response_mask.astype(int).tolist(),
+               advantages=_advantages(b.scores, b.group_ids, config.adv_eps).tolist())
+          for b in batches]
+  with tempfile.TemporaryDirectory() as tmp:
+    folder = save_pretrained(init_model(cfg, seed=seed, init_std=0.05), cfg,
+                             Path(tmp) / "model")
+    log(f"  tunix: {len(jobs)} steps under {peer_python}")
+    out = run_worker(peer_python, dict(
+        kind="learner", folder=str(folder), pad_id=0, eos_id=cfg.vocab_size - 1,
+        beta=config.kl_coef, epsilon=config.clip_low, temperature=config.temperature,
+        lr=config.lr, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
+        mini_batches=config.mini_batches, batches=jobs))
+  seconds = out["seconds"][untimed:]
+  tokens = sum(int(b.lengths[b.row_valid].sum()) for b in batches[untimed:])
+  result = {"tunix_seconds": out["seconds"], "tunix_losses": out["losses"],
+            "tunix_real_tokens_per_s": tokens / sum(seconds)}
+  for tag in ("packed", "padded"):
+    per_step = [t / o for t, o in zip(seconds, ours[f"{tag}_step_seconds"][untimed:])]
+    result.update({f"{tag}_over_tunix": sum(seconds) / sum(ours[f"{tag}_step_seconds"][untimed:]),
+                   f"{tag}_over_tunix_per_step_min": min(per_step),
+                   f"{tag}_over_tunix_per_step_max": max(per_step)})
+  log(f"  tunix: {result['tunix_real_tokens_per_s']:.0f} tok/s; packed "
+      f"{result['packed_over_tunix']:.2f}x, padded {result['padded_over_tunix']:.2f}x faster")
+  return result
+
+
+def run_mix(mix: str, steps: int, seed: int, log=print,
+            peer_python: str | None = None) -> dict[str, Any]:
   vocab = tiny_config().vocab_size
   rng = np.random.default_rng(seed)
   batches = [rollout(mix, CANDIDATES[step % len(CANDIDATES)], vocab, rng)
              for step in range(steps)]
-  return {"mix": mix, **compare_layouts(mix, _learners(seed), batches, len(CANDIDATES), log)}
+  learners = _learners(seed)
+  out = {"mix": mix, **compare_layouts(mix, learners, batches, len(CANDIDATES), log)}
+  if peer_python is not None:
+    out.update(tunix_column(peer_python, seed, learners[True].config, batches,
+                            len(CANDIDATES), out, log))
+  return out
 
 
-def run(steps: int = 15, seed: int = 0, log=print) -> dict[str, Any]:
+def run(steps: int = 15, seed: int = 0, log=print,
+        peer_python: str | None = None) -> dict[str, Any]:
   compilation.install()
-  heavy = run_mix("heavy", steps, seed, log)
-  main = run_mix("main_job", steps, seed, log)
+  heavy = run_mix("heavy", steps, seed, log, peer_python)
+  main = run_mix("main_job", steps, seed, log, peer_python)
   cfg = tiny_config()
   return {"model": {"family": cfg.model_type, "hidden": cfg.hidden_size,
                     "layers": cfg.num_layers},
@@ -180,4 +245,12 @@ def report(results: dict[str, Any]) -> str:
                  f"{r['unpacked_real_tokens_per_s']:>8.0f} {r['speedup']:>8.2f} "
                  f"{r['speedup_per_step_min']:>6.2f} {r['speedup_per_step_max']:>6.2f} "
                  f"{r['executables']:>6} {r['compiles_after_warmup']:>8}")
+  for r in (results, results["main_job_mix"]):
+    if "tunix_real_tokens_per_s" in r:
+      lines.append(f"  {r['mix']:>9} Tunix GRPO step: {r['tunix_real_tokens_per_s']:.0f} tok/s; "
+                   f"packed {r['packed_over_tunix']:.2f}x faster "
+                   f"({r['packed_over_tunix_per_step_min']:.2f}-"
+                   f"{r['packed_over_tunix_per_step_max']:.2f} per step), padded "
+                   f"{r['padded_over_tunix']:.2f}x ({r['padded_over_tunix_per_step_min']:.2f}-"
+                   f"{r['padded_over_tunix_per_step_max']:.2f})")
   return "\n".join(lines)
