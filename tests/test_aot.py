@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sagc_jax.aot import compile_report
+from sagc_jax.aot.compile_report import compile_report
 from sagc_jax.config import tiny_cpu_config
 
 REPO = Path(__file__).resolve().parents[1]
