@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 from sagc_jax.runtime.storage import run_path
-from sagc_jax.training.evaluation import evaluate_run, load_run_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", type=run_path, default=None,
                       help="also write the result as JSON here (outside the run directory)")
   args, overrides = parser.parse_known_args(argv)
+  # JAX only once the arguments parse: --help and argument errors answer at once.
+  from sagc_jax.training.evaluation import evaluate_run, load_run_config
+
   if args.examples is not None and args.examples < 1:
     parser.error(f"--examples {args.examples} must be >= 1 (leave it out for the run's "
                  "data.eval_examples)")
