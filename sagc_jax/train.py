@@ -4,6 +4,11 @@ Resumes from the newest usable checkpoint in ``DIR/checkpoints`` when there is
 one. Ends with a summary (held-out accuracy before/after RL, straggler rate,
 mean G, wall-clock split) on stdout and in ``DIR/summary.json``, and a plot in
 ``DIR/run.png``.
+
+Required: ``--config`` and ``--workdir``. Any ``--config.KEY=VALUE`` overrides one
+setting of the config for this run, e.g. ``--config.train.steps=10`` or
+``--config.controller.kind=static --config.controller.static_g=8``; every key is in
+docs/configs.md. Resuming a run with another model is refused.
 """
 
 from __future__ import annotations

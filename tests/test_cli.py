@@ -130,7 +130,7 @@ def test_bad_override_is_one_line_and_exit_2(tmp_path, arg, expected):
 
 
 @pytest.mark.parametrize("tool, expected", [
-    ("train", "--workdir"), ("eval", "--workdir"), ("export", "--out"),
+    ("train", "Any ``--config.KEY=VALUE`` overrides"), ("eval", "--workdir"), ("export", "--out"),
     ("simulate", "--claims_seeds"), ("compare", "--merge_only"), ("claims", "--adaptation"),
     ("figures", "--only"), ("bench", "sampler"), ("aot", "--topology")])
 def test_every_cli_help_exits_0(tool, expected):
