@@ -177,6 +177,13 @@ def tunix_column(peer_python: str, seed: int, config: LearnerConfig,
   from sagc_jax.bench.peer import run_worker
   from sagc_jax.models.hf_io import save_pretrained
 
+  import jax
+
+  if jax.default_backend() != "cpu":     # the worker runs Tunix on CPU (peer.run_worker)
+    raise ValueError(f"peer_python: Tunix runs on CPU, but this learner runs on "
+                     f"{jax.default_backend()!r}; run with JAX_PLATFORMS=cpu to compare")
+  from sagc_jax.models.tiny import EOS_ID
+
   cfg = tiny_config()
   jobs = [dict(prompt_ids=b.prompt_tokens.tolist(), completion_ids=b.response_tokens.tolist(),
                completion_mask=b.response_mask.astype(int).tolist(),
@@ -187,7 +194,7 @@ def tunix_column(peer_python: str, seed: int, config: LearnerConfig,
                              Path(tmp) / "model")
     log(f"  tunix: {len(jobs)} steps under {peer_python}")
     out = run_worker(peer_python, dict(
-        kind="learner", folder=str(folder), pad_id=0, eos_id=cfg.vocab_size - 1,
+        kind="learner", folder=str(folder), pad_id=0, eos_id=EOS_ID,
         beta=config.kl_coef, epsilon=config.clip_low, temperature=config.temperature,
         lr=config.lr, weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm,
         mini_batches=config.mini_batches, batches=jobs))
@@ -200,8 +207,8 @@ def tunix_column(peer_python: str, seed: int, config: LearnerConfig,
     result.update({f"{tag}_over_tunix": sum(seconds) / sum(ours[f"{tag}_step_seconds"][untimed:]),
                    f"{tag}_over_tunix_per_step_min": min(per_step),
                    f"{tag}_over_tunix_per_step_max": max(per_step)})
-  log(f"  tunix: {result['tunix_real_tokens_per_s']:.0f} tok/s; packed "
-      f"{result['packed_over_tunix']:.2f}x, padded {result['padded_over_tunix']:.2f}x faster")
+  log(f"  tunix: {result['tunix_real_tokens_per_s']:.0f} tok/s; Tunix's seconds over ours: "
+      f"packed {result['packed_over_tunix']:.2f}x, padded {result['padded_over_tunix']:.2f}x")
   return result
 
 
@@ -248,7 +255,7 @@ def report(results: dict[str, Any]) -> str:
   for r in (results, results["main_job_mix"]):
     if "tunix_real_tokens_per_s" in r:
       lines.append(f"  {r['mix']:>9} Tunix GRPO step: {r['tunix_real_tokens_per_s']:.0f} tok/s; "
-                   f"packed {r['packed_over_tunix']:.2f}x faster "
+                   f"Tunix's seconds / ours: packed {r['packed_over_tunix']:.2f}x "
                    f"({r['packed_over_tunix_per_step_min']:.2f}-"
                    f"{r['packed_over_tunix_per_step_max']:.2f} per step), padded "
                    f"{r['padded_over_tunix']:.2f}x ({r['padded_over_tunix_per_step_min']:.2f}-"

@@ -1,8 +1,7 @@
 """Tunix's native sampler and GRPO train step on given token ids: the peer columns of
 ``bench heavy_tail`` and ``bench learner``.
 
-Runs as a script in a Python environment that has ``google-tunix`` (the ``.[peers]``
-extra, or a separate venv: it imports nothing of sagc_jax, so it works where our own
+Runs as a script in a Python environment that has ``google-tunix`` (a separate venv: it imports nothing of sagc_jax, so it works where our own
 pins and Tunix's disagree):
 
   PEER_PYTHON sagc_jax/bench/tunix_worker.py JOB.json OUT.json
@@ -21,7 +20,10 @@ the response cap: Tunix's GRPO learner pads every completion to
 ``GRPOLearner`` runs on one batch with ``num_iterations=1``: the reference model's
 per-token log-probabilities (``common.compute_per_token_logps``), then one optimizer
 update per minibatch, each the body of ``PeftTrainer._train_step`` (``nnx.value_and_grad``
-of ``algo_core.grpo_loss_fn``, then ``optimizer.update``) under ``nnx.jit``. OUT: per step
+of ``algo_core.grpo_loss_fn``, then ``optimizer.update``) under ``nnx.jit`` with the graphs
+cached (``nnx.cached_partial``), as ``PeftTrainer.train`` runs it. The timer starts with
+the batch on the device; ours also times the host work of a step (advantages, packing,
+transfers). OUT: per step
 its seconds (blocked on the result) and the loss of its first minibatch.
 
 Tunix's Llama applies RoPE with theta 1e6 whatever ``config.json`` says (its
@@ -127,7 +129,7 @@ def learn(job: dict) -> dict:
   optimizer = nnx.Optimizer(policy, tx, wrt=nnx.Param)
   ref_graph, ref_state = nnx.split(reference)
   ref_logps = jax.jit(common.compute_per_token_logps,
-                      static_argnames=("pad_id", "eos_id", "stop_gradient"))
+                      static_argnames=("pad_id", "eos_id", "stop_gradient", "temperature"))
 
   def loss_fn(model, example):
     return algo_core.grpo_loss_fn(model, example, algo, pad_id, eos_id)
@@ -138,6 +140,9 @@ def learn(job: dict) -> dict:
     optimizer.update(model, grads)
     return loss
 
+  # As PeftTrainer.train runs its step (cache_nnx_graph=True): the model and optimizer
+  # graphs are cached once, not traversed on every call.
+  step_fn = nnx.cached_partial(train_step, policy, optimizer)
   seconds, losses = [], []
   for batch in job["batches"]:
     prompt = jnp.asarray(batch["prompt_ids"], jnp.int32)
@@ -145,7 +150,8 @@ def learn(job: dict) -> dict:
     mask = jnp.asarray(batch["completion_mask"], jnp.int32)
     adv = jnp.asarray(batch["advantages"], jnp.float32)
     start = time.perf_counter()
-    ref = ref_logps(ref_graph, ref_state, prompt, completion, pad_id=pad_id, eos_id=eos_id)
+    ref = ref_logps(ref_graph, ref_state, prompt, completion, pad_id=pad_id, eos_id=eos_id,
+                    temperature=algo.temperature)
     rows = prompt.shape[0]
     per = rows // job["mini_batches"]
     first = None
@@ -155,7 +161,7 @@ def learn(job: dict) -> dict:
           prompt_ids=prompt[part], prompt_mask=prompt[part] != pad_id,
           completion_ids=completion[part], completion_mask=mask[part], advantages=adv[part],
           ref_per_token_logps=ref[part], old_per_token_logps=None)
-      loss = train_step(policy, optimizer, example)
+      loss = step_fn(example)
       first = loss if first is None else first
     jax.block_until_ready(nnx.state(policy))
     seconds.append(time.perf_counter() - start)
