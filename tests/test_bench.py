@@ -152,12 +152,18 @@ def test_tunix_s_grpo_step_trains_the_same_batches_and_is_timed_per_step():
   assert r["tunix_real_tokens_per_s"] == pytest.approx(tokens / r["tunix_seconds"][1])
 
 
-def test_grpo_advantages_are_normalised_within_each_group():
-  from sagc_jax.bench.learner import _advantages
+def test_tunix_gets_the_advantages_our_grpo_learner_trains_on():
+  """GRPO: (s - group mean) / (unbiased group std + eps), a numpy re-derivation (the
+  batch's groups are contiguous rows)."""
+  from sagc_jax.bench import learner
 
-  scores = np.array([1.0, 0.0, 3.0, 3.0, 2.0, 4.0], np.float32)
-  adv = _advantages(scores, np.array([0, 0, 1, 1, 2, 2]), 1e-6)
-  np.testing.assert_allclose(adv, [1, -1, 0, 0, -1, 1], atol=1e-5)
+  batch = learner.rollout("main_job", 4, tiny_config().vocab_size, np.random.default_rng(1))
+  config = learner._learners(0)[True].config
+  groups = [batch.scores[batch.group_ids == g] for g in np.unique(batch.group_ids)]
+  expected = np.concatenate([(s - s.mean()) / (s.std(ddof=1) + config.adv_eps)
+                             for s in groups])
+  np.testing.assert_allclose(learner.tunix_advantages(batch, config), expected, rtol=1e-5,
+                             atol=1e-6)
 
 
 def test_with_rope_theta_links_the_weights_and_rewrites_only_the_config(tmp_path):

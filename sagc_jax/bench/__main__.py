@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{','.join(map(str, defaults.DEFAULT_ROWS))})")
   parser.add_argument("--peer_python", default=None, metavar="PYTHON",
                       help="heavy_tail, learner: also run Tunix's sampler (train step) on the "
-                      "same rows and weights, "
-                      "in this Python (a venv with google-tunix: docs/benchmarks.md)")
+                      "same rows and weights, in this Python (a venv with google-tunix: "
+                      "docs/benchmarks.md)")
   parser.add_argument("--max_new_tokens", type=_positive, default=None,
                       help=f"with --model: response cap (default "
                       f"{defaults.DEFAULT_MAX_NEW_TOKENS})")

@@ -48,6 +48,7 @@ from sagc_jax.models import init_model, tiny_config
 from sagc_jax.runtime.compilation import warm
 from sagc_jax.rl.config import LearnerConfig
 from sagc_jax.rl.learner import Learner
+from sagc_jax.rl.losses import group_advantages
 from sagc_jax.rl.rollout import RolloutBatch
 
 CANDIDATES = (4, 8, 16)
@@ -158,13 +159,12 @@ def compare_layouts(label: str, learners: dict[bool, Learner], batches: Sequence
   }
 
 
-def _advantages(scores: np.ndarray, group_ids: np.ndarray, eps: float) -> np.ndarray:
-  """GRPO's group-normalised advantages (Shao et al., 2024): what a step trains on."""
-  out = np.zeros_like(scores)
-  for g in np.unique(group_ids):
-    s = scores[group_ids == g]
-    out[group_ids == g] = (s - s.mean()) / (s.std() + eps)
-  return out
+def tunix_advantages(batch: RolloutBatch, config: LearnerConfig) -> np.ndarray:
+  """The advantages our learner trains ``batch`` on (``losses.group_advantages`` with the
+  config's normalisation), handed to Tunix so that both sides train on the same ones."""
+  return np.asarray(group_advantages(batch.scores, batch.group_ids,
+                                     normalize_std=config.normalize_std, eps=config.adv_eps,
+                                     mask=batch.row_valid))
 
 
 def tunix_column(peer_python: str, seed: int, config: LearnerConfig,
@@ -187,7 +187,7 @@ def tunix_column(peer_python: str, seed: int, config: LearnerConfig,
   cfg = tiny_config()
   jobs = [dict(prompt_ids=b.prompt_tokens.tolist(), completion_ids=b.response_tokens.tolist(),
                completion_mask=b.response_mask.astype(int).tolist(),
-               advantages=_advantages(b.scores, b.group_ids, config.adv_eps).tolist())
+               advantages=tunix_advantages(b, config).tolist())
           for b in batches]
   with tempfile.TemporaryDirectory() as tmp:
     folder = save_pretrained(init_model(cfg, seed=seed, init_std=0.05), cfg,

@@ -1,8 +1,8 @@
 """Tunix's native sampler and GRPO train step on given token ids: the peer columns of
 ``bench heavy_tail`` and ``bench learner``.
 
-Runs as a script in a Python environment that has ``google-tunix`` (a separate venv: it imports nothing of sagc_jax, so it works where our own
-pins and Tunix's disagree):
+Runs as a script in a Python environment that has ``google-tunix`` (a separate venv: it
+imports nothing of sagc_jax, so it works where our own pins and Tunix's disagree):
 
   PEER_PYTHON sagc_jax/bench/tunix_worker.py JOB.json OUT.json
 
@@ -12,8 +12,8 @@ untimed) and ``pad_id``. OUT: per timed call its seconds, and the first call's r
 tokens and lengths (the stop token counted, as ours count it).
 
 Learner JOB (``"kind": "learner"``): ``folder``, ``pad_id``, ``eos_id``, ``beta``,
-``epsilon``, ``temperature``, ``lr``, ``weight_decay``, ``max_grad_norm`` (AdamW after global-norm
-clipping, as ours), ``mini_batches`` and ``batches``: per step ``prompt_ids`` (rows x
+``epsilon``, ``temperature``, ``lr``, ``weight_decay``, ``max_grad_norm`` (AdamW after
+global-norm clipping, as ours), ``mini_batches`` and ``batches``: per step ``prompt_ids`` (rows x
 prompt, left-padded with ``pad_id``), ``completion_ids`` and ``completion_mask`` (rows x
 the response cap: Tunix's GRPO learner pads every completion to
 ``max_tokens_to_generate``) and ``advantages`` (rows). A step is what Tunix's
@@ -23,8 +23,8 @@ update per minibatch, each the body of ``PeftTrainer._train_step`` (``nnx.value_
 of ``algo_core.grpo_loss_fn``, then ``optimizer.update``) under ``nnx.jit`` with the graphs
 cached (``nnx.cached_partial``), as ``PeftTrainer.train`` runs it. The timer starts with
 the batch on the device; ours also times the host work of a step (advantages, packing,
-transfers). OUT: per step
-its seconds (blocked on the result) and the loss of its first minibatch.
+transfers). OUT: per step its seconds (blocked on the result) and the loss of its first
+minibatch.
 
 Tunix's Llama applies RoPE with theta 1e6 whatever ``config.json`` says (its
 ``model.py`` calls ``apply_rope`` without the config's ``rope_theta``), so the caller
