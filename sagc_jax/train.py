@@ -58,7 +58,8 @@ def format_summary(summary: dict) -> str:
                  f"{summary['mean_g']:.2f}   mean log2 G {summary['mean_log2_g']:.2f}")
     lines.append(f"  wall-clock {summary['time_total_s']:.1f} s = rollout "
                  f"{summary['time_rollout_s']:.1f} + reward {summary['time_reward_s']:.1f} + "
-                 f"learner {summary['time_learner_s']:.1f} (+ host)")
+                 f"learner {summary['time_learner_s']:.1f} (+ host); scoring overlapped "
+                 f"with decoding {summary.get('time_reward_overlapped_s', 0.0):.1f} s")
     lines.append(f"  new compilations after warm-up: {summary['new_compilations']:.0f}   "
                  f"skipped updates: {summary['skipped_updates']}")
   return "\n".join(lines)

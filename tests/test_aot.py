@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sagc_jax.aot.compile_report import compile_report
@@ -208,6 +209,40 @@ def test_the_refill_sampler_compiles_for_tpu_with_the_pallas_paged_kernel():
     pages = sampler.refill.page_buckets()[-1]
     text = sampler.refill.programs.get(("segment", pages, 64), nnx.state(model)).as_text()
     assert ("tpu_custom_call" in text) == (kernel == "pallas"), kernel
+
+
+def test_the_slot_search_keeps_the_fastest_slot_count_that_fits_and_names_the_others(
+    tmp_path):
+  """``refill_slots_search``: every candidate that splits over the 2 lanes is compiled,
+  its pool sized and its rollout projected; the smallest geometric mean of the
+  projections over the length models is compiled and reported; 3 slots (not a multiple
+  of the lanes) is reported with the reason."""
+  path = _model_json(tmp_path, "small", **SMALL)
+  c = _config()
+  c.rollout.update(dict(refill_slots=8, page_size=16))
+  report = compile_report(c, "v5e:2x2", model_config=str(path), only="samplers",
+                          largest_only=True, refill_slots_search=(3, 4, 16),
+                          log=lambda m: None)
+  search = report["refill"]["slot_search"]
+  by_slots = {r["slots"]: r for r in search["candidates"]}
+  assert not by_slots[3]["feasible"] and "multiple of the mesh's 'data' axis" in by_slots[3][
+      "reason"]
+  feasible = [r for r in search["candidates"] if r["feasible"]]
+  assert {r["slots"] for r in feasible} == {4, 16}
+  for r in feasible:
+    seconds = list(r["seconds"].values())
+    assert r["geomean_s"] == pytest.approx(np.exp(np.mean(np.log(seconds))))
+  assert search["chosen"] == min(feasible, key=lambda r: r["geomean_s"])["slots"]
+  assert report["refill"]["slots"] == search["chosen"]
+  # With every response at the cap, 4x the slots decode the rows in a quarter of the
+  # waves: 16 slots must win on that model.
+  assert by_slots[16]["seconds"]["cap"] < by_slots[4]["seconds"]["cap"]
+  names = [e["name"] for e in report["executables"]]
+  assert sum(n.startswith("sampler_refill_segment_search[") for n in names) == 2
+  with pytest.raises(ValueError, match="set rollout.kv_pages=0"):
+    c.rollout.kv_pages = 100
+    compile_report(c, "v5e:2x2", model_config=str(path), only="samplers",
+                   refill_slots_search=(4,), log=lambda m: None)
 
 
 def test_the_refill_sampler_gets_a_pool_sized_to_hbm_and_a_rollout_against_its_bound(tmp_path):

@@ -115,18 +115,23 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
 def test_refill_rollouts_equal_the_default_sampler_s_and_compile_nothing_after_warm_up(
     shared, tmp_path):
   """rollout.refill_slots: 4 slots for 8 rollouts per step, 3 steps. Step 1 samples from
-  the same policy, so its rollouts (lengths, rewards) equal the default sampler's."""
+  the same policy, so its rollouts (lengths, rewards) equal the default sampler's.
+  Scoring rows as they finish (``rollout.overlap_rewards``, on by default) or after the
+  call gives the same run, step for step."""
   runs = {}
-  for refill in (0, 4):
+  for refill, overlap in ((0, True), (4, True), (4, False)):
     config = small_config(shared)
     config.mesh.shape = (1, 1)
-    config.rollout.update(dict(refill_slots=refill, page_size=4))
-    _, _, trainer = run(config, tmp_path / f"refill{refill}")
+    config.rollout.update(dict(refill_slots=refill, page_size=4, overlap_rewards=overlap))
+    _, _, trainer = run(config, tmp_path / f"refill{refill}_{overlap}")
     assert (trainer.components.sampler.refill is not None) == bool(refill)
-    runs[refill] = load_history(tmp_path / f"refill{refill}")
-  assert all(r["new_compilations"] == 0 for r in runs[4])
+    runs[refill, overlap] = load_history(tmp_path / f"refill{refill}_{overlap}")
+  assert all(r["new_compilations"] == 0 for r in runs[4, True])
   for key in ("g", "generated_tokens", "reward_mean", "response_len_max"):
-    assert runs[4][0][key] == runs[0][0][key], key
+    assert runs[4, True][0][key] == runs[0, True][0][key], key
+  assert ([deterministic_view(r) for r in runs[4, True]]
+          == [deterministic_view(r) for r in runs[4, False]])
+  assert all(r["time_reward_overlapped_s"] == 0.0 for r in runs[4, False])
 
 
 def test_resume_is_exact(shared, tmp_path):

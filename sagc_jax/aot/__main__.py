@@ -33,6 +33,10 @@ def _define_flags():
   flags.DEFINE_enum("only", None, ["learner", "samplers"], "Compile only the learner's or "
                     "only the samplers' executables (quick checks of one side; no step "
                     "time is projected then).")
+  flags.DEFINE_list("refill_slots_search", [], "Refill slot counts to try (comma list, e.g. "
+                    "64,128,256; needs rollout.refill_slots > 0 and kv_pages=0): each is "
+                    "compiled at the smallest pool, its pool sized to HBM and its rollout "
+                    "projected; the fastest that fits is compiled and reported.")
   flags.DEFINE_string("out", None, "Write the report as JSON here.")
   flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (docs figures).")
   flags.mark_flags_as_required(["config"])
@@ -110,9 +114,15 @@ def main(argv: Sequence[str], flags) -> None:
   logging.set_verbosity(logging.WARNING)
   from sagc_jax.aot.compile_report import compile_report
 
+  try:
+    search = tuple(int(s) for s in flags.refill_slots_search)
+  except ValueError:
+    raise ValueError(f"--refill_slots_search={','.join(flags.refill_slots_search)}: not a "
+                     "comma list of ints (e.g. 64,128,256)") from None
   report = compile_report(flags.config, flags.topology,
                           model_config=flags.model_config,
                           largest_only=flags.largest_only, only=flags.only,
+                          refill_slots_search=search,
                           log=lambda m: print(m, flush=True))
   print(format_table(report), flush=True)
   if flags.markdown:

@@ -33,7 +33,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +44,7 @@ from jax.sharding import Mesh
 
 from sagc_jax.aot.chips import ChipSpec, generation_of
 from sagc_jax.aot.hbm_traffic import hbm_traffic
-from sagc_jax.aot.refill_report import refill_projection, refill_rows
+from sagc_jax.aot.refill_report import refill_projection, refill_rows, search_slots
 from sagc_jax.aot.refill_report import summary as refill_summary
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, build_components
@@ -264,14 +264,30 @@ def _sampler_kinds(parts: RLComponents, largest_only: bool):
 
 def compile_report(config: ml_collections.ConfigDict, topology: str, *,
                    model_config: str | None = None, largest_only: bool = False,
-                   only: str | None = None,
+                   only: str | None = None, refill_slots_search: Sequence[int] = (),
                    log: Callable[[str], None] = print) -> dict[str, Any]:
   """Compiles the run's executables for ``topology``; returns the report dict.
 
   ``only``: ``"learner"`` or ``"samplers"`` compiles one side (no step projection).
+  ``refill_slots_search``: slot counts the refill sampler is tried with
+  (``refill_report.search_slots``); the fastest that fits is compiled and reported.
   """
   if only not in (None, "learner", "samplers"):
     raise ValueError(f"only={only!r} is not one of (None, 'learner', 'samplers')")
+  if refill_slots_search:
+    if not config.rollout.refill_slots:
+      raise ValueError(f"refill_slots_search={tuple(refill_slots_search)}: the config's "
+                       "rollout.refill_slots is 0 (no refill sampler to size); set it to "
+                       "one of the candidates")
+    if config.rollout.kv_pages:
+      raise ValueError(f"refill_slots_search={tuple(refill_slots_search)} sizes the pool "
+                       f"per candidate: set rollout.kv_pages=0 (it is "
+                       f"{config.rollout.kv_pages})")
+    bad = [s for s in refill_slots_search if isinstance(s, bool) or not isinstance(s, int)
+           or s <= 0]
+    if bad:
+      raise ValueError(f"refill_slots_search={tuple(refill_slots_search)}: {bad} are not "
+                       "positive ints")
   config = ml_collections.ConfigDict(config.to_dict())   # unlocked copy
   config.model.require_path = False      # sizing needs the config.json, not the weights
   if not config.data.manual_dir:         # ... and no data
@@ -320,7 +336,11 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   for kind, sampler, r, p in samplers:
     if kind == "sampler" and sampler.refill is not None:
       if refill is None:           # the refill programs, once (they serve every bucket)
+        search = None if not refill_slots_search else search_slots(
+            compile_one, config, sampler, model, chip, HBM_LIMIT, refill_slots_search, log)
         refill = refill_rows(compile_one, sampler, model, chip, HBM_LIMIT, log)
+        if search is not None:
+          refill["slot_search"] = search
       continue
     # The fused program: every row decodes to the cap over the full cache, the worst
     # case of the segmented sampler too, so the projection below uses it.

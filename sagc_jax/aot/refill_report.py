@@ -37,6 +37,7 @@ from sagc_jax.control.simulator import LengthProcess
 from sagc_jax.sampling.refill_schedule import simulate_refill
 
 __all__ = ["LENGTH_MODELS", "draw_lengths", "format_lines", "project_refill", "refill_projection",
+           "search_slots",
            "refill_rows", "size_pool", "summary"]
 
 GIB = 2.0 ** 30
@@ -84,6 +85,8 @@ def size_pool(refill, probes: dict[str, Callable[[], dict | None]], hbm_gib: flo
   smallest = refill.pages_per_row + 1
   limit = hbm_limit * hbm_gib
 
+  rooflines: dict[str, float] = {}
+
   def peaks(pages: int) -> dict[str, float] | None:
     refill.resize_pool(pages)
     out = {}
@@ -93,6 +96,7 @@ def size_pool(refill, probes: dict[str, Callable[[], dict | None]], hbm_gib: flo
         return None
       row["probe"] = True             # sizing only: the fit verdict is the final compile's
       out[name] = row["peak_gib"]
+      rooflines.setdefault(name, row.get("roofline_ms"))
     return out
 
   base = peaks(smallest)
@@ -124,21 +128,21 @@ def size_pool(refill, probes: dict[str, Callable[[], dict | None]], hbm_gib: flo
   refill.resize_pool(pages)
   return dict(pages=pages, sized=True, pages_that_fit=fit, pages_no_eviction=auto,
               gib_without_pool={k: round(v - page_gib * smallest, 3) for k, v in base.items()},
-              page_mib=page_gib * 1024, tries=history)
+              page_mib=page_gib * 1024, tries=history, roofline_ms_smallest_pool=rooflines)
 
 
-def project_refill(config, sampler, segment_ms: float, prefill_ms: float,
+def project_refill(config, refill, segment_ms: float, prefill_ms: float,
                    kv_ms_per_key: float, seed: int = 0) -> dict[str, Any]:
-  """Projected refill rollout seconds and ``rollout_over_bound`` per length model, at
-  the candidate G with the longest projection (rows ``P(G) x G``).
+  """Projected rollout seconds of ``refill`` (a ``RefillDecoder``) and
+  ``rollout_over_bound`` per length model, at the candidate G with the longest
+  projection (rows ``P(G) x G``, prompts at the largest prompt bucket).
 
   A decode step costs ``segment_ms`` (the segment program's roofline: XLA counts its
   loop body, one step, once, with the page copies around it) plus, with the kernel
   (whose reads XLA cannot see), ``kv_ms_per_key`` per key the fullest lane holds.
   """
-  refill = sampler.refill
   r = config.rollout
-  prompt_len = max(sampler.prompt_buckets)
+  prompt_len = max(refill.prompt_buckets)
   by_model: dict[str, dict[str, Any]] = {}
   for name in LENGTH_MODELS:
     worst = None
@@ -167,6 +171,86 @@ def project_refill(config, sampler, segment_ms: float, prefill_ms: float,
               length_models=LENGTH_MODELS)
 
 
+def _kv_ms_per_key(refill, hbm_gbps: float) -> float:
+  """Milliseconds per key held, per decode step, that the Pallas kernel reads beyond
+  XLA's count (0 on the XLA path, whose reads the segment program's roofline holds):
+  what one device stores per key (keys and values of every layer, its share of heads)
+  at the chip's HBM bandwidth."""
+  if refill.options_for(refill.slots).paged_kernel == "xla":
+    return 0.0
+  per_key = refill.pool_bytes_per_device() / (refill.num_pages * refill.page_size)
+  return per_key / (hbm_gbps * 1e9) * 1e3
+
+
+def _refill_probes(compile_one, refill, state, rows: int, tag: str):
+  """Compile callbacks of the two programs that hold the pools, at their largest shapes
+  (segment: widest page bucket; prefill: most prompts, longest bucket)."""
+  width = refill.page_buckets()[-1]
+  rung, bucket = refill.prompt_rungs()[-1], refill.prompt_buckets[-1]
+
+  def segment():
+    return compile_one(f"sampler_refill_segment{tag}[pages={width},rows={rows},"
+                       f"kv_pages={refill.num_pages}]",
+                       lambda: refill.programs.get(("segment", width, rows), state))
+
+  def prefill():
+    return compile_one(f"sampler_refill_prefill{tag}[prompts={rung},prompt={bucket},"
+                       f"kv_pages={refill.num_pages}]",
+                       lambda: refill.programs.get(("prefill", rung, bucket), state))
+  return dict(segment=segment, prefill=prefill)
+
+
+def search_slots(compile_one, config, sampler, model, chip, hbm_limit: float,
+                 candidates, log: Callable[[str], None]) -> dict[str, Any]:
+  """Chooses the refill slot count: for each candidate, the programs that hold the
+  pools are compiled at the smallest pool, the pool that then fits HBM is taken (as
+  ``size_pool``'s first guess) and the rollout is projected per length model with the
+  rooflines of those compiles. The candidate with the smallest geometric mean of the
+  projected seconds over the length models wins (each model counts alike, whatever
+  its scale) and replaces ``sampler.refill``; ``refill_rows`` then sizes its pool
+  exactly. A candidate that does not split over the lanes, or whose programs leave no
+  room for one longest row, is reported and skipped."""
+  state = nnx.state(model)
+  rows = sampler.row_buckets[-1]
+  results, decoders = [], {}
+  for slots in candidates:
+    try:
+      decoder = sampler.refill.with_slots(int(slots))
+    except ValueError as err:
+      results.append(dict(slots=int(slots), feasible=False, reason=str(err)))
+      continue
+    log(f"  slot search: {slots} slots")
+    pool = size_pool(decoder, _refill_probes(compile_one, decoder, state, rows, "_search"),
+                     chip.hbm_gib, hbm_limit, log, tries=0)
+    roofline = pool.get("roofline_ms_smallest_pool", {})
+    if (not pool["sized"] or pool["pages_that_fit"] < decoder.pages_per_row + 1
+        or None in roofline.values()):
+      results.append(dict(slots=int(slots), feasible=False, reason=pool.get(
+          "reason", f"its programs leave room for {pool.get('pages_that_fit')} pages per "
+          f"lane, fewer than one longest row ({decoder.pages_per_row + 1})")))
+      continue
+    projection = project_refill(config, decoder, roofline["segment"], roofline["prefill"],
+                                _kv_ms_per_key(decoder, chip.hbm_gbps))
+    seconds = {k: v["seconds"] for k, v in projection["by_length_model"].items()}
+    results.append(dict(slots=int(slots), feasible=True, kv_pages=decoder.num_pages,
+                        seconds=seconds, rollout_over_bound=projection["rollout_over_bound"],
+                        evictions={k: v["evictions"]
+                                   for k, v in projection["by_length_model"].items()},
+                        geomean_s=float(np.exp(np.mean(np.log(list(seconds.values())))))))
+    decoders[int(slots)] = decoder
+  feasible = [r for r in results if r["feasible"]]
+  if not feasible:
+    raise ValueError(f"refill slot search: no candidate of {list(candidates)} fits: "
+                     + "; ".join(f"{r['slots']}: {r['reason']}" for r in results))
+  chosen = min(feasible, key=lambda r: r["geomean_s"])["slots"]
+  sampler.refill = decoders[chosen].with_slots(chosen)        # pool auto: sized next
+  log(f"  slot search: {chosen} slots (smallest geometric mean of the projected rollouts)")
+  return dict(candidates=results, chosen=chosen,
+              criterion="smallest geometric mean over the length models of the projected "
+                        "rollout seconds, at the pool that fits (rooflines at the smallest "
+                        "pool)")
+
+
 def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
                 log: Callable[[str], None]) -> dict[str, Any]:
   """Compiles the refill sampler's programs (pool sized first when ``kv_pages`` is
@@ -174,33 +258,21 @@ def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
   refill = sampler.refill
   state = nnx.state(model)
   rows = sampler.row_buckets[-1]
-  width = refill.page_buckets()[-1]
-  rung, bucket = refill.prompt_rungs()[-1], refill.prompt_buckets[-1]
-
-  def segment(tag: str = ""):
-    return compile_one(f"sampler_refill_segment{tag}[pages={width},rows={rows},"
-                       f"kv_pages={refill.num_pages}]",
-                       lambda: refill.programs.get(("segment", width, rows), state))
-
-  def prefill(tag: str = ""):
-    return compile_one(f"sampler_refill_prefill{tag}[prompts={rung},prompt={bucket},"
-                       f"kv_pages={refill.num_pages}]",
-                       lambda: refill.programs.get(("prefill", rung, bucket), state))
   out: dict[str, Any] = dict(slots=refill.slots, lanes=refill.lanes, page_size=refill.page_size,
                              segment=refill.segment, pages_per_row=refill.pages_per_row,
                              kernel=refill.options_for(refill.slots).paged_kernel)
   if refill.pages_auto:
-    out["pool"] = size_pool(refill, dict(segment=lambda: segment("_probe"),
-                                         prefill=lambda: prefill("_probe")),
+    out["pool"] = size_pool(refill, _refill_probes(compile_one, refill, state, rows, "_probe"),
                             chip.hbm_gib, hbm_limit, log)
-  out["program_segment"] = segment()
+  final = _refill_probes(compile_one, refill, state, rows, "")   # at the chosen pool
+  out["program_segment"] = final["segment"]()
   out["kv_pages"] = refill.num_pages
   out["pool_gib_per_device"] = refill.pool_bytes_per_device() / GIB
   # What one device stores per key (keys and values of every layer, its share of heads).
   out["kv_bytes_per_key"] = refill.pool_bytes_per_device() / (refill.num_pages
                                                               * refill.page_size)
   out["hbm_gbps"] = chip.hbm_gbps
-  out["program_prefill"] = prefill()
+  out["program_prefill"] = final["prefill"]()
   return out
 
 
@@ -211,9 +283,8 @@ def refill_projection(config, sampler, rows: dict[str, Any]) -> dict[str, Any] |
     return None
   # The XLA path's attention reads are inside the segment program (full-width views);
   # the kernel's are not: they are added per key held, at the chip's HBM bandwidth.
-  kv_ms = (0.0 if rows["kernel"] == "xla"
-           else rows["kv_bytes_per_key"] / (rows["hbm_gbps"] * 1e9) * 1e3)
-  out = project_refill(config, sampler, seg["roofline_ms"], pre["roofline_ms"], kv_ms)
+  kv_ms = _kv_ms_per_key(sampler.refill, rows["hbm_gbps"])
+  out = project_refill(config, sampler.refill, seg["roofline_ms"], pre["roofline_ms"], kv_ms)
   out.update(segment_ms=seg["roofline_ms"], prefill_ms=pre["roofline_ms"],
              kv_ms_per_key=kv_ms, decode_step_ms=out["by_length_model"]["cap"]["step_ms"])
   return out
@@ -231,6 +302,13 @@ def format_lines(refill: dict[str, Any]) -> list[str]:
   lines = [f"refill: {refill['slots']} slots in {refill['lanes']} lanes, {refill['kv_pages']} "
            f"pages of {refill['page_size']} per lane ({refill['pool_gib_per_device']:.2f} GiB "
            f"per device), segment {refill['segment']}"]
+  search = refill.get("slot_search")
+  for row in (search or {}).get("candidates", ()):
+    mark = " (chosen)" if row["slots"] == search["chosen"] else ""
+    lines.append(f"  search {row['slots']:4d} slots{mark}: " + (
+        f"{row['kv_pages']} pages per lane; projected " + ", ".join(
+            f"{k} {v:.1f} s (x{row['rollout_over_bound'][k]:.2f})"
+            for k, v in row["seconds"].items()) if row["feasible"] else row["reason"]))
   for name, row in refill.get("by_length_model", {}).items():
     lines.append(f"  {name:16s} G={row['group_size']:<3d} mean {row['length_mean']:7.0f} "
                  f"max {row['length_max']:6d}: rollout {row['seconds']:7.1f} s, bound "

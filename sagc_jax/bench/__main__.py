@@ -1,7 +1,10 @@
-"""Dispatcher: ``python -m sagc_jax.bench {controller,heavy_tail,learner,sampler} [--out F]``.
+"""Dispatcher: ``python -m sagc_jax.bench {controller,heavy_tail,learner,overlap,sampler}
+[--out F]``.
 
 ``heavy_tail`` is the sampler benchmark's heavy-tailed-rollouts part alone (refill vs
-sub-calls vs fused, ``sagc_jax/bench/heavy_tail.py``).
+sub-calls vs fused, ``sagc_jax/bench/heavy_tail.py``). ``overlap`` times a round
+(sampling + scoring) on the same rows with ``rollout.overlap_rewards`` off and on
+(``sagc_jax/bench/overlap.py``).
 
 ``heavy_tail --model MODEL`` runs the scenario on a real model's weights (forced
 lengths from 128 prompts' greedy continuations, ``--max_new_tokens`` default 256).
@@ -28,7 +31,7 @@ from sagc_jax.bench import defaults
 from sagc_jax.bench.peer import TUNIX_ROPE_THETA
 
 # Imported only when run (they import JAX): --help answers at once.
-BENCHMARKS = ("controller", "heavy_tail", "learner", "sampler")
+BENCHMARKS = ("controller", "heavy_tail", "learner", "overlap", "sampler")
 # With --model: the (run, report) functions of the real-model benchmark.
 REAL_MODEL = {"learner": ("run_learner", "report_learner"),
               "sampler": ("run_sampler", "report_sampler")}

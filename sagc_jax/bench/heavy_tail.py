@@ -48,6 +48,17 @@ EOS = 2
 ROWS = 64
 
 
+TINY_MODEL = "tiny (random weights, std 0.1, RoPE theta 1e6)"
+
+
+def tiny_model(seed: int):
+  """(model, config): the tiny CPU Llama of the straggler benchmark, RoPE theta 1e6."""
+  from sagc_jax.models import init_model, tiny_config
+
+  cfg = dataclasses.replace(tiny_config(), rope_theta=TUNIX_ROPE_THETA)
+  return init_model(cfg, seed=seed, init_std=0.1), cfg
+
+
 def lognormal_targets(rows: int, median: float, sigma: float, cap: int) -> np.ndarray:
   """The log-normal's ``(i + 1/2) / rows`` quantiles, rounded and clipped to [1, cap]."""
   from statistics import NormalDist
@@ -108,12 +119,9 @@ def run(steps: int = 3, *, model=None, cfg=None, slots: int = 16, max_new_tokens
   theta is 1e6, the one Tunix's Llama applies; written here for the tiny model), on
   the heavy tail and on ``equal_tokens`` tokens for every row (no stop), where our
   default sampler runs beside it."""
-  described = model_info or {"source": "tiny (random weights, std 0.1, RoPE theta 1e6)"}
+  described = model_info or {"source": TINY_MODEL}
   if model is None:
-    from sagc_jax.models import init_model, tiny_config
-
-    cfg = dataclasses.replace(tiny_config(), rope_theta=TUNIX_ROPE_THETA)
-    model = init_model(cfg, seed=seed, init_std=0.1)
+    model, cfg = tiny_model(seed)
   if peer_python is not None and cfg.rope_theta != TUNIX_ROPE_THETA:
     raise ValueError(f"peer_python: Tunix's Llama applies RoPE theta {TUNIX_ROPE_THETA:g} "
                      f"whatever its config says; this model has {cfg.rope_theta:g}")

@@ -82,6 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
       # steps between refills (0 = auto); decode attention over the pages: "xla" (every
       # backend) or "pallas" (the TPU kernel, which reads only the pages a row fills).
       refill_slots=0, page_size=16, kv_pages=0, refill_segment=0, paged_kernel="xla",
+      # Score rows that have finished while the rest still decode (refill boundaries,
+      # sub-calls; rewards/streaming.py): the step waits only for the last rows' scores.
+      overlap_rewards=True,
       # Evaluation samplers segmented too (off: they run a few times per run, and the
       # fused sampler's one executable per shape compiles much faster).
       segmented_eval=False))

@@ -126,6 +126,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not isinstance(checks.lookup(config, key), bool):
       raise ValueError(f"{key}={checks.lookup(config, key)!r} must be True or False")
   checks.positive_int(config, "rollout.min_compact_rows")
+  overlap = config.rollout.get("overlap_rewards", True)
+  if not isinstance(overlap, bool):
+    raise ValueError(f"rollout.overlap_rewards={overlap!r} must be True or False")
   for key in ("refill_slots", "kv_pages", "refill_segment"):
     checks.non_negative_int(config, f"rollout.{key}")
   checks.positive_int(config, "rollout.page_size")

@@ -78,6 +78,8 @@ JOBS = (
         lambda d: [_PY, "-m", "sagc_jax.bench", "sampler", f"--out={d / 'bench.json'}"]),
     Job("bench_learner", "Benchmarks: learner packed vs padded", 6.0,
         lambda d: [_PY, "-m", "sagc_jax.bench", "learner", f"--out={d / 'bench.json'}"]),
+    Job("bench_overlap", "Benchmarks: scoring while the tail decodes", 2.5,
+        lambda d: [_PY, "-m", "sagc_jax.bench", "overlap", f"--out={d / 'bench.json'}"]),
     Job("compare_quick", "Comparing GRPO and DAPO: the quick tiny comparison (3 seeds)", 16.0,
         lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_tiny_cpu.py",
                    f"--workdir={d}"]),

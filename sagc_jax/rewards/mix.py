@@ -397,6 +397,13 @@ class RewardMix:
   def term_names(self) -> list[str]:
     return [t.name for t in self.terms]
 
+  @property
+  def needs_main_thread(self) -> bool:
+    """Whether calls must come from the main thread (an in-process math-verify keeps its
+    timeouts there); user terms run in their worker process and may be called from any
+    one thread at a time."""
+    return any(v.needs_main_thread for v in self._verifiers.values())
+
   def verify(self, completions: Sequence[str], answers: Sequence[str]):
     """The task verifier alone (``RewardResult``): what accuracy is measured with."""
     return self._verifiers[self.verifier_name](completions, answers)

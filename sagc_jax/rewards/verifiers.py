@@ -168,6 +168,11 @@ class RewardFunction(abc.ABC):
   def close(self) -> None:
     """Releases workers (idempotent). A no-op for in-process rewards."""
 
+  @property
+  def needs_main_thread(self) -> bool:
+    """Whether calls must come from the main thread to keep their timeouts."""
+    return False
+
   def __enter__(self) -> "RewardFunction":
     return self
 
@@ -251,6 +256,10 @@ class MathVerifyReward(RewardFunction):
       self._pool = concurrent.futures.ProcessPoolExecutor(
           max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
           initializer=_worker_init)
+
+  @property
+  def needs_main_thread(self) -> bool:
+    return self._pool is None        # in process: signal.alarm timeouts, main thread only
 
   def _check_open(self) -> None:
     if self._closed:

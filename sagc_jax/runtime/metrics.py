@@ -286,6 +286,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
       "time_total_s": sum(r["time_total_s"] for r in rows),
       "time_rollout_s": sum(r["time_rollout_s"] for r in rows),
       "time_reward_s": sum(r["time_reward_s"] for r in rows),
+      "time_reward_overlapped_s": sum(r.get("time_reward_overlapped_s", 0.0) for r in rows),
       "time_learner_s": sum(r["time_learner_s"] for r in rows),
       "reward_mean": mean("reward_mean"),
       "accuracy": mean("accuracy"),

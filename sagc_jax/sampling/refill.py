@@ -25,7 +25,9 @@ queued rows into idle slots; then the device
    into pages;
 2. **decodes** one segment: a ``while_loop`` of up to ``segment`` steps over the slots
    against the paged cache, reading ``W`` logical pages per slot (the smallest page
-   bucket holding the longest running row).
+   bucket holding the longest running row). It also returns each slot's row of the
+   outputs: the rows that stopped in it reach the caller's ``RolloutListener`` while
+   the next segment decodes (their scoring overlaps the tail).
 
 Programs (all compiled by ``warmup``): ``prefill`` per (prompt-row rung, prompt
 bucket), ``segment`` per (page bucket, row bucket), and per row bucket ``stats`` and
@@ -57,6 +59,7 @@ from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
+from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.refill_schedule import RefillSchedule, pages_for
 
@@ -149,6 +152,14 @@ class RefillDecoder:
           f"{max(self.prompt_buckets)}-token prompt bucket and {self.params.max_new_tokens} "
           f"new tokens) plus the scratch page: >= {self.pages_per_row + 1}")
     return num_pages
+
+  def with_slots(self, slots: int) -> "RefillDecoder":
+    """The same decoder on ``slots`` slots with the default pool (the AOT tool's slot
+    search compiles a few and keeps the fastest that fits)."""
+    return RefillDecoder(self.graphdef, self.params, self.cfg, cache_dtype=self.cache_dtype,
+                         options_for=self.options_for, sink=self.sink, slots=slots,
+                         page_size=self.page_size, num_pages=None, segment=self.segment,
+                         prompt_buckets=self.prompt_buckets, mesh=self.mesh)
 
   def resize_pool(self, num_pages: int) -> None:
     """Another pool size (per lane, the scratch page included): the programs that
@@ -351,6 +362,10 @@ class RefillDecoder:
                     tokens=write(c["tokens"], tokens), logprobs=write(c["logprobs"], logp))
 
       c = jax.lax.while_loop(keep_going, step, carry)
+      # Each slot's row of the outputs, so the host can score rows that stopped here
+      # while the next segment runs (``listener.RolloutListener``).
+      slot_tokens = lane_map(lambda b, r: b[r], c["tokens"], by_lane(slots["out_row"]))
+      slot_tokens = slot_tokens.reshape(self.slots, n_new)
       if views:
         scatter = lambda pool, view: lane_map(scatter_slots, pool, table, by_lane(view))
         k_out = tuple(map(scatter, k_pools, c["k"]))
@@ -358,13 +373,13 @@ class RefillDecoder:
       else:
         k_out, v_out = c["k"], c["v"]
       return ((k_out, v_out), dict(own_len=c["own_len"], last=c["last"], done=c["done"]),
-              dict(tokens=c["tokens"], logprobs=c["logprobs"]), c["i"])
+              dict(tokens=c["tokens"], logprobs=c["logprobs"]), c["i"], slot_tokens)
 
     slot_specs, out_specs, pools = self._slot_specs(pages), self._out_specs(rows), \
         self._abstract_pools()
     inputs = (abstract_like(state), pools, slot_specs, out_specs, self._spec((), jnp.uint32))
     outputs = (pools, {k: slot_specs[k] for k in ("own_len", "last", "done")}, out_specs,
-               self._spec((), jnp.int32))
+               self._spec((), jnp.int32), self._spec((self.slots, n_new), jnp.int32, ("data",)))
     return self._jit(sampler_refill_segment, inputs, outputs, donate=(1, 3))
 
   # ------------------------------------------------------------- host loop
@@ -380,11 +395,14 @@ class RefillDecoder:
     return value if self.mesh is None else put_global(value, spec.sharding)
 
   def run(self, state, rows: int, prompts: Sequence[Sequence[int]], group_size: int,
-          row_ids: np.ndarray, group_ids: np.ndarray, row_valid: np.ndarray, seed: int
-          ) -> tuple[dict[str, Any], float, int]:
+          row_ids: np.ndarray, group_ids: np.ndarray, row_valid: np.ndarray, seed: int,
+          listener: RolloutListener | None = None) -> tuple[dict[str, Any], float, int]:
     """All ``len(prompts) * group_size`` rows of one call (outputs padded to ``rows``);
     ``(outputs, seconds, slots)`` like the other samplers' calls: tokens, logprobs,
-    lengths, decode_steps (steps run) and stats; ``slots`` = slots x steps run."""
+    lengths, decode_steps (steps run) and stats; ``slots`` = slots x steps run.
+
+    ``listener`` receives the rows that stopped in a segment while the next one
+    decodes, and is lent the host while each segment runs."""
     params = self.params
     n_new = params.max_new_tokens
     for p in prompts:
@@ -400,6 +418,7 @@ class RefillDecoder:
     out = self.programs.get(("outputs", rows))()
     seed_arr = np.uint32(seed)
     steps = slots_used = 0
+    finished = None               # (slot tokens, [(slot, row, length)]) of the last segment
     start = time.perf_counter()
     try:
       while True:
@@ -412,11 +431,19 @@ class RefillDecoder:
         if any(new_prompts):
           pools = self._prefill(state, pools, [[sched.prompts[p] for p in lane_prompts]
                                                for lane_prompts in new_prompts])
-        pools, got, out, ran = self._segment(state, pools, sched, copies, out, rows,
-                                             row_ids, seed_arr)
-        steps += ran
-        slots_used += self.slots * ran
+        pools, got, out, ran, slot_tokens = self._segment(state, pools, sched, copies, out,
+                                                          rows, row_ids, seed_arr)
+        if finished is not None:          # the previous segment's rows, while this one runs
+          self._deliver(listener, *finished)
+        got, ran = wait_for((got, ran), listener)
+        steps += int(ran)
+        slots_used += self.slots * int(ran)
         sched.advance(got["own_len"], got["last"], got["done"])
+        stopped = [(i, s.row, s.own_len) for i, s in enumerate(sched.slots)
+                   if s.row >= 0 and s.done]
+        finished = (slot_tokens, stopped) if listener is not None and stopped else None
+      if finished is not None:
+        self._deliver(listener, *finished)
     except BaseException:
       self._pools = None                 # possibly donated to a failed program: rebuilt
       raise
@@ -494,6 +521,13 @@ class RefillDecoder:
     slot_inputs = dict(host, page_table=table, done=done)
     specs = self._slot_specs(width)
     slot_inputs = {k: self._put(v, specs[k]) for k, v in slot_inputs.items()}
-    pools, got, out, ran = self.programs.get(("segment", width, rows), state)(
+    return self.programs.get(("segment", width, rows), state)(
         state, pools, slot_inputs, out, self._put(seed, self._spec((), jnp.uint32)))
-    return pools, to_host(got), out, int(ran)
+
+  @staticmethod
+  def _deliver(listener: RolloutListener, slot_tokens: jax.Array,
+               stopped: list[tuple[int, int, int]]) -> None:
+    """Rows that stopped in a segment (final: a stopped row is never evicted), with
+    their tokens from the segment's per-slot copy of the outputs."""
+    slot_index, rows, lengths = (np.asarray(x, np.int64) for x in zip(*stopped))
+    listener.rows_done(rows, to_host(slot_tokens)[slot_index], lengths.astype(np.int32))

@@ -41,7 +41,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sagc_jax.runtime.distributed import put_global, to_host
+from sagc_jax.runtime.distributed import put_global
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.kv_cache import KVCache, cache_row_axes, cache_sharding
 from sagc_jax.models.transformer import ForwardOptions, Transformer, decode_cache_read_for
@@ -50,6 +50,7 @@ from sagc_jax.runtime.shapes import smallest_bucket
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, report_length_stats
+from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.refill import RefillDecoder, auto_refill_segment
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
@@ -381,13 +382,17 @@ class Sampler:
 
   # ------------------------------------------------------------- generate
   def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
-               seed: int) -> SampleBatch:
+               seed: int, listener: RolloutListener | None = None) -> SampleBatch:
     """Samples ``group_size`` responses for each prompt (token id lists).
 
     Rows ``[i*G, (i+1)*G)`` belong to prompt i (group id i). The per-group
     length stats reach ``self.sink`` through the in-jit host callback; ``generate``
     takes this call's deliveries from it and returns them as ``group_max`` /
     ``group_median``, so the sink is empty again when it returns.
+
+    ``listener`` (``listener.RolloutListener``) receives rows as they finish (at
+    refill boundaries, after each sub-call) and is lent the host while the device
+    decodes the rest: the caller's scoring of finished rows overlaps the tail.
     """
     if group_size <= 0:
       raise ValueError(f"group_size={group_size} must be positive")
@@ -414,7 +419,7 @@ class Sampler:
     state = nnx.state(model)
     if self.refill is not None:
       return self._refill_generate(state, prompts, group_size, rows, tokens, mask, row_valid,
-                                   group_ids, seed)
+                                   group_ids, seed, listener)
     call_rows = self.call_rows(rows)
     if call_rows < group_size:
       raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
@@ -429,8 +434,13 @@ class Sampler:
         out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi],
                                       mask[lo:hi], row_valid[lo:hi],
                                       group_ids[lo:hi] - group_ids[lo],
-                                      np.arange(lo, hi, dtype=np.int32), seed, group_size)
+                                      np.arange(lo, hi, dtype=np.int32), seed, group_size,
+                                      listener)
         pieces.append((hi - lo, out))
+        if listener is not None:        # these rows are final: the next sub-call hides them
+          real = min(hi, real_rows) - lo
+          listener.rows_done(np.arange(lo, lo + real), np.asarray(out["tokens"])[:real],
+                             np.asarray(out["lengths"])[:real])
         seconds += took
         decode_steps = max(decode_steps, int(out["decode_steps"]))
         decode_slots += slots
@@ -460,12 +470,13 @@ class Sampler:
         decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds)
 
   def _refill_generate(self, state, prompts, group_size: int, rows: int, tokens, mask,
-                       row_valid, group_ids, seed: int) -> SampleBatch:
+                       row_valid, group_ids, seed: int,
+                       listener: RolloutListener | None) -> SampleBatch:
     """``generate`` through the refill decoder: every row of the call in one queue."""
     try:
       out, seconds, slots = self.refill.run(state, rows, prompts, group_size,
                                             np.arange(rows, dtype=np.int32), group_ids,
-                                            row_valid, seed)
+                                            row_valid, seed, listener)
     except BaseException:
       self.sink.pop()
       raise
@@ -481,9 +492,10 @@ class Sampler:
         decode_slots=slots, seconds=seconds)
 
   def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
-            row_ids, seed, group_size: int) -> tuple[dict, float, int]:
+            row_ids, seed, group_size: int,
+            listener: RolloutListener | None = None) -> tuple[dict, float, int]:
     """One call on ``call_rows`` rows (the given rows, padded): host outputs, seconds
-    and decode slots (rows x steps actually run)."""
+    and decode slots (rows x steps actually run); ``listener`` works while it runs."""
     n = tokens.shape[0]
 
     def pad(x, value=0):
@@ -493,7 +505,7 @@ class Sampler:
     if self.segmented is not None:
       return self.segmented.run(state, call_rows, prompt_len, pad(tokens, self.params.pad_id),
                                 pad(mask), pad(row_valid), pad(group_ids), pad(row_ids),
-                                seed, group_size)
+                                seed, group_size, listener)
     inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
               pad(row_ids), np.uint32(seed))
     if self.mesh is not None:
@@ -501,7 +513,7 @@ class Sampler:
                      for x, s in zip(inputs, self._abstract_inputs(call_rows, prompt_len)))
     executable = self._executable(state, call_rows, prompt_len)
     start = time.perf_counter()
-    out = to_host(executable(state, *inputs))
+    out = wait_for(executable(state, *inputs), listener)
     return out, time.perf_counter() - start, call_rows * int(out["decode_steps"])
 
   def call_rows(self, rows: int) -> int:

@@ -54,6 +54,7 @@ from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.runtime.shapes import row_ladder
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
+from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.params import SamplingParams
 
 
@@ -300,8 +301,10 @@ class SegmentedDecoder:
 
   def run(self, state, rows: int, prompt_len: int, tokens: np.ndarray, mask: np.ndarray,
           row_valid: np.ndarray, group_ids: np.ndarray, row_ids: np.ndarray, seed: int,
-          group_size: int) -> tuple[dict[str, Any], float, int]:
-    """One call on ``rows`` rows (inputs padded to it); ``(outputs, seconds, slots)``.
+          group_size: int, listener: RolloutListener | None = None
+          ) -> tuple[dict[str, Any], float, int]:
+    """One call on ``rows`` rows (inputs padded to it); ``(outputs, seconds, slots)``;
+    ``listener`` is lent the host while each segment decodes.
 
     ``outputs`` has the fused executable's fields (tokens, logprobs, lengths,
     decode_steps, stats); ``slots`` is the decode work actually done, the sum over
@@ -343,7 +346,7 @@ class SegmentedDecoder:
       cache = rest.pop("cache")
       carry = self.programs.get(("segment", current, prompt_len, span), state)(
           state, rest, cache, seed_arr)
-      info = to_host({"t": carry["t"], "done": carry["done"]})
+      info = wait_for({"t": carry["t"], "done": carry["done"]}, listener)
       t_now = int(info["t"])
       slots_used += current * (t_now - t)
       t = t_now

@@ -61,8 +61,11 @@ class RunInputs:
   def decode(self, samples, rows: range | None = None) -> list[str]:
     """Response texts of ``rows`` of a ``SampleBatch`` (default: every real row)."""
     rows = range(samples.num_rows) if rows is None else rows
-    return [self.tokenizer.decode(samples.response_tokens[r, :samples.lengths[r]],
-                                  skip_special_tokens=True) for r in rows]
+    return [self.detokenize(samples.response_tokens[r, :samples.lengths[r]]) for r in rows]
+
+  def detokenize(self, tokens) -> str:
+    """One response's text from its token ids (special tokens, the stop token, dropped)."""
+    return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
   def close(self) -> None:
     close = getattr(self.reward_fn, "close", None)

@@ -49,8 +49,8 @@ from sagc_jax.training.inputs import build_run_inputs, configure_compilation_cac
 from sagc_jax.runtime.run_lock import RunLock
 from sagc_jax.runtime.storage import cache_root, local_mirror, run_path
 
-_TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_learner_s", "time_total_s",
-                "learner_seconds", "eval_seconds")
+_TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_reward_overlapped_s", "time_learner_s",
+                "time_total_s", "learner_seconds", "eval_seconds")
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -4,7 +4,8 @@
     prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
     samples = sampler.generate(policy, prompts, G)          # + per-group max / median, from
                                                             #   the in-jit host callback
-    rewards = reward_fn(decoded responses, answers)         # host, worker pool
+    rewards = reward_fn(decoded responses, answers)         # host, as rows finish (overlaps
+                                                            #   the tail's decoding)
     batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
     learner.update(batch)                                   # advantages, loss, optax
     controller.observe(max, median of every round's groups)
@@ -34,6 +35,7 @@ from sagc_jax.control.controller import SAGCController, StaticController
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
+from sagc_jax.rewards.streaming import StreamingScorer
 from sagc_jax.rl.rollout import RolloutBatch
 from sagc_jax.training.inputs import RunInputs
 
@@ -55,8 +57,9 @@ class RoundStats:
   reward_errors: int         # failed reward-function calls (raised / timed out)
   records: list[dict[str, Any]]   # a few of this process's completions, for the log
   decode_slots: int
-  rollout_s: float
-  reward_s: float
+  rollout_s: float             # sampling, with any scoring that overlapped it
+  reward_s: float              # scoring after sampling returned: what the step waits for
+  reward_overlapped_s: float = 0.0   # scoring of finished rows while the rest decoded
 
 
 class RLStep:
@@ -83,16 +86,16 @@ class RLStep:
     t0 = time.perf_counter()
     local = self.loader.next_batch(prompts_per_round(self.config.rollout, g) // jax.process_count())
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
-    samples = self.components.sampler.generate(
-        inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index))
     first_row = jax.process_index() * len(local) * g
-    texts = inputs.decode(samples, range(first_row, first_row + len(local) * g))
-    t1 = time.perf_counter()
-    answers = [ex["answer"] for ex in local for _ in range(g)]
-    prompts = [ex["prompt"] for ex in local for _ in range(g)]
-    fields = {key: [ex[key] for ex in local for _ in range(g)]
-              for key in (local[0] if local else {}) if key != "prompt"}
-    own = inputs.reward_fn(texts, answers, prompts=prompts, fields=fields)
+    scorer = self._scorer(local, g, first_row)
+    try:
+      samples = self.components.sampler.generate(
+          inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index),
+          listener=scorer if self.config.rollout.get("overlap_rewards", True) else None)
+      t1 = time.perf_counter()
+      texts, own = scorer.finish(samples.response_tokens, samples.lengths)
+    finally:
+      scorer.close()
     result = type(own)(*(distributed.allgather_rows(x) for x in own))
     t2 = time.perf_counter()
     group_max, group_median = distributed.share_sink_stats(
@@ -103,8 +106,22 @@ class RLStep:
         lengths=samples.lengths[:samples.num_rows], scores=result.scores,
         correct=result.correct, formatted=result.formatted, terms=result.terms,
         reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots,
-        rollout_s=t1 - t0, reward_s=t2 - t1)
+        rollout_s=t1 - t0, reward_s=t2 - t1, reward_overlapped_s=scorer.overlapped_s)
     return rollout_batch(samples, result.scores), stats
+
+  def _scorer(self, local: list[dict], g: int, first_row: int) -> StreamingScorer:
+    """The round's scorer of this process's rows (``first_row`` on, G per example)."""
+    answers = [ex["answer"] for ex in local for _ in range(g)]
+    prompts = [ex["prompt"] for ex in local for _ in range(g)]
+    fields = {key: [ex[key] for ex in local for _ in range(g)]
+              for key in (local[0] if local else {}) if key != "prompt"}
+
+    def score(rows, texts):
+      pick = lambda values: [values[r] for r in rows]
+      return self.inputs.reward_fn(texts, pick(answers), prompts=pick(prompts),
+                                   fields={k: pick(v) for k, v in fields.items()})
+    return StreamingScorer(range(first_row, first_row + len(answers)), self.inputs.detokenize,
+                           score, background=not self.inputs.reward_fn.needs_main_thread)
 
   def _completion_records(self, local: list[dict], g: int, texts: list[str], own,
                           lengths: np.ndarray, first_row: int) -> list[dict[str, Any]]:
@@ -166,6 +183,7 @@ class RLStep:
     row.update(
         time_rollout_s=sum(r.rollout_s for r in rounds),
         time_reward_s=sum(r.reward_s for r in rounds),
+        time_reward_overlapped_s=sum(r.reward_overlapped_s for r in rounds),
         time_learner_s=time_learner, time_total_s=time.perf_counter() - start,
         generated_tokens=generated,
         padding_efficiency=generated / decode_slots if decode_slots else 0.0,
