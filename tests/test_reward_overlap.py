@@ -214,3 +214,39 @@ def test_math_verify_in_process_asks_for_the_main_thread_and_in_a_pool_does_not(
   finally:
     pooled.close()
   assert not reward_mix().needs_main_thread
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["main-thread", "worker-thread"])
+def test_scoring_a_real_refill_call_as_it_runs_gives_one_call_s_rewards(llama, background):
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=STOPS)
+  refill = refill_sampler(llama.model, params)
+  mix = reward_mix()
+  answers = [str(i % 10) for i in range(16)]
+  text = lambda tokens: detokenize(np.asarray(tokens) % 10)
+  scorer = StreamingScorer(range(16), text,
+                           lambda local, texts: mix(texts, [answers[i] for i in local]),
+                           background=background, chunk_rows=3)
+  batch = refill.generate(llama.model, random_prompts(4, 1, 12, seed=95), 4, seed=7,
+                          listener=scorer)
+  texts, got = scorer.finish(batch.response_tokens, batch.lengths)
+  expected_texts = [text(batch.response_tokens[r, :batch.lengths[r]]) for r in range(16)]
+  assert texts == expected_texts
+  for field, want in zip(got, mix(expected_texts, answers)):
+    np.testing.assert_array_equal(field, want)
+
+
+def test_closing_without_draining_stops_the_worker_after_its_current_chunk():
+  """What a failed sampler call does (``RLStep.sample_round``'s ``finally``): the rows
+  still queued are dropped, not scored before the error surfaces."""
+  tokens, lengths, answers = synthetic_round()
+  mix = reward_mix()
+  scored = []
+
+  def slow(local, texts):
+    time.sleep(0.05)
+    scored.extend(local)
+    return mix(texts, [answers[i] for i in local])
+  scorer = StreamingScorer(range(12), detokenize, slow, background=True, chunk_rows=2)
+  scorer.rows_done(np.arange(12), tokens, lengths)
+  scorer.close()
+  assert len(scored) <= 2, scored

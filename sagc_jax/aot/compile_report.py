@@ -275,6 +275,9 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   if only not in (None, "learner", "samplers"):
     raise ValueError(f"only={only!r} is not one of (None, 'learner', 'samplers')")
   if refill_slots_search:
+    if only == "learner":
+      raise ValueError(f"refill_slots_search={tuple(refill_slots_search)} sizes the refill "
+                       "sampler, which only='learner' does not compile")
     if not config.rollout.refill_slots:
       raise ValueError(f"refill_slots_search={tuple(refill_slots_search)}: the config's "
                        "rollout.refill_slots is 0 (no refill sampler to size); set it to "
@@ -336,9 +339,9 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
   for kind, sampler, r, p in samplers:
     if kind == "sampler" and sampler.refill is not None:
       if refill is None:           # the refill programs, once (they serve every bucket)
-        search = None if not refill_slots_search else search_slots(
+        search, pool = (None, None) if not refill_slots_search else search_slots(
             compile_one, config, sampler, model, chip, HBM_LIMIT, refill_slots_search, log)
-        refill = refill_rows(compile_one, sampler, model, chip, HBM_LIMIT, log)
+        refill = refill_rows(compile_one, sampler, model, chip, HBM_LIMIT, log, pool)
         if search is not None:
           refill["slot_search"] = search
       continue

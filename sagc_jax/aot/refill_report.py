@@ -37,7 +37,7 @@ from sagc_jax.control.simulator import LengthProcess
 from sagc_jax.sampling.refill_schedule import simulate_refill
 
 __all__ = ["LENGTH_MODELS", "draw_lengths", "format_lines", "project_refill", "refill_projection",
-           "search_slots",
+           "ROLLOUT_OVER_BOUND_GOAL", "search_slots",
            "refill_rows", "size_pool", "summary"]
 
 GIB = 2.0 ** 30
@@ -92,9 +92,10 @@ def size_pool(refill, probes: dict[str, Callable[[], dict | None]], hbm_gib: flo
     out = {}
     for name, probe in probes.items():
       row = probe()
+      if row is not None:
+        row["probe"] = True           # sizing only: the fit verdict is the final compile's
       if row is None or row.get("peak_gib") is None:
         return None
-      row["probe"] = True             # sizing only: the fit verdict is the final compile's
       out[name] = row["peak_gib"]
       rooflines.setdefault(name, row.get("roofline_ms"))
     return out
@@ -200,68 +201,87 @@ def _refill_probes(compile_one, refill, state, rows: int, tag: str):
   return dict(segment=segment, prefill=prefill)
 
 
+# The issue's goal for a projected rollout: within 1.3x its bound on every length model.
+ROLLOUT_OVER_BOUND_GOAL = 1.3
+
+
 def search_slots(compile_one, config, sampler, model, chip, hbm_limit: float,
-                 candidates, log: Callable[[str], None]) -> dict[str, Any]:
-  """Chooses the refill slot count: for each candidate, the programs that hold the
-  pools are compiled at the smallest pool, the pool that then fits HBM is taken (as
-  ``size_pool``'s first guess) and the rollout is projected per length model with the
-  rooflines of those compiles. The candidate with the smallest geometric mean of the
-  projected seconds over the length models wins (each model counts alike, whatever
-  its scale) and replaces ``sampler.refill``; ``refill_rows`` then sizes its pool
-  exactly. A candidate that does not split over the lanes, or whose programs leave no
-  room for one longest row, is reported and skipped."""
+                 candidates, log: Callable[[str], None]) -> tuple[dict[str, Any], dict]:
+  """Chooses the refill slot count. For each candidate the pool is sized to HBM as
+  ``size_pool`` sizes it (compiled at the smallest pool, then at the pool that fits,
+  trimmed until it does) and the rollout is projected per length model with the
+  rooflines of the smallest-pool compiles. Among the candidates within
+  ``ROLLOUT_OVER_BOUND_GOAL`` of their bound on every length model, the one with the
+  smallest geometric mean of the projected seconds wins (each model counts alike,
+  whatever its scale); when none is, the one whose worst ``rollout_over_bound`` is
+  smallest. The winner replaces ``sampler.refill`` with its sized pool, which is
+  returned for ``refill_rows``. A candidate that does not split over the lanes, or
+  whose programs leave no room for one longest row, is reported and skipped."""
   state = nnx.state(model)
   rows = sampler.row_buckets[-1]
-  results, decoders = [], {}
-  for slots in candidates:
+  results, decoders, pools = [], {}, {}
+  for slots in sorted(set(int(s) for s in candidates)):
     try:
-      decoder = sampler.refill.with_slots(int(slots))
+      decoder = sampler.refill.with_slots(slots)
     except ValueError as err:
-      results.append(dict(slots=int(slots), feasible=False, reason=str(err)))
+      results.append(dict(slots=slots, feasible=False, reason=str(err)))
       continue
     log(f"  slot search: {slots} slots")
-    pool = size_pool(decoder, _refill_probes(compile_one, decoder, state, rows, "_search"),
-                     chip.hbm_gib, hbm_limit, log, tries=0)
+    pool = size_pool(decoder, _refill_probes(compile_one, decoder, state, rows,
+                                             f"_search{slots}"),
+                     chip.hbm_gib, hbm_limit, log)
     roofline = pool.get("roofline_ms_smallest_pool", {})
     if (not pool["sized"] or pool["pages_that_fit"] < decoder.pages_per_row + 1
         or None in roofline.values()):
-      results.append(dict(slots=int(slots), feasible=False, reason=pool.get(
+      results.append(dict(slots=slots, feasible=False, reason=pool.get(
           "reason", f"its programs leave room for {pool.get('pages_that_fit')} pages per "
           f"lane, fewer than one longest row ({decoder.pages_per_row + 1})")))
       continue
     projection = project_refill(config, decoder, roofline["segment"], roofline["prefill"],
                                 _kv_ms_per_key(decoder, chip.hbm_gbps))
     seconds = {k: v["seconds"] for k, v in projection["by_length_model"].items()}
-    results.append(dict(slots=int(slots), feasible=True, kv_pages=decoder.num_pages,
-                        seconds=seconds, rollout_over_bound=projection["rollout_over_bound"],
+    over = projection["rollout_over_bound"]
+    results.append(dict(slots=slots, feasible=True, kv_pages=decoder.num_pages,
+                        seconds=seconds, rollout_over_bound=over,
                         evictions={k: v["evictions"]
                                    for k, v in projection["by_length_model"].items()},
-                        geomean_s=float(np.exp(np.mean(np.log(list(seconds.values())))))))
-    decoders[int(slots)] = decoder
+                        geomean_s=float(np.exp(np.mean(np.log(list(seconds.values()))))),
+                        within_goal=max(over.values()) <= ROLLOUT_OVER_BOUND_GOAL))
+    decoders[slots], pools[slots] = decoder, pool
   feasible = [r for r in results if r["feasible"]]
   if not feasible:
     raise ValueError(f"refill slot search: no candidate of {list(candidates)} fits: "
                      + "; ".join(f"{r['slots']}: {r['reason']}" for r in results))
-  chosen = min(feasible, key=lambda r: r["geomean_s"])["slots"]
-  sampler.refill = decoders[chosen].with_slots(chosen)        # pool auto: sized next
-  log(f"  slot search: {chosen} slots (smallest geometric mean of the projected rollouts)")
-  return dict(candidates=results, chosen=chosen,
-              criterion="smallest geometric mean over the length models of the projected "
-                        "rollout seconds, at the pool that fits (rooflines at the smallest "
-                        "pool)")
+  within = [r for r in feasible if r["within_goal"]]
+  if within:
+    chosen = min(within, key=lambda r: r["geomean_s"])["slots"]
+    rule = (f"the smallest geometric mean of the projected rollout seconds over the length "
+            f"models, among the candidates within {ROLLOUT_OVER_BOUND_GOAL}x of their bound "
+            "on every model")
+  else:
+    chosen = min(feasible, key=lambda r: max(r["rollout_over_bound"].values()))["slots"]
+    rule = (f"no candidate is within {ROLLOUT_OVER_BOUND_GOAL}x of its bound on every "
+            "length model: the one whose worst rollout_over_bound is smallest")
+  sampler.refill = decoders[chosen]
+  log(f"  slot search: {chosen} slots ({rule})")
+  return dict(candidates=results, chosen=chosen, criterion=rule), pools[chosen]
 
 
 def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
-                log: Callable[[str], None]) -> dict[str, Any]:
+                log: Callable[[str], None], pool: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
   """Compiles the refill sampler's programs (pool sized first when ``kv_pages`` is
-  auto); returns the rows the projection needs."""
+  auto, unless ``pool``, the slot search's sizing, is given); returns the rows the
+  projection needs."""
   refill = sampler.refill
   state = nnx.state(model)
   rows = sampler.row_buckets[-1]
   out: dict[str, Any] = dict(slots=refill.slots, lanes=refill.lanes, page_size=refill.page_size,
                              segment=refill.segment, pages_per_row=refill.pages_per_row,
                              kernel=refill.options_for(refill.slots).paged_kernel)
-  if refill.pages_auto:
+  if pool is not None:
+    out["pool"] = pool                 # sized by the slot search: the decoder holds it
+  elif refill.pages_auto:
     out["pool"] = size_pool(refill, _refill_probes(compile_one, refill, state, rows, "_probe"),
                             chip.hbm_gib, hbm_limit, log)
   final = _refill_probes(compile_one, refill, state, rows, "")   # at the chosen pool

@@ -22,11 +22,15 @@ Where the scoring runs:
   process (``reward.workers=0``) keeps its ``signal.alarm`` timeouts only there. A
   chunk that outlasts the program delays the next one by the rest of the chunk.
 
-Same rewards. Each completion's reward is a function of that completion alone (the
-reward API is per completion, as TRL's), so scoring in chunks gives the values of one
-call over the whole round; ``finish`` also checks every row scored early against the
-call's final output and raises on a difference. One difference remains: a term's
-cap on retries after timeouts (``mix._MAX_TIMEOUTS_PER_CALL``) counts per chunk.
+Same rewards, for rewards of one completion each. The reward API is per completion
+(as TRL's: one value per completion, from that completion and its own fields), so
+scoring in chunks gives the values of one call over the whole round; ``finish`` also
+checks every row scored early against the call's final output and raises on a
+difference. A user term whose values depend on the rest of its batch (a ranking
+within the call) would see chunks instead: turn the overlap off for it
+(``rollout.overlap_rewards=False``). And a term's cap on retries after timeouts
+(``mix._MAX_TIMEOUTS_PER_CALL``) counts per chunk, so a term that hangs on every
+completion costs up to that many timeouts per chunk, not per round.
 
 This module imports neither JAX nor TFDS.
 """
@@ -72,7 +76,7 @@ class StreamingScorer:
     self._pending: collections.deque[int] = collections.deque()
     self._scored: list[tuple[list[int], list[str], MixedReward]] = []
     self._chunk_times: list[tuple[float, float, int]] = []      # (start, end, rows)
-    self._lock = threading.Condition()
+    self._cond = threading.Condition()
     self._closing = False
     self._error: BaseException | None = None
     self.overlapped_s = 0.0      # scoring done before ``finish``: while the device decoded
@@ -86,7 +90,7 @@ class StreamingScorer:
 
   # ------------------------------------------------------- RolloutListener
   def rows_done(self, rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray) -> None:
-    with self._lock:
+    with self._cond:
       for row, row_tokens, length in zip(rows, tokens, lengths):
         row = int(row)
         if row not in self.rows:
@@ -95,7 +99,7 @@ class StreamingScorer:
           raise RuntimeError(f"row {row} was delivered twice by the sampler")
         self._tokens[row] = np.array(row_tokens[:int(length)])
         self._pending.append(row)
-      self._lock.notify()
+      self._cond.notify()
 
   def work_while(self, busy: Callable[[], bool]) -> None:
     if self._thread is not None:
@@ -115,30 +119,34 @@ class StreamingScorer:
     self._chunk_times.append((start, time.perf_counter(), len(chunk)))
 
   def _score_next(self, count: int) -> None:
-    with self._lock:
+    with self._cond:
       chunk = self._take(count)
     self._score_chunk(chunk)
 
   def _work(self) -> None:
     while True:
-      with self._lock:
+      with self._cond:
         while not self._pending and not self._closing:
-          self._lock.wait()
+          self._cond.wait()
         if not self._pending:
           return
-        chunk = self._take(self.chunk_rows)
+        # Once the call has returned, what is left goes in one reward call.
+        chunk = self._take(len(self._pending) if self._closing else self.chunk_rows)
       try:
         self._score_chunk(chunk)
       except BaseException as err:  # noqa: BLE001 - re-raised by ``finish``
-        with self._lock:
+        with self._cond:
           self._error = err
         return
 
-  def close(self) -> None:
-    """Stops the worker thread after its current chunk (idempotent)."""
-    with self._lock:
+  def close(self, drain: bool = False) -> None:
+    """Stops the worker thread (idempotent): after its current chunk, or, with
+    ``drain``, once it has scored every row delivered so far."""
+    with self._cond:
       self._closing = True
-      self._lock.notify()
+      if not drain:
+        self._pending.clear()
+      self._cond.notify()
     if self._thread is not None:
       self._thread.join()
 
@@ -148,7 +156,7 @@ class StreamingScorer:
     final output (``response_tokens`` [call rows, N], ``lengths``): rows the sampler
     did not deliver are taken from it; what is not scored yet is scored now."""
     start = time.perf_counter()
-    self.close()                                # the worker drains its queue first
+    self.close(drain=True)                      # the worker scores what it holds first
     if self._error is not None:
       raise self._error
     for row in self.rows:

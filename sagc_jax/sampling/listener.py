@@ -10,12 +10,12 @@ the device decodes the rest (``work_while``), so the scoring of finished rows hi
 behind the decoding of the stragglers: the tail the step waits for after the last
 token shrinks to the rows that finished last.
 
-The listener's work runs on the sampler's own (main) thread, between dispatching a
-device program and reading its result: no thread is started, so a reward that needs
-the main thread (math-verify's ``signal.alarm`` timeouts) keeps its timeouts, and the
-device is kept busy because the host returns to the sampler as soon as
-``busy()`` says the program has finished (``rewards.streaming.StreamingScorer``
-works in small chunks for this).
+``work_while`` runs on the sampler's own (main) thread, between dispatching a device
+program and reading its result, so a listener may do its work there (a reward that
+needs the main thread, such as math-verify's ``signal.alarm`` timeouts, keeps them)
+and keep the device busy by returning as soon as ``busy()`` says the program has
+finished; or it may work on a thread of its own and return at once
+(``rewards.streaming.StreamingScorer`` does either).
 """
 
 from __future__ import annotations
@@ -49,5 +49,9 @@ def _pending(tree: Any) -> Callable[[], bool]:
 def wait_for(tree: Any, listener: RolloutListener | None) -> Any:
   """``to_host(tree)``, lending the host to ``listener`` while the device computes it."""
   if listener is not None:
-    listener.work_while(_pending(tree))
+    try:
+      listener.work_while(_pending(tree))
+    except BaseException:
+      jax.block_until_ready(tree)    # no program of this call may outlive it (its host
+      raise                          # callback would reach the next call's sink)
   return to_host(tree)

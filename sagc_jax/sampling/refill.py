@@ -26,8 +26,9 @@ queued rows into idle slots; then the device
 2. **decodes** one segment: a ``while_loop`` of up to ``segment`` steps over the slots
    against the paged cache, reading ``W`` logical pages per slot (the smallest page
    bucket holding the longest running row). It also returns each slot's row of the
-   outputs: the rows that stopped in it reach the caller's ``RolloutListener`` while
-   the next segment decodes (their scoring overlaps the tail).
+   outputs: the rows that stopped in it reach the caller's ``RolloutListener`` before
+   the next segment is dispatched, and are scored while it decodes (the scoring
+   overlaps the tail). The program is the same with or without a listener.
 
 Programs (all compiled by ``warmup``): ``prefill`` per (prompt-row rung, prompt
 bucket), ``segment`` per (page bucket, row bucket), and per row bucket ``stats`` and
@@ -161,12 +162,13 @@ class RefillDecoder:
                          page_size=self.page_size, num_pages=None, segment=self.segment,
                          prompt_buckets=self.prompt_buckets, mesh=self.mesh)
 
-  def resize_pool(self, num_pages: int) -> None:
-    """Another pool size (per lane, the scratch page included): the programs that
-    receive the pools are lowered again when next used (the AOT tool sizes the pool
-    to the chip's HBM this way)."""
+  def resize_pool(self, num_pages: int | None) -> None:
+    """Another pool size (per lane, the scratch page included; None: ``auto_pages``):
+    the programs that receive the pools are lowered again when next used (the AOT tool
+    sizes the pool to the chip's HBM this way)."""
     self.pages_auto = num_pages is None
-    self.num_pages = self._checked_pages(num_pages)
+    self.num_pages = self._checked_pages(
+        auto_pages(self.slots_per_lane, self.pages_per_row) if num_pages is None else num_pages)
     self.programs = ProgramCache(self._lower)
     self._pools = None
 
@@ -418,7 +420,6 @@ class RefillDecoder:
     out = self.programs.get(("outputs", rows))()
     seed_arr = np.uint32(seed)
     steps = slots_used = 0
-    finished = None               # (slot tokens, [(slot, row, length)]) of the last segment
     start = time.perf_counter()
     try:
       while True:
@@ -433,17 +434,14 @@ class RefillDecoder:
                                                for lane_prompts in new_prompts])
         pools, got, out, ran, slot_tokens = self._segment(state, pools, sched, copies, out,
                                                           rows, row_ids, seed_arr)
-        if finished is not None:          # the previous segment's rows, while this one runs
-          self._deliver(listener, *finished)
         got, ran = wait_for((got, ran), listener)
         steps += int(ran)
         slots_used += self.slots * int(ran)
         sched.advance(got["own_len"], got["last"], got["done"])
         stopped = [(i, s.row, s.own_len) for i, s in enumerate(sched.slots)
                    if s.row >= 0 and s.done]
-        finished = (slot_tokens, stopped) if listener is not None and stopped else None
-      if finished is not None:
-        self._deliver(listener, *finished)
+        if listener is not None and stopped:   # before the next dispatch: on several
+          self._deliver(listener, slot_tokens, stopped)   # processes the fetch is a program
     except BaseException:
       self._pools = None                 # possibly donated to a failed program: rebuilt
       raise

@@ -87,11 +87,12 @@ class RLStep:
     local = self.loader.next_batch(prompts_per_round(self.config.rollout, g) // jax.process_count())
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
     first_row = jax.process_index() * len(local) * g
-    scorer = self._scorer(local, g, first_row)
+    overlap = self.config.rollout.get("overlap_rewards", True)
+    scorer = self._scorer(local, g, first_row, background=overlap)
     try:
       samples = self.components.sampler.generate(
           inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index),
-          listener=scorer if self.config.rollout.get("overlap_rewards", True) else None)
+          listener=scorer if overlap else None)
       t1 = time.perf_counter()
       texts, own = scorer.finish(samples.response_tokens, samples.lengths)
     finally:
@@ -109,8 +110,10 @@ class RLStep:
         rollout_s=t1 - t0, reward_s=t2 - t1, reward_overlapped_s=scorer.overlapped_s)
     return rollout_batch(samples, result.scores), stats
 
-  def _scorer(self, local: list[dict], g: int, first_row: int) -> StreamingScorer:
-    """The round's scorer of this process's rows (``first_row`` on, G per example)."""
+  def _scorer(self, local: list[dict], g: int, first_row: int,
+              background: bool) -> StreamingScorer:
+    """The round's scorer of this process's rows (``first_row`` on, G per example), on
+    a worker thread when ``background`` and the reward allows it."""
     answers = [ex["answer"] for ex in local for _ in range(g)]
     prompts = [ex["prompt"] for ex in local for _ in range(g)]
     fields = {key: [ex[key] for ex in local for _ in range(g)]
@@ -121,7 +124,8 @@ class RLStep:
       return self.inputs.reward_fn(texts, pick(answers), prompts=pick(prompts),
                                    fields={k: pick(v) for k, v in fields.items()})
     return StreamingScorer(range(first_row, first_row + len(answers)), self.inputs.detokenize,
-                           score, background=not self.inputs.reward_fn.needs_main_thread)
+                           score,
+                           background=background and not self.inputs.reward_fn.needs_main_thread)
 
   def _completion_records(self, local: list[dict], g: int, texts: list[str], own,
                           lengths: np.ndarray, first_row: int) -> list[dict[str, Any]]:
