@@ -239,6 +239,7 @@ def test_the_slot_search_keeps_the_fastest_slot_count_that_fits_and_names_the_ot
   assert within, "a toy model on a 16 GiB chip never evicts: both should meet the goal"
   assert search["chosen"] == min(within, key=lambda r: r["geomean_s"])["slots"]
   assert report["refill"]["slots"] == search["chosen"]
+  json.dumps(report)                                # what --out writes
   # The chosen pool is the search's (sized once), and the final compile confirms it.
   assert report["refill"]["kv_pages"] == by_slots[search["chosen"]]["kv_pages"]
   assert report["fits"]

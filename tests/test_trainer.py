@@ -114,13 +114,13 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
 
 def test_refill_rollouts_equal_the_default_sampler_s_and_compile_nothing_after_warm_up(
     shared, tmp_path):
-  """rollout.refill_slots: 4 slots for 8 rollouts per step, 3 steps. Step 1 samples from
+  """rollout.refill_slots: 4 slots for 8 rollouts per step, 2 steps. Step 1 samples from
   the same policy, so its rollouts (lengths, rewards) equal the default sampler's.
   Scoring rows as they finish (``rollout.overlap_rewards``, on by default) or after the
   call gives the same run, step for step."""
   runs = {}
   for refill, overlap in ((0, True), (4, True), (4, False)):
-    config = small_config(shared)
+    config = small_config(shared, steps=2)
     config.mesh.shape = (1, 1)
     config.rollout.update(dict(refill_slots=refill, page_size=4, overlap_rewards=overlap))
     _, _, trainer = run(config, tmp_path / f"refill{refill}_{overlap}")

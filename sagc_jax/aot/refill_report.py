@@ -22,6 +22,11 @@ the largest prefill program. The bound it is compared with is
 slot occupancy, plus the longest row's own decode time. ``rollout_over_bound`` is
 projection / bound per model; ``cap`` (every response at the cap) is the worst case
 the step projection uses.
+
+Slots. ``--refill_slots_search`` (``search_slots``) repeats the sizing and the
+projection for a few slot counts and keeps the fastest one that meets the goal of
+every length model within 1.3x of its bound: more slots decode more rows at once but
+leave less HBM for pages, so past some count the pool evicts.
 """
 
 from __future__ import annotations
@@ -246,7 +251,7 @@ def search_slots(compile_one, config, sampler, model, chip, hbm_limit: float,
                         evictions={k: v["evictions"]
                                    for k, v in projection["by_length_model"].items()},
                         geomean_s=float(np.exp(np.mean(np.log(list(seconds.values()))))),
-                        within_goal=max(over.values()) <= ROLLOUT_OVER_BOUND_GOAL))
+                        within_goal=bool(max(over.values()) <= ROLLOUT_OVER_BOUND_GOAL)))
     decoders[slots], pools[slots] = decoder, pool
   feasible = [r for r in results if r["feasible"]]
   if not feasible:

@@ -64,26 +64,29 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   return c
 
 
-def tpu_pod_16k_preset(model_json: str, kv_pages: int) -> ml_collections.ConfigDict:
+def tpu_pod_16k_preset(model_json: str, kv_pages: int,
+                       refill_slots: int = 128) -> ml_collections.ConfigDict:
   """``tpu_pod_preset`` at the response length long-CoT recipes use: 16,384 tokens.
 
   ``model_json`` is the model's config (it sizes ``python -m sagc_jax.aot`` without
-  weights); ``kv_pages`` the pool per 'data' shard that the AOT tool sized for the
-  slice with ``--config.rollout.kv_pages=0``. With 0 a run takes the no-eviction pool
-  (every slot at the cap), which does not fit a 16 GiB chip.
+  weights); ``refill_slots`` and ``kv_pages`` (the pool per 'data' shard) are what the
+  AOT tool chose for the slice (``--refill_slots_search`` with
+  ``--config.rollout.kv_pages=0``). With ``kv_pages=0`` a run takes the no-eviction
+  pool (every slot at the cap).
 
   The dense cache would give each row ``prompt + 16,384`` slots, so 512 rollouts
   would run as sequential sub-calls, each waiting for its own straggler. Here they go
-  through the refill sampler: 128 decode slots (32 per 'data' shard of a v5e:4x4
-  slice) over paged KV pools of 64-token pages read by the Pallas kernel, the
-  pool sized to the chip by ``python -m sagc_jax.aot`` (``rollout.kv_pages``, per
-  shard; docs/scale.md). The learner trains microbatches of 4 sequences (32 per
+  through the refill sampler: ``refill_slots`` decode slots (split over the 'data'
+  shards of the slice) over paged KV pools of 64-token pages read by the Pallas
+  kernel, the pool sized to the chip by ``python -m sagc_jax.aot``
+  (``rollout.kv_pages``, per shard; docs/scale.md). The learner trains microbatches of 4 sequences (32 per
   minibatch) of up to 16,896 tokens, fully rematerialised. Evaluation keeps the dense
   fused sampler, in calls of 32 rows (256 would need 30 GiB of cache per chip).
   """
   c = tpu_pod_preset()
   c.rollout.update(dict(max_new_tokens=16384, response_buckets=(2048, 4096, 8192, 16384),
-                        max_rows_per_call=0, refill_slots=128, page_size=64, kv_pages=kv_pages,
+                        max_rows_per_call=0, refill_slots=refill_slots, page_size=64,
+                        kv_pages=kv_pages,
                         refill_segment=64, paged_kernel="pallas", eval_batch=32))
   c.learner.update(dict(grad_accum=32))
   c.model.config_json = model_json
