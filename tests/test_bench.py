@@ -3,6 +3,7 @@ real-model option of ``bench sampler`` / ``bench learner`` runs end to end."""
 
 import json
 import os
+import subprocess
 
 import jax
 import numpy as np
@@ -129,7 +130,20 @@ def test_the_peer_column_compares_tunix_row_by_row_and_refuses_another_rope_thet
 PEER_PYTHON = os.environ.get("SAGC_PEER_PYTHON", "/tmp/peers/bin/python")
 
 
-@pytest.mark.skipif(not os.path.isfile(PEER_PYTHON),
+def _has_tunix(python: str) -> bool:
+  """Whether ``python`` exists and imports google-tunix (checked without importing JAX
+  here: its own process, a short timeout)."""
+  if not os.path.isfile(python):
+    return False
+  try:
+    return subprocess.run([python, "-c", "import importlib.util, sys; sys.exit("
+                           "importlib.util.find_spec('tunix') is None)"],
+                          capture_output=True, timeout=60).returncode == 0
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+
+
+@pytest.mark.skipif(not _has_tunix(PEER_PYTHON),
                     reason=f"no Python with google-tunix at {PEER_PYTHON} (set SAGC_PEER_PYTHON; "
                     "docs/benchmarks.md says how to make one)")
 def test_tunix_s_grpo_step_trains_the_same_batches_and_is_timed_per_step():

@@ -59,3 +59,37 @@ def test_guess_stage_makes_answer_only_solutions_the_likely_start(tmp_path):
   # work); after 30 steps on 95% answer-only solutions most responses would.
   assert _first_token_prob_of_answer(plain, prompts) < 0.1
   assert _first_token_prob_of_answer(staged, prompts) > 0.5
+
+
+def test_a_full_disk_while_saving_the_warm_start_leaves_no_partial_folder(tmp_path,
+                                                                           monkeypatch):
+  """ENOSPC in the middle of writing the weights: one error naming the folder, no
+  ``sft_model.tmp*`` left behind, and a stale one of a killed run is removed by the
+  next warm start, which then succeeds."""
+  import errno
+
+  import pytest
+
+  from sagc_jax.training import warm_start
+
+  config = tiny_cpu_config()
+  config.data.synthetic.update(dict(num_train=100, num_test=20, max_ops=1))
+  config.sft.update(dict(steps=2, batch_size=8, seq_bucket=48, warmup_steps=1))
+  train = load_split("synthetic", "train", str(tmp_path / "tfds"), None,
+                     config=config.data.synthetic.to_dict())
+  workdir = tmp_path / "run"
+  real_save = warm_start.save_pretrained
+
+  def full_disk(model, cfg, folder):
+    (folder / "model.safetensors").write_bytes(b"\0" * 1000)      # half-written
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(warm_start, "save_pretrained", full_disk)
+  with pytest.raises(OSError, match=r"saving the fine-tuned policy to .*sft_model\.tmp\d+ "
+                     r"failed \(No space left on device\); the partial folder was removed"):
+    prepare_policy(config, workdir, train, log=lambda m: None)
+  assert not list(workdir.glob("sft_model*"))
+  (workdir / "sft_model.tmp1").mkdir()                 # what a kill -9 would leave
+  monkeypatch.setattr(warm_start, "save_pretrained", real_save)
+  folder = prepare_policy(config, workdir, train, log=lambda m: None)
+  assert (folder / SFT_MARKER).exists()
+  assert [p.name for p in workdir.glob("sft_model*")] == ["sft_model"]

@@ -115,13 +115,23 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   # Any process that ran the warm start writes it: with a shared workdir only the
   # primary gets here (the others find its copy), with per-host disks each host keeps
   # its own (identical, the fine-tuning is deterministic) copy.
+  for stale in sft_dir.parent.glob(f"{sft_dir.name}.tmp*"):   # of a killed earlier run
+    shutil.rmtree(stale, ignore_errors=True)
   tmp = sft_dir.with_name(f"{sft_dir.name}.tmp{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
-  shutil.copytree(init_dir, tmp)
-  save_pretrained(model, cfg, tmp)
-  (tmp / SFT_MARKER).write_text(json.dumps({
-      "steps": sft.steps, "guess_stage_steps": sft.guess_stage_steps,
-      "first_loss": losses[0], "final_loss": losses[-1],
-      "seconds": time.perf_counter() - start}))
+  try:
+    shutil.copytree(init_dir, tmp)
+    save_pretrained(model, cfg, tmp)
+    (tmp / SFT_MARKER).write_text(json.dumps({
+        "steps": sft.steps, "guess_stage_steps": sft.guess_stage_steps,
+        "first_loss": losses[0], "final_loss": losses[-1],
+        "seconds": time.perf_counter() - start}))
+  except OSError as err:
+    # A full disk (ENOSPC) or a lost mount: nothing half-written is left to be mistaken
+    # for a policy, and the error names the folder (the CLI prints it as one line).
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise OSError(err.errno, f"supervised warm start: saving the fine-tuned policy to {tmp} "
+                  f"failed ({err.strerror or err}); the partial folder was removed. Free "
+                  f"space in {sft_dir.parent} (or fix the path) and rerun: the warm start "
+                  "runs again") from err
   shutil.rmtree(sft_dir, ignore_errors=True)
   tmp.rename(sft_dir)
