@@ -34,9 +34,9 @@ def _define_flags():
                     "only the samplers' executables (quick checks of one side; no step "
                     "time is projected then).")
   flags.DEFINE_list("refill_slots_search", [], "Refill slot counts to try (comma list, e.g. "
-                    "64,128,256; needs rollout.refill_slots > 0 and kv_pages=0): each is "
-                    "compiled at the smallest pool, its pool sized to HBM and its rollout "
-                    "projected; the fastest that fits is compiled and reported.")
+                    "64,128,256; needs rollout.refill_slots > 0 and kv_pages=0): each gets "
+                    "its pool sized to HBM and its rollout projected; the fastest within "
+                    "1.3x of its bound on every length model is compiled and reported.")
   flags.DEFINE_string("out", None, "Write the report as JSON here.")
   flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (docs figures).")
   flags.mark_flags_as_required(["config"])

@@ -270,7 +270,8 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
 
   ``only``: ``"learner"`` or ``"samplers"`` compiles one side (no step projection).
   ``refill_slots_search``: slot counts the refill sampler is tried with
-  (``refill_report.search_slots``); the fastest that fits is compiled and reported.
+  (``refill_report.search_slots``); the fastest within 1.3x of its bound on every
+  length model is compiled and reported.
   """
   if only not in (None, "learner", "samplers"):
     raise ValueError(f"only={only!r} is not one of (None, 'learner', 'samplers')")

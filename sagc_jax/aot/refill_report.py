@@ -177,15 +177,18 @@ def project_refill(config, refill, segment_ms: float, prefill_ms: float,
               length_models=LENGTH_MODELS)
 
 
+def _kv_bytes_per_key(refill) -> float:
+  """What one device stores per key: keys and values of every layer, its share of heads."""
+  return refill.pool_bytes_per_device() / (refill.num_pages * refill.page_size)
+
+
 def _kv_ms_per_key(refill, hbm_gbps: float) -> float:
   """Milliseconds per key held, per decode step, that the Pallas kernel reads beyond
   XLA's count (0 on the XLA path, whose reads the segment program's roofline holds):
-  what one device stores per key (keys and values of every layer, its share of heads)
-  at the chip's HBM bandwidth."""
+  ``_kv_bytes_per_key`` at the chip's HBM bandwidth."""
   if refill.options_for(refill.slots).paged_kernel == "xla":
     return 0.0
-  per_key = refill.pool_bytes_per_device() / (refill.num_pages * refill.page_size)
-  return per_key / (hbm_gbps * 1e9) * 1e3
+  return _kv_bytes_per_key(refill) / (hbm_gbps * 1e9) * 1e3
 
 
 def _refill_probes(compile_one, refill, state, rows: int, tag: str):
@@ -293,9 +296,7 @@ def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
   out["program_segment"] = final["segment"]()
   out["kv_pages"] = refill.num_pages
   out["pool_gib_per_device"] = refill.pool_bytes_per_device() / GIB
-  # What one device stores per key (keys and values of every layer, its share of heads).
-  out["kv_bytes_per_key"] = refill.pool_bytes_per_device() / (refill.num_pages
-                                                              * refill.page_size)
+  out["kv_bytes_per_key"] = _kv_bytes_per_key(refill)
   out["hbm_gbps"] = chip.hbm_gbps
   out["program_prefill"] = final["prefill"]()
   return out

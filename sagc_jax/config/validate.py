@@ -122,13 +122,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if isinstance(segment, bool) or not isinstance(segment, int) or segment < -1:
     raise ValueError(f"rollout.decode_segment={segment!r} must be an int >= -1 "
                      "(-1 = auto, 0 = fused sampler)")
-  for key in ("rollout.compaction", "rollout.segmented_eval", "train.eval_greedy"):
+  for key in ("rollout.compaction", "rollout.segmented_eval", "rollout.overlap_rewards",
+              "train.eval_greedy"):
     if not isinstance(checks.lookup(config, key), bool):
       raise ValueError(f"{key}={checks.lookup(config, key)!r} must be True or False")
   checks.positive_int(config, "rollout.min_compact_rows")
-  overlap = config.rollout.get("overlap_rewards", True)
-  if not isinstance(overlap, bool):
-    raise ValueError(f"rollout.overlap_rewards={overlap!r} must be True or False")
   for key in ("refill_slots", "kv_pages", "refill_segment"):
     checks.non_negative_int(config, f"rollout.{key}")
   checks.positive_int(config, "rollout.page_size")

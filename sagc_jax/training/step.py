@@ -87,7 +87,7 @@ class RLStep:
     local = self.loader.next_batch(prompts_per_round(self.config.rollout, g) // jax.process_count())
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
     first_row = jax.process_index() * len(local) * g
-    overlap = self.config.rollout.get("overlap_rewards", True)
+    overlap = self.config.rollout.overlap_rewards
     scorer = self._scorer(local, g, first_row, background=overlap)
     try:
       samples = self.components.sampler.generate(
