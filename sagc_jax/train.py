@@ -89,6 +89,7 @@ def main(argv: Sequence[str], flags) -> None:
 
   from sagc_jax.runtime.checkpoint import CheckpointWriteError
   from sagc_jax.runtime.metrics import MetricsWriteError
+  from sagc_jax.runtime.stop import StopRequested
   from sagc_jax.experiments.plots import plot_run
   from sagc_jax.training.loop import Trainer
 
@@ -96,7 +97,12 @@ def main(argv: Sequence[str], flags) -> None:
   logging.set_verbosity(logging.WARNING)
   tfds.disable_progress_bar()
 
-  trainer = Trainer(flags.config, flags.workdir)
+  try:
+    trainer = Trainer(flags.config, flags.workdir, stop_deadline=True)
+  except StopRequested as stopped:
+    # Data preparation, the warm start, restoring: redone by the next start.
+    _exit_now(f"stopped during {stopped}: nothing new to checkpoint; rerun the same "
+              "command to go on (exit 0)", 0)
   try:
     try:
       summary = trainer.run(max_steps=flags.max_steps)
@@ -122,8 +128,9 @@ def main(argv: Sequence[str], flags) -> None:
               "process died first: see its log; rerun the same command to resume from the "
               "last checkpoint)", 1)
   if trainer.stopped_in is not None:
-    # Stopped during warm-up or an evaluation: XLA compiles may still run in worker
-    # threads, which a normal exit would wait for (minutes). Nothing is left to save.
+    # Stopped during warm-up, an evaluation or a step's rollout: XLA compiles may still
+    # run in worker threads, or an abandoned program on the device, which a normal
+    # exit would wait for (minutes). What was finished is checkpointed.
     _exit_now(f"stopped during {trainer.stopped_in} (exit 0; rerun the same command to go "
               "on)", 0)
   if trainer.is_primary:

@@ -34,12 +34,21 @@ import pytest  # noqa: E402
 SLOW_MODULES = frozenset({
     "test_aot", "test_compare", "test_completion_log", "test_export", "test_import_model",
     "test_launch", "test_multihost", "test_process_faults", "test_reward_mix",
-    "test_storage", "test_trainer"})
+    "test_stop_phases", "test_storage", "test_trainer"})
+
+
+# Modules (and tests marked ``libtpu``) that compile for abstract TPU topologies: they
+# need libtpu (the ``tpu`` extra, ~680 MB, kept out of the ``test`` extra so that the
+# quick suite installs without it), run in the slow half, and skip with the install
+# line when libtpu is missing.
+LIBTPU_MODULES = frozenset({"test_aot", "test_hbm_traffic"})
 
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
+  config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "
+                          "the tpu extra; slow)")
   # With pytest-xdist (-n N) the terminal shows one dot per test and no module names:
   # the controller prints a line as each module finishes instead.
   if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
@@ -82,7 +91,17 @@ class ModuleProgress:
 
 
 def pytest_collection_modifyitems(config, items):
+  import importlib.util
+
+  no_libtpu = pytest.mark.skip(
+      reason="needs libtpu for TPU ahead-of-time compilation on this host: "
+             "pip install -e '.[tpu]' (the slow suite's install line)")
+  has_libtpu = importlib.util.find_spec("libtpu") is not None
   for item in items:
-    if item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+    module = item.module.__name__.rpartition(".")[2]
+    needs_libtpu = module in LIBTPU_MODULES or item.get_closest_marker("libtpu") is not None
+    if module in SLOW_MODULES or needs_libtpu:
       item.add_marker(pytest.mark.slow)
+    if needs_libtpu and not has_libtpu:
+      item.add_marker(no_libtpu)
   items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable

@@ -1,7 +1,7 @@
 """The AOT compile-and-fit tool on an abstract TPU topology (libtpu, no TPU needed).
 
-libtpu comes with the ``test`` extra (``jax[tpu]``); these tests fail, not skip, when
-it is missing, because sizing a pod from a CPU host is a feature users rely on.
+libtpu comes with the ``tpu`` extra (``jax[tpu]``), which the slow suite's install line
+adds; without it these tests skip, naming that line (``tests/conftest.py``).
 """
 
 from __future__ import annotations

@@ -203,6 +203,21 @@ def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(t
   assert finished_summary(str(workdir), 3) is None                      # stopped early
 
 
+def test_commands_start_without_transformers_torch_advice():
+  """On an install without torch transformers prints "PyTorch was not found ..." at
+  import; every command turns that advisory off before importing it."""
+  hide_torch = "import sys; sys.modules['torch'] = None; "
+  env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+  plain = subprocess.run([sys.executable, "-c", hide_torch + "import transformers"],
+                         capture_output=True, text=True, env=env, timeout=120)
+  assert "PyTorch was not found" in plain.stderr + plain.stdout    # the message exists
+  ours = subprocess.run(
+      [sys.executable, "-c", hide_torch + "from sagc_jax.runtime.platform import "
+       "prepare_process; prepare_process(); import transformers"],
+      capture_output=True, text=True, env=env, timeout=120)
+  assert ours.returncode == 0 and "PyTorch" not in ours.stderr + ours.stdout, ours.stderr
+
+
 def test_a_host_without_a_tpu_runs_our_commands_on_cpu_without_the_tpu_probe():
   """choose_platform (called by every CLI before JAX starts): JAX_PLATFORMS=cpu on a
   host with no TPU device file, no TPU environment and no GPU plugin; an explicit

@@ -53,6 +53,26 @@ def test_completions_are_logged_every_n_steps_with_their_rewards(shared, tmp_pat
   assert re.fullmatch(r"[0-9a-f]{16}", run_id) and any(run_id in p.name for p in offline)
 
 
+def test_wandb_without_a_login_falls_back_to_offline_and_says_so(shared, tmp_path,
+                                                                 monkeypatch):
+  """W&B installed, no API key anywhere (no WANDB_API_KEY, no netrc, no WANDB_MODE):
+  the run logs offline and says how to upload, instead of failing after start-up."""
+  from test_trainer import run, small_config
+  for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_CONFIG_DIR", "NETRC"):
+    monkeypatch.delenv(key, raising=False)
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_home"))
+  (tmp_path / "home").mkdir()
+  config = small_config(shared, steps=1)
+  config.train.wandb_project = "sagc-test"
+  messages = []
+  summary, _, _ = run(config, tmp_path / "run", log=messages.append)
+  assert summary["steps"] == 1
+  said = [m for m in messages if m.startswith("W&B: not logged in")]
+  assert len(said) == 1 and "logs offline to" in said[0] and "wandb sync" in said[0], messages
+  assert list(tmp_path.rglob("offline-run-*"))
+
+
 def test_a_resumed_run_drops_the_completions_of_steps_it_redoes(tmp_path):
   from sagc_jax.runtime.metrics import MetricsWriter
   writer = MetricsWriter(tmp_path, 10, tensorboard=False)

@@ -361,8 +361,10 @@ def test_from_config_builds_both_kinds_and_names_bad_keys():
     controller_from_config({"kind": "sagc", "delta": 2.0})
 
 
-def test_controller_module_does_not_import_jax():
-  code = ("import sys, sagc_jax.control.controller; "
+@pytest.mark.parametrize("module", ["controller", "sagc", "context", "prompt_aware",
+                                    "per_prompt"])
+def test_controller_modules_do_not_import_jax(module):
+  code = (f"import sys, sagc_jax.control.{module}; "
           "sys.exit(1 if any(m == 'jax' or m.startswith('jax.') for m in sys.modules) else 0)")
   assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -457,10 +459,16 @@ def test_controller_imports_and_runs_with_numpy_alone():
       "    if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'transformers', 'torch'):\n"
       "      raise ImportError('blocked ' + name)\n"
       "sys.meta_path.insert(0, Block())\n"
-      "from sagc_jax.control.controller import SAGCController\n"
+      "from sagc_jax.control.controller import (BatchContext, PerPromptController,\n"
+      "    PromptAwareController, SAGCController)\n"
       "c = SAGCController((4, 8, 16), tau=2.0, delta=0.2, seed=0)\n"
       "g = c.propose()\n"
       "c.observe([10.0] * 4, [5.0] * 4)\n"
+      "ctx = BatchContext(list(range(4)), [30] * 4)\n"
+      "a = PromptAwareController(seed=0)\n"
+      "a.observe([10.0] * 4, [5.0] * 4, pass_rates=[0.5] * 4) if a.propose(ctx) else None\n"
+      "p = PerPromptController(seed=0)\n"
+      "p.observe([10.0] * 4, [5.0] * 4, group_sizes=p.propose_groups(ctx))\n"
       "print('ok', g, sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -80,6 +80,7 @@ def cost(executable, key):
   return float(analysis[key])
 
 
+@pytest.mark.libtpu
 def test_decode_cost_grows_with_the_span_and_prefill_with_the_prompts(llama):
   """Structural, on the chip it is for: the segment and prefill programs compiled for an
   abstract TPU v5e:2x2 (libtpu, no TPU needed), read through XLA's cost analysis."""

@@ -158,3 +158,110 @@ def test_claims_rows_are_per_seed_simulations_and_the_table_covers_every_claim()
   assert len(table.splitlines()) == 2 + len(CLAIMS)
   # reward and accuracy (final and at equal wall-clock) and length: not simulated
   assert "simulator, 3 seeds" in table and table.count("n/a") == 5
+
+
+# ------------------------------------------------ the prompt-heterogeneity scenario
+def load_prompts_config(steps=80):
+  import runpy
+  config = runpy.run_path(str(REPO / "configs" / "simulate_prompts.py"))["get_config"]()
+  config.sim.steps = steps
+  return config
+
+
+def test_prompt_pool_is_heterogeneous_deterministic_and_drifts():
+  from sagc_jax.control.prompt_simulator import pool_from_config
+
+  config = load_prompts_config(steps=400)
+  pool = pool_from_config(config)
+  a = pool.draw(5)
+  b = pool.draw(5)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key])
+  assert pool.per_step == 32 and a["lengths"].shape == (32, 16)
+  assert a["lengths"].min() >= 1 and a["lengths"].max() <= config.sim.max_len
+  # An epoch hands out every prompt at most once (62 steps x 32 of 2000 prompts).
+  epoch = np.concatenate([pool.prompt_ids(t) for t in range(config.pool.size // 32)])
+  assert len(set(epoch.tolist())) == len(epoch) == 1984
+  early = [pool.draw(t) for t in range(10)]
+  late = [pool.draw(t) for t in range(390, 400)]
+  mean = lambda draws, key: np.mean([d[key].mean() for d in draws])
+  assert mean(late, "pass_rate") > mean(early, "pass_rate") + 0.1     # prompts get easier
+  assert mean(late, "lengths") > 2 * mean(early, "lengths")           # and longer
+  # Prompts differ: pass rates span (0, 1); tail weights spread with tail_spread on the
+  # logit scale and are higher for harder (rarely passed) prompts.
+  pass_rate = np.concatenate([d["pass_rate"] for d in early])
+  tail = np.concatenate([d["tail_prob"] for d in early])
+  assert pass_rate.min() < 0.1 and pass_rate.max() > 0.9
+  logit = np.log(tail / (1 - tail))
+  assert logit.std() == pytest.approx(config.pool.tail_spread, rel=0.15)
+  assert np.corrcoef(logit, np.log(pass_rate / (1 - pass_rate)))[0, 1] < -0.3
+
+
+def test_prompt_simulation_arms_budgets_and_equal_budget_metrics():
+  from sagc_jax.control.prompt_simulator import pool_from_config, simulate_prompts
+
+  config = load_prompts_config(steps=80)
+  config.sim.mode = "hold_rollouts"
+  result = simulate_prompts(config)
+  summary, traces = result["summary"], result["traces"]
+  assert list(summary) == ["static_G4", "static_G8", "static_G16", "sagc", "prompt_aware",
+                           "per_prompt"]
+  assert max(traces["per_prompt"]["rows"]) <= config.sim.rollouts_per_step
+  assert set(traces["static_G8"]["n_groups"]) == {32}
+  # static G = 8 re-derived from the pool: rates, signal proxies.
+  pool = pool_from_config(config)
+  rates, signal, informative = [], 0.0, 0.0
+  for t in range(80):
+    d = pool.draw(t)
+    block = d["lengths"][:32, :8]
+    rates.append(np.mean(block.max(1) > 2.0 * np.median(block, 1)))
+    p = d["pass_rate"][:32]
+    signal += np.sum(4 * p * (1 - p) * 3.0)
+    informative += np.sum(1 - p ** 8 - (1 - p) ** 8)
+  row = summary["static_G8"]
+  assert row["group_straggler_rate"] == pytest.approx(np.mean(rates))
+  assert row["signal"] == pytest.approx(signal) and row["informative_groups"] == pytest.approx(
+      informative)
+  # The arm with the least signal reaches the target at its end; the shortest run's
+  # signal at equal wall-clock is its own.
+  low = min(summary, key=lambda a: summary[a]["signal"])
+  short = min(summary, key=lambda a: summary[a]["wall_clock_s"])
+  assert summary[low]["time_to_target_s"] == pytest.approx(summary[low]["wall_clock_s"])
+  assert summary[short]["signal_at_equal_time"] == pytest.approx(summary[short]["signal"])
+  assert all(r["controller_us"] > 0 for r in summary.values())
+
+
+def test_prompt_simulation_invalid_pool_key_is_named():
+  from sagc_jax.control.prompt_simulator import simulate_prompts
+
+  config = load_prompts_config()
+  config.pool.tail_difficulty_corr = 1.5
+  with pytest.raises(ValueError, match="pool.tail_difficulty_corr=1.5"):
+    simulate_prompts(config)
+  config = load_prompts_config()
+  config.controller.history_size = 0
+  with pytest.raises(ValueError, match="controller: history_size"):
+    simulate_prompts(config)
+
+
+def test_prompt_claims_rows_and_tables(tmp_path):
+  from sagc_jax.experiments.prompt_claims import simulate_prompt_claims
+
+  config = load_prompts_config(steps=40)
+  table, rows = simulate_prompt_claims(config, seeds=2)
+  assert len(rows) == 12 and {r["seed"] for r in rows} == {0, 1}
+  assert "| per_prompt |" in table and "| prompt_aware | verdict | per_prompt | verdict |" in table
+  assert table.count("signal at equal wall-clock, arm / SAGC") == 1
+
+
+def test_prompt_cli_runs_and_writes_json(tmp_path):
+  out = tmp_path / "prompts.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "sagc_jax.simulate", f"--config={REPO / 'configs' / 'simulate_prompts.py'}",
+       f"--out={out}", "--config.sim.steps=60"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "per_prompt" in proc.stdout and "ctrl_us" in proc.stdout
+  result = json.loads(out.read_text())
+  assert len(result["traces"]["per_prompt"]["signal"]) == 60
+  assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"

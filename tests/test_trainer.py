@@ -304,9 +304,9 @@ def test_a_stop_signal_in_warm_up_or_evaluation_ends_the_run_at_once(shared, tmp
       break
   start = time.time()
   proc.send_signal(signal.SIGTERM)
-  output, _ = proc.communicate(timeout=120)
-  elapsed = time.time() - start
-  output = "".join(seen) + output
+  proc.wait(timeout=120)              # then read: communicate() would lose the lines
+  elapsed = time.time() - start       # the iteration above had buffered
+  output = "".join(seen) + proc.stdout.read()
   assert proc.returncode == 0, output
   assert elapsed < 30, (elapsed, output)
   assert f"SIGTERM received during {phase}: stopping now" in output, output
@@ -345,26 +345,6 @@ def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_pat
   assert resumed.eval_history[-1]["step"] == 2 and len(resumed.eval_history) == 2
   from sagc_jax.runtime.metrics import finished_summary
   assert finished_summary(tmp_path, 2) is not None
-
-
-def test_second_ctrl_c_stops_at_once(shared, tmp_path):
-  config_file = write_config_file(tmp_path / "cfg.py", shared, 200,
-                                  "c.train.checkpoint_every = 100")
-  workdir = tmp_path / "run"
-  proc = _train_process(config_file, workdir)
-  wait_for_steps(proc, workdir, 2)
-  proc.send_signal(signal.SIGINT)
-  seen = []
-  for line in proc.stdout:                  # the first Ctrl-C has been handled ...
-    seen.append(line)
-    if "SIGINT received" in line:
-      break
-  proc.send_signal(signal.SIGINT)           # ... and the second one stops the run
-  output, _ = proc.communicate(timeout=300)
-  output = "".join(seen) + output
-  assert proc.returncode == 130, output
-  assert "interrupted: steps since the last checkpoint are lost" in output
-  assert "Traceback" not in output
 
 
 @pytest.mark.parametrize("key, value, match", [

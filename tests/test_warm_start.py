@@ -61,6 +61,16 @@ def test_guess_stage_makes_answer_only_solutions_the_likely_start(tmp_path):
   assert _first_token_prob_of_answer(staged, prompts) > 0.5
 
 
+def _small_warm_start(tmp_path, steps: int):
+  """A tiny model's warm start of ``steps`` steps on 100 one-step problems, and its data."""
+  config = tiny_cpu_config()
+  config.data.synthetic.update(dict(num_train=100, num_test=20, max_ops=1))
+  config.sft.update(dict(steps=steps, batch_size=8, seq_bucket=48, warmup_steps=1))
+  train = load_split("synthetic", "train", str(tmp_path / "tfds"), None,
+                     config=config.data.synthetic.to_dict())
+  return config, train
+
+
 def test_a_full_disk_while_saving_the_warm_start_leaves_no_partial_folder(tmp_path,
                                                                            monkeypatch):
   """ENOSPC in the middle of writing the weights: one error naming the folder, no
@@ -72,11 +82,7 @@ def test_a_full_disk_while_saving_the_warm_start_leaves_no_partial_folder(tmp_pa
 
   from sagc_jax.training import warm_start
 
-  config = tiny_cpu_config()
-  config.data.synthetic.update(dict(num_train=100, num_test=20, max_ops=1))
-  config.sft.update(dict(steps=2, batch_size=8, seq_bucket=48, warmup_steps=1))
-  train = load_split("synthetic", "train", str(tmp_path / "tfds"), None,
-                     config=config.data.synthetic.to_dict())
+  config, train = _small_warm_start(tmp_path, steps=2)
   workdir = tmp_path / "run"
   real_save = warm_start.save_pretrained
 
@@ -93,3 +99,37 @@ def test_a_full_disk_while_saving_the_warm_start_leaves_no_partial_folder(tmp_pa
   folder = prepare_policy(config, workdir, train, log=lambda m: None)
   assert (folder / SFT_MARKER).exists()
   assert [p.name for p in workdir.glob("sft_model*")] == ["sft_model"]
+
+
+def test_a_warm_start_with_the_same_settings_is_copied_from_the_cache(tmp_path):
+  """The main job's warm start serves a later comparison or workdir with the same
+  model, data, sft settings and seed: the same weights, copied, not fine-tuned again;
+  any of those settings changed fine-tunes anew."""
+  from sagc_jax.training.warm_start import warm_start_key
+
+  config, train = _small_warm_start(tmp_path, steps=3)
+  cache = tmp_path / "cache"
+  said = []
+  first = prepare_policy(config, tmp_path / "main", train, log=said.append, cache=cache)
+  assert any(m.startswith("supervised warm start: 3 steps") for m in said)
+  kept = cache / "warm_starts" / warm_start_key(config)
+  assert (kept / SFT_MARKER).exists() and not list(kept.parent.glob("*.tmp*"))
+
+  said.clear()
+  second = prepare_policy(config, tmp_path / "compare" / "shared", train, log=said.append,
+                          cache=cache)
+  assert not any(m.startswith("supervised warm start:") for m in said), said
+  assert any("copied from" in m and str(kept) in m for m in said), said
+  assert ((first / "model.safetensors").read_bytes()
+          == (second / "model.safetensors").read_bytes())
+
+  for change in (("sft", "steps", 4), ("seed", None, 1), ("synthetic", "max_ops", 2)):
+    other = config.copy_and_resolve_references()
+    section, key, value = change
+    if section == "seed":
+      other.seed = value
+    elif section == "sft":
+      other.sft[key] = value
+    else:
+      other.data.synthetic[key] = value
+    assert warm_start_key(other) != warm_start_key(config), change

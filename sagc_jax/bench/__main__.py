@@ -64,9 +64,9 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-  from sagc_jax.runtime.platform import choose_platform
+  from sagc_jax.runtime.platform import prepare_process
 
-  choose_platform()             # before JAX starts: no TPU probe on hosts without one
+  prepare_process()             # before JAX starts: no TPU probe on hosts without one
   parser = argparse.ArgumentParser(prog="python -m sagc_jax.bench", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("name", choices=BENCHMARKS, help="which benchmark to run")

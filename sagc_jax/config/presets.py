@@ -90,6 +90,10 @@ def tpu_pod_16k_preset(model_json: str, kv_pages: int,
                         refill_segment=64, paged_kernel="pallas", eval_batch=32))
   c.learner.update(dict(grad_accum=32))
   c.model.config_json = model_json
+  # A step is ~30 min (docs/scale.md) and a pod leaves together only at a step's end
+  # (docs/reliability.md): a checkpoint per step means a preemption notice, which
+  # ends the process within train.stop_grace_s, never loses a finished step.
+  c.train.checkpoint_every = 1
   return c
 
 

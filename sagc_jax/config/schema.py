@@ -63,7 +63,13 @@ def base_config() -> ml_collections.ConfigDict:
       forgetting=0.99, prior_alpha=1.0, prior_beta=1.0, seed=0, static_g=8,
       # None = the smallest candidate; a typed placeholder so that the command line
       # can set it (--config.controller.initial_g=8).
-      initial_g=config_dict.placeholder(int)))
+      initial_g=config_dict.placeholder(int),
+      # kind="prompt_aware" / "per_prompt" only (docs/controllers.md): tail classes on
+      # a prompt's past log(max/median)/log(tau), length classes in multiples of the
+      # mean prompt length, the cells' prior weight (groups), prompts remembered
+      # (least recently observed evicted), discount of a prompt's evidence per visit.
+      tail_edges=(0.8, 1.25), length_edges=(1.0,), cell_prior_strength=2.0,
+      history_size=20000, history_forgetting=0.7))
 
   c.rollout = ml_collections.ConfigDict(dict(
       mode="hold_prompts", prompts_per_step=8, rollouts_per_step=64, max_new_tokens=64,
@@ -131,7 +137,11 @@ def base_config() -> ml_collections.ConfigDict:
       # ~/.cache/sagc_jax).
       local_cache_dir="",
       # A gs:// metrics.jsonl is rewritten at most this often (and at every checkpoint).
-      metrics_sync_secs=30.0))
+      metrics_sync_secs=30.0,
+      # After SIGTERM / Ctrl-C, `python -m sagc_jax.train` ends the process this many
+      # seconds later whatever it is doing (a Spot / preemptible VM gives ~30 s; 0 = no
+      # deadline); docs/reliability.md says what is kept.
+      stop_grace_s=25.0))
   return c
 
 

@@ -146,6 +146,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
     checks.positive_int(config, f"train.{key}")
   checks.number_in(config, "train.metrics_sync_secs", 0.0)
+  checks.number_in(config, "train.stop_grace_s", 0.0)
   checks.non_negative_int(config, "train.eval_k")
   checks.non_negative_int(config, "train.log_completions_every")
   checks.non_negative_int(config, "train.log_completions")

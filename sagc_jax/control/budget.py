@@ -28,7 +28,9 @@ def prompts_per_round(section: Any, g: int) -> int:
 
 
 def candidate_group_sizes(controller: Any) -> tuple[int, ...]:
-  """The group sizes a ``controller`` config section may pick (one for a static G)."""
-  if controller.kind == "sagc":
-    return tuple(controller.candidates)
-  return (controller.static_g,)
+  """The group sizes a ``controller`` config section may pick (one for a static G;
+  every candidate for SAGC and the contextual kinds, whose per-prompt sizes are
+  candidates too)."""
+  if controller.kind == "static":
+    return (controller.static_g,)
+  return tuple(controller.candidates)

@@ -112,8 +112,13 @@ class CostModel:
   step_overhead_s: float
 
   def step(self, lengths: np.ndarray, prompt_len: int) -> dict[str, float]:
-    rows = lengths.size
-    longest = int(lengths.max())
+    """Cost of a step whose response lengths are ``lengths`` (any shape, one per row)."""
+    return self.step_rows(lengths.size, int(lengths.max()), float(lengths.sum()), prompt_len)
+
+  def step_rows(self, rows: int, longest: int, real_tokens: float,
+                prompt_len: int) -> dict[str, float]:
+    """Cost of ``rows`` rows whose longest response is ``longest`` tokens (steps
+    with mixed group sizes: only the row count and the longest row matter)."""
     rollout = (self.prefill_s_per_token * rows * prompt_len
                + longest * (self.decode_s_per_iter + self.decode_s_per_row_iter * rows))
     learner = self.learner_s_per_token * rows * (prompt_len + longest)
@@ -121,7 +126,7 @@ class CostModel:
         "rollout_s": rollout,
         "learner_s": learner,
         "total_s": rollout + learner + self.step_overhead_s,
-        "real_tokens": float(lengths.sum()),
+        "real_tokens": real_tokens,
         "padded_tokens": float(rows * longest),
     }
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -242,14 +242,20 @@ def claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
   return rows
 
 
-def simulate_claims(config: Any, seeds: int) -> tuple[str, list[dict[str, Any]]]:
-  """The claims table (``sagc_jax.experiments.claims``) over ``seeds`` simulations: seed k draws
-  the lengths with ``config.seed + k`` and seeds the controllers with
-  ``controller.seed + k``."""
-  rows = []
+def seeded_configs(config: Any, seeds: int) -> Iterator[tuple[int, Any]]:
+  """``(k, config)`` for k < ``seeds``: a copy whose ``seed`` (the simulated lengths)
+  and ``controller.seed`` (the controllers' RNG) are both raised by k."""
   for k in range(seeds):
     seeded = config.copy_and_resolve_references()
     seeded.seed = config.seed + k
     seeded.controller.seed = config.controller.seed + k
+    yield k, seeded
+
+
+def simulate_claims(config: Any, seeds: int) -> tuple[str, list[dict[str, Any]]]:
+  """The claims table (``sagc_jax.experiments.claims``) over ``seeds`` simulations
+  (``seeded_configs``)."""
+  rows = []
+  for k, seeded in seeded_configs(config, seeds):
     rows += claim_rows(simulate(seeded), k)
   return claims_markdown(rows), rows

@@ -166,8 +166,9 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
                      **builder_options(config.data))
   # A GGUF source (a .gguf file or a built-in name) is converted once, here, so that
   # every arm starts from the same local folder.
-  start = policy_source(config, cache_root(config.train.local_cache_dir), log)
-  policy = prepare_policy(config, shared, train, log, model_path=start)
+  cache = cache_root(config.train.local_cache_dir)
+  start = policy_source(config, cache, log)
+  policy = prepare_policy(config, shared, train, log, model_path=start, cache=cache)
   for index, (name, arm) in enumerate(arms.items()):
     arm_dir = workdir / "arms" / name
     if finished_summary(arm_dir, arm.train.steps) is not None:

@@ -72,6 +72,16 @@ JOBS = (
     Job("simulate_4prompts_step_delta50", "Which straggler event: 4 prompts, step, delta 0.5",
         0.1, _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step",
                         "--config.controller.delta=0.5"])),
+    Job("simulate_prompts", "Prompt heterogeneity: static, SAGC, prompt_aware, per_prompt, "
+        "hold_prompts (3 seeds)", 0.5,
+        _simulate(["--config=configs/simulate_prompts.py"], claims=3)),
+    Job("simulate_prompts_rollouts", "Prompt heterogeneity, hold_rollouts (3 seeds)", 0.5,
+        _simulate(["--config=configs/simulate_prompts.py", "--config.sim.mode=hold_rollouts"],
+                  claims=3)),
+    Job("simulate_prompts_infeasible", "Prompt heterogeneity, even G = 4 above delta "
+        "(3 seeds)", 0.5,
+        _simulate(["--config=configs/simulate_prompts.py", "--config.sim.tail_prob_start=0.2",
+                   "--config.sim.tail_prob_end=0.3"], claims=3)),
     Job("bench_controller", "Benchmarks: controller overhead", 0.5,
         lambda d: [_PY, "-m", "sagc_jax.bench", "controller", f"--out={d / 'bench.json'}"]),
     Job("bench_sampler", "Benchmarks: sampler vs transformers", 12.0,

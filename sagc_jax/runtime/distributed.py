@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from sagc_jax.runtime import stop
+
 _ENV = ("SAGC_COORDINATOR", "SAGC_NUM_PROCESSES", "SAGC_PROCESS_ID")
 
 
@@ -209,7 +211,11 @@ def _gather_shards(x: jax.Array) -> np.ndarray:
 
 
 def to_host(tree: Any) -> Any:
-  """``jax.device_get`` that also works for arrays spanning several processes."""
+  """``jax.device_get`` that also works for arrays spanning several processes.
+
+  The wait for the arrays is one a stop signal can interrupt (``stop.wait_ready``):
+  every sampler, learner and evaluation fetch goes through here."""
+  stop.wait_ready(tree)
   def fetch(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       if x.is_fully_replicated:

@@ -17,7 +17,7 @@ import glob
 import importlib.util
 import os
 
-__all__ = ["choose_platform", "has_tpu"]
+__all__ = ["choose_platform", "has_tpu", "prepare_process"]
 
 _GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
                 "jax_rocm7_plugin", "jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
@@ -53,3 +53,13 @@ def choose_platform(environ=os.environ) -> str | None:
     return None
   environ["JAX_PLATFORMS"] = "cpu"
   return "cpu"
+
+
+def prepare_process(environ=os.environ) -> None:
+  """What every command sets before its libraries start: the JAX platform
+  (``choose_platform``), and transformers' advisory warnings off. transformers prints
+  "PyTorch was not found. Models won't be available ..." at import on an install
+  without torch; our commands use it for tokenizers and config files only, which need
+  no torch, so the line would only mislead."""
+  choose_platform(environ)
+  environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from sagc_jax.runtime.distributed import to_host
+from sagc_jax.runtime.stop import StopRequested
 
 __all__ = ["RolloutListener", "wait_for"]
 
@@ -51,6 +52,8 @@ def wait_for(tree: Any, listener: RolloutListener | None) -> Any:
   if listener is not None:
     try:
       listener.work_while(_pending(tree))
+    except StopRequested:
+      raise                          # the run ends: the program is abandoned
     except BaseException:
       jax.block_until_ready(tree)    # no program of this call may outlive it (its host
       raise                          # callback would reach the next call's sink)

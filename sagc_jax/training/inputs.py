@@ -32,6 +32,7 @@ from sagc_jax.models.transformer import Transformer
 from sagc_jax.rewards.mix import RewardMix, reward_mix_from_config
 from sagc_jax.runtime import distributed
 from sagc_jax.runtime.mesh import make_mesh
+from sagc_jax.runtime import stop
 from sagc_jax.runtime.storage import stage
 from sagc_jax.training.warm_start import prepare_policy, starting_folder
 
@@ -149,8 +150,9 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
   load = lambda split: load_split(config.data.name, split, data_dir, manual_dir,
                                   **builder_options(config.data))
   if is_primary:
-    load("train")
-    load(config.data.eval_split)
+    with stop.stoppable("data preparation"):      # TFDS renames a finished split in
+      load("train")                               # place: a stopped one is redone
+      load(config.data.eval_split)
   distributed.barrier("sagc_data_prepared")
   train_source = load("train")
   eval_source = load(config.data.eval_split)
@@ -161,11 +163,14 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
     start = starting_folder(config, local_dir, model_path=model_path)
     check_prompt_lengths(config, load_tokenizer(start),
                          (("train", train_source), ("eval", eval_source)))
-    folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path)
+    with stop.stoppable("the supervised warm start"):   # saved to a temporary folder
+      folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path,
+                              cache=cache_root)
   distributed.barrier("sagc_policy_prepared")
   if folder is None:
     model_path = policy_source(config, cache_root, log)
-    folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path)
+    folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path,
+                            cache=cache_root)
   dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
   model, model_cfg = from_pretrained(folder, dtype=dtype, mesh=mesh)
   tokenizer = load_tokenizer(folder)

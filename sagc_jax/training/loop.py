@@ -10,8 +10,11 @@ A run is built from three parts, each its own module:
 This module runs the step in a loop: held-out evaluation (``evaluation.Evaluator``)
 before RL and every ``train.eval_every`` steps, a metrics row per step
 (``metrics.jsonl`` + TensorBoard), checkpoints every ``train.checkpoint_every`` steps,
-and on SIGTERM or a first Ctrl-C a checkpoint after the current step. A lock file
-keeps a second trainer off the run directory.
+and a bounded stop on SIGTERM or a first Ctrl-C (``runtime.stop``): the phase the
+signal arrives in is abandoned when a resume redoes its work (start-up, warm-up,
+evaluations, a step's rollout, an export) and what was finished before it is
+checkpointed; a learner update runs to its end first. A lock file keeps a second
+trainer off the run directory.
 
 Everything random is a function of ``(config.seed, step)`` and of restored
 state (controller RNG, loader position, learner step), so a run killed after
@@ -24,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +37,7 @@ import numpy as np
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
+from sagc_jax.runtime.stop import StopGuard, StopRequested
 from sagc_jax.runtime.checkpoint import Checkpointer, prepare_checksums
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import build_components
@@ -70,11 +73,16 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
                log: Callable[[str], None] | None = None, read_only: bool = False,
-               restore: bool = True):
+               restore: bool = True, stop_deadline: bool = False):
     """``read_only``: a reader of the run (eval): nothing in ``workdir`` is created,
     rewritten, truncated or moved (no config.json, metrics or compilation cache writes;
     damaged checkpoints are skipped in place). ``restore=False`` keeps the policy
-    the config names instead of the run's newest checkpoint."""
+    the config names instead of the run's newest checkpoint.
+
+    A trainer handles SIGTERM / SIGINT from here to ``close()`` (a writer on the main
+    thread); a signal during start-up raises ``StopRequested``. ``stop_deadline``
+    (the command line): end the process ``train.stop_grace_s`` after the first
+    signal whatever it is doing (``runtime.stop``)."""
     validate(config)
     if config.data.name in FILE_DATASETS and not config.data.manual_dir:
       # Relative file patterns mean the directory the run starts in: recorded in
@@ -90,15 +98,28 @@ class Trainer:
     self.local_dir = local_mirror(workdir, self.cache_root)
     self.is_primary = jax.process_index() == 0
     self._lock = None
+    self.step = 0
+    self._checkpointed_step = 0       # the newest step saved or restored (0: none ran)
+    self._step_start_state: dict[str, Any] | None = None
+    self.guard = StopGuard(distributed.on_every_process(lambda m: self.log(m)),
+                           grace_s=(config.train.stop_grace_s or None) if stop_deadline
+                           else None,
+                           describe_state=self._describe_checkpoints)
+    self.log = log or print           # until the metrics writer exists
     if not read_only:
-      self.workdir.mkdir(parents=True, exist_ok=True)
-      if self.is_primary:         # before anything in the workdir is written
-        self._lock = RunLock(self.workdir, log=log or print)
-        self._lock.acquire()
+      self.guard.install()
     try:
-      self._build(config, log, read_only, restore)
+      if not read_only:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.is_primary:         # before anything in the workdir is written
+          self._lock = RunLock(self.workdir, log=log or print)
+          self._lock.acquire()
+      with self._stoppable("start-up", every_process=True):
+        self._build(config, log, read_only, restore)
     except BaseException:
-      # A refused start (a bad config, a checkpoint mismatch) leaves no lock behind.
+      # A refused or stopped start (a bad config, a checkpoint mismatch, a signal)
+      # leaves no lock or signal handler behind.
+      self.guard.uninstall()
       if self._lock is not None:
         self._lock.release()
       raise
@@ -135,16 +156,12 @@ class Trainer:
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
                                      config.train.keep_checkpoints, log=self.log,
                                      read_only=read_only)
-    self.step = 0
     self.consecutive_skipped = 0
     self.resumed_from: int | None = None    # the checkpoint step this run restored
     self.history: list[dict[str, Any]] = []
     self.eval_history: list[dict[str, Any]] = []
-    self._stop_requested = False      # this process received SIGTERM / SIGINT
     self._stopped_by_signal = False   # the run stopped early on an agreed signal
-    # The phase a stop signal may end at once (``_stoppable``), and the one it did end.
-    self._interruptible: str | None = None
-    self.stopped_in: str | None = None
+    self.stopped_in: str | None = None   # the phase a stop signal ended at once
     if restore:
       self._restore()
     # Only once the checkpoints are known to fit this config: a refused resume leaves
@@ -210,9 +227,21 @@ class Trainer:
     else:
       run_id = uuid.uuid4().hex[:16]
       id_file.write_text(run_id + "\n")
-    return wandb.init(project=self.config.train.wandb_project, id=run_id, resume="allow",
-                      name=self.workdir.name, config=self.config.to_dict(),
-                      dir=str(self.local_dir))
+    options = dict(project=self.config.train.wandb_project, id=run_id, resume="allow",
+                   name=self.workdir.name, config=self.config.to_dict(),
+                   dir=str(self.local_dir))
+    try:
+      return wandb.init(**options)
+    except wandb.errors.UsageError as err:
+      if "api key" not in str(err).lower():
+        raise
+    # Installed but not logged in (no WANDB_API_KEY, no `wandb login`): an offline run
+    # keeps every metric for a later `wandb sync` instead of failing after start-up.
+    run = wandb.init(mode="offline", **options)
+    self.log(f"W&B: not logged in (no API key), so train.wandb_project="
+             f"{self.config.train.wandb_project!r} logs offline to {run.dir}; upload it "
+             "later with `wandb sync` on that folder, or `wandb login` before the next run")
+    return run
 
   # ------------------------------------------------------------------ setup
   def _write_config(self) -> None:
@@ -253,29 +282,62 @@ class Trainer:
     self.history = list(meta["history"])
     self.eval_history = list(meta["eval_history"])
     self.step = step
-    self.resumed_from = step
+    self.resumed_from = self._checkpointed_step = step
     self.metrics.truncate_after(step)
     self.log(f"resumed from checkpoint step {step} in {self.checkpointer.directory}")
 
   def save_checkpoint(self) -> None:
+    """Checkpoints the finished steps. During a step (a stop signal abandoned it) the
+    controller and loader have moved on: their state at the step's start is saved,
+    with the weights, which the abandoned rollout has not touched."""
+    state = self._step_start_state or {"controller": self.controller.state_dict(),
+                                       "loader": self.loader.state_dict()}
     meta = {
         "step": self.step,
         "learner_step": self.learner.step,
         "skipped_updates": self.learner.skipped_updates,
         "consecutive_skipped": self.consecutive_skipped,
-        "controller": self.controller.state_dict(),
-        "loader": self.loader.state_dict(),
+        **state,
         "history": self.history,
         "eval_history": self.eval_history,
     }
     self.checkpointer.save(self.step, self.learner.params, self.learner.opt_state, meta)
+    self._checkpointed_step = self.step
     self.metrics.flush()         # the rows of every checkpointed step are durable too
+
+  def _nothing_new(self) -> bool:
+    """Every finished step is checkpointed (or none ran): a stop loses nothing."""
+    return self.step == self._checkpointed_step
+
+  def _describe_checkpoints(self) -> str:
+    """What a stop at this moment keeps (the watchdog's last line)."""
+    if self._nothing_new():
+      return (f"Nothing is lost: the newest checkpoint is step {self.step}." if self.step
+              else "No step had run.")
+    first, last = self._checkpointed_step + 1, self.step
+    lost = f"Step {last} was" if first == last else f"Steps {first}-{last} were"
+    start = (f"step {first - 1} (if its write finished)" if first > 1
+             else "the beginning")
+    return f"{lost} not checkpointed; a resume starts from {start}."
 
   # ------------------------------------------------------------- step, eval
   def train_step(self) -> dict[str, Any]:
-    """Runs one RL step (``training.step.RLStep``) and returns its metrics row."""
-    row = self.rl_step(self.step, log=self.log)
-    self.step += 1
+    """Runs one RL step (``training.step.RLStep``) and returns its metrics row.
+
+    A stop signal during the step's rollout (sampling, scoring) raises
+    ``StopRequested`` at once on a single process; during the update only when every
+    finished step is already checkpointed (the update overwrites donated weights)."""
+    n = self.step + 1
+    self._step_start_state = {"controller": self.controller.state_dict(),
+                              "loader": self.loader.state_dict()}
+
+    def phase(part: str):
+      if part == "update":
+        return self._stoppable(f"step {n}'s update", when=self._nothing_new)
+      return self._stoppable(f"step {n}'s {part}")
+    row = self.rl_step(self.step, log=self.log, phase=phase)
+    self._step_start_state = None
+    self.step = n
     return row
 
   def evaluate(self, limit: int | None = None) -> dict[str, float]:
@@ -325,124 +387,117 @@ class Trainer:
              f"{tuple(self.config.rollout.response_buckets)} in {seconds:.1f} s")
     return seconds
 
-  def _on_stop_signal(self, signum, frame) -> None:
-    """SIGTERM (preemption) or a first Ctrl-C: checkpoint after the current step and
-    exit 0. A second Ctrl-C interrupts at once (Python's own handler is back)."""
-    del frame
-    self._stop_requested = True
-    # Every process says so (a pod's preemption notice may reach one host only).
-    say = distributed.on_every_process(self.log)
-    name = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
-    if self._interruptible is not None and not distributed.is_multiprocess():
-      # Warm-up or an evaluation can take minutes (a Spot VM gives ~30 s): stop now.
-      say(f"{name} received during {self._interruptible}: stopping now")
-      raise StopRequested(self._interruptible)
-    if signum == signal.SIGINT:
-      signal.signal(signal.SIGINT, signal.default_int_handler)
-      say("SIGINT received: checkpointing after the current step "
-          "(Ctrl-C again to stop at once, losing the steps since the last checkpoint)")
-    else:
-      say("SIGTERM received: checkpointing after the current step")
-
-  @contextlib.contextmanager
-  def _stoppable(self, phase: str):
-    """A phase that a stop signal ends at once (``StopRequested``) instead of after it:
-    warm-up and evaluations, which may take minutes and whose work a resume simply
-    redoes. Single-process runs only: on a pod every process must leave at the same
-    point (``_agree_on_stop``), so there the signal still waits for the step's end."""
-    if self._stop_requested and not distributed.is_multiprocess():
-      raise StopRequested(phase)
-    self._interruptible = phase
-    try:
-      yield
-    finally:
-      self._interruptible = None
+  def _stoppable(self, phase: str, when: Callable[[], bool] | None = None, *,
+                 every_process: bool = False):
+    """A phase that a stop signal ends at once (``StopRequested``) instead of after it,
+    when ``when()`` holds (default: always). Inside the step loop only on a single
+    process: on a pod every process must leave at the same point (``_agree_on_stop``),
+    so there the signal waits for the step's end (``train.stop_grace_s`` bounds the
+    wait). Phases before the first step (``every_process``) hold nothing new, and
+    stop at once on every process that receives the signal."""
+    alone = every_process or not distributed.is_multiprocess()
+    return self.guard.stoppable(phase, when=lambda: alone and (when is None or when()))
 
   def _agree_on_stop(self) -> bool:
     """True on every process if any received a stop signal (all must call it)."""
-    stop = distributed.any_on_all(self._stop_requested)
-    if stop and not self._stop_requested:
+    stop = distributed.any_on_all(self.guard.requested)
+    if stop and not self.guard.requested:
       self.log("another process received a stop signal: checkpointing and stopping with it")
     return stop
 
   def run(self, max_steps: int | None = None) -> dict[str, Any]:
     """Trains until ``train.steps`` (or ``max_steps`` more steps); returns a summary."""
     c = self.config
-    previous = ({sig: signal.signal(sig, self._on_stop_signal)
-                 for sig in (signal.SIGTERM, signal.SIGINT)} if _in_main_thread() else {})
     try:
-      try:
-        with self._stoppable("warm-up"):
-          self.warmup()
-        if self.step == 0 and not self.eval_history:
-          with self._stoppable("the evaluation before RL"):     # before the line: a
-            self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
-            evaluation = self.evaluate()                         # signal sent on it stops here
-        elif self._evaluation_missing():
-          # A stop signal skipped the evaluation after this step (its step was
-          # checkpointed without it): measure it now, or the run never reports it.
-          self.log(f"the evaluation after step {self.step} was stopped before it finished; "
-                   "running it now")
-          with self._stoppable(f"the evaluation after step {self.step}"):
-            self._record_evaluation(self.evaluate())
-      except StopRequested as stopped:
-        # Nothing new exists yet: the newest checkpoint (if any) holds all there is.
-        newest = self.checkpointer.all_steps()
-        self.log(f"stopped during {stopped}: nothing new to checkpoint (the newest "
-                 f"checkpoint is {f'step {newest[-1]}' if newest else 'none: no step ran'}); "
-                 "rerun the same command to go on")
-        self.stopped_in = str(stopped)
-        self._stopped_by_signal = True
-        return self._finish()
+      with self._stoppable("warm-up", every_process=True):
+        self.warmup()
       if self.step == 0 and not self.eval_history:
-        self._record_evaluation(evaluation)
-        self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
-        first = self.eval_history[-1]
-        greedy = (f"{first['eval_accuracy']:.3f} greedy, " if "eval_accuracy" in first else "")
-        self.log(f"eval before RL: held-out accuracy {greedy}"
-                 f"{first['eval_sampled_accuracy']:.3f} sampled")
-      end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
-      # Processes leave the loop on the flag they agreed on (a signal reaches each host
-      # on its own, maybe during warm-up): one leaving alone would wait forever in a
-      # collective the others never enter.
-      stop = self._agree_on_stop()
-      while self.step < end and not stop:
+        with self._stoppable("the evaluation before RL", every_process=True):     # before the line: a
+          self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
+          evaluation = self.evaluate()                         # signal sent on it stops here
+      elif self._evaluation_missing():
+        # A stop signal skipped the evaluation after this step (its step was
+        # checkpointed without it): measure it now, or the run never reports it.
+        self.log(f"the evaluation after step {self.step} was stopped before it finished; "
+                 "running it now")
+        with self._stoppable(f"the evaluation after step {self.step}", every_process=True):
+          self._record_evaluation(self.evaluate())
+    except StopRequested as stopped:
+      # Nothing new exists yet: the newest checkpoint (if any) holds all there is.
+      return self._stopped_at_once(stopped)
+    if self.step == 0 and not self.eval_history:
+      self._record_evaluation(evaluation)
+      self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
+      first = self.eval_history[-1]
+      greedy = (f"{first['eval_accuracy']:.3f} greedy, " if "eval_accuracy" in first else "")
+      self.log(f"eval before RL: held-out accuracy {greedy}"
+               f"{first['eval_sampled_accuracy']:.3f} sampled")
+    end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
+    # Processes leave the loop on the flag they agreed on (a signal reaches each host
+    # on its own, maybe during warm-up): one leaving alone would wait forever in a
+    # collective the others never enter.
+    stop = self._agree_on_stop()
+    while self.step < end and not stop:
+      try:
         row = self.train_step()
-        interrupted = False
-        if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
-          try:
-            with self._stoppable(f"the evaluation after step {self.step}"):
-              evaluation = self.evaluate()
-          except StopRequested:
-            # The step itself is done: keep its row and checkpoint it, without the
-            # evaluation (a resume does not redo it).
-            self.log(f"step {self.step}: evaluation skipped; checkpointing the step")
-            interrupted = True
-          else:
-            self._record_evaluation(evaluation)
-            row.update(evaluation)
-        self.history.append(row)
-        self.metrics.write(row)
-        every = c.train.log_completions_every
-        if every and self.step % every == 0:
-          self.metrics.write_completions(self.step, self.rl_step.completions)
-        if self.step % c.train.log_every == 0:
-          self.metrics.progress(row)
-        self._check_skipped_updates(row)        # before this step can be checkpointed
-        self.checkpointer.check()               # a failed background save stops the run
-        if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
-          self.save_checkpoint()
-        if c.train.export_every and self.step % c.train.export_every == 0 and not interrupted:
-          self.export_policy()
-        stop = interrupted or self._agree_on_stop()
-      if (stop and self.step % c.train.checkpoint_every
-          and self.step not in self.checkpointer.all_steps()):   # e.g. stopped in warm-up
+      except StopRequested as stopped:
+        # The step is abandoned (a resume redoes it); the finished ones are kept below.
+        self.log(f"stopped during {stopped}: step {self.step + 1} is abandoned")
+        self.stopped_in = str(stopped)
+        stop = True
+        break
+      interrupted = False
+      if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
+        try:
+          with self._stoppable(f"the evaluation after step {self.step}"):
+            evaluation = self.evaluate()
+        except StopRequested:
+          # The step itself is done: keep its row and checkpoint it, without the
+          # evaluation (a resume does not redo it).
+          self.log(f"step {self.step}: evaluation skipped; checkpointing the step")
+          interrupted = True
+        else:
+          self._record_evaluation(evaluation)
+          row.update(evaluation)
+      self.history.append(row)
+      self.metrics.write(row)
+      every = c.train.log_completions_every
+      if every and self.step % every == 0:
+        self.metrics.write_completions(self.step, self.rl_step.completions)
+      if self.step % c.train.log_every == 0:
+        self.metrics.progress(row)
+      self._check_skipped_updates(row)        # before this step can be checkpointed
+      self.checkpointer.check()               # a failed background save stops the run
+      if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
         self.save_checkpoint()
-      self._stopped_by_signal = stop
-      self.checkpointer.wait()
-    finally:
-      for sig, handler in previous.items():
-        signal.signal(sig, handler)
+      if c.train.export_every and self.step % c.train.export_every == 0 and not interrupted:
+        try:
+          with self._stoppable(f"the export of step {self.step}"):
+            self.export_policy()
+        except StopRequested:
+          self.log(f"step {self.step}: export stopped (its checkpoint is kept; "
+                   f"`python -m sagc_jax.export --workdir {self.workdir} --step {self.step}` "
+                   "writes it)")
+          interrupted = True
+      stop = interrupted or self._agree_on_stop()
+    if stop and not self._nothing_new():   # e.g. a rollout abandoned between checkpoints
+      self.log(f"checkpointing step {self.step} before stopping")
+      self.save_checkpoint()
+    elif self.stopped_in is not None:
+      self.log(f"nothing new to checkpoint (the newest checkpoint is "
+               f"{f'step {self.step}' if self.step else 'none: no step ran'})")
+    self._stopped_by_signal = stop
+    self.checkpointer.wait()
+    return self._finish()
+
+  def _stopped_at_once(self, stopped: StopRequested) -> dict[str, Any]:
+    """The end of a run stopped before its first step of this start."""
+    newest = self.checkpointer.all_steps()
+    self.log(f"stopped during {stopped}: nothing new to checkpoint (the newest "
+             f"checkpoint is {f'step {newest[-1]}' if newest else 'none: no step ran'}); "
+             "rerun the same command to go on")
+    self.stopped_in = str(stopped)
+    self._stopped_by_signal = True
     return self._finish()
 
   def _finish(self) -> dict[str, Any]:
@@ -450,7 +505,7 @@ class Trainer:
     summary = self.summary()
     if self.is_primary:
       (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
-    if distributed.is_multiprocess():
+    if distributed.is_multiprocess() and self.stopped_in is None:
       self._write_process_fingerprint()
     return summary
 
@@ -514,19 +569,10 @@ class Trainer:
       if hasattr(self, "inputs"):
         self.inputs.close()
     finally:
+      self.guard.uninstall()
       if self._lock is not None:
         self._lock.release()
         self._lock = None
-
-
-class StopRequested(Exception):
-  """Raised by the stop-signal handler inside a phase it may end at once
-  (``Trainer._stoppable``); its message names the phase."""
-
-
-def _in_main_thread() -> bool:
-  import threading
-  return threading.current_thread() is threading.main_thread()
 
 
 def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:

@@ -20,9 +20,10 @@ signals) is ``sagc_jax.training.loop``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import jax
 import numpy as np
@@ -144,10 +145,29 @@ class RLStep:
                   "correct": bool(own.correct[r]), "length": int(lengths[first_row + r])})
     return out
 
-  def __call__(self, step: int, log=print) -> dict[str, Any]:
-    """Runs the step after ``step`` (steps done so far) and returns its metrics row."""
+  def __call__(self, step: int, log=print,
+               phase: Callable[[str], ContextManager] | None = None) -> dict[str, Any]:
+    """Runs the step after ``step`` (steps done so far) and returns its metrics row.
+
+    ``phase(part)`` wraps the step's two parts, ``"rollout"`` (propose, sample, score)
+    and ``"update"`` (the learner): the trainer's stop-signal handling
+    (``training.loop``) may abandon the first and not always the second."""
+    phase = phase or (lambda part: contextlib.nullcontext())
     start = time.perf_counter()
     compiles_before = compilation.counts_by_function()
+    with phase("rollout"):
+      batch, rounds, g, rows = self._rollout(step, log)
+    learner_metrics: dict[str, float] = {}
+    t_learn = time.perf_counter()
+    if batch is not None:
+      with phase("update"):
+        learner_metrics = self.components.learner.update(batch, seed=self.config.seed)
+    time_learner = time.perf_counter() - t_learn
+    return self._row(step, g, rows, rounds, batch, learner_metrics, start, time_learner,
+                     compiles_before, log)
+
+  def _rollout(self, step: int, log) -> tuple[RolloutBatch | None, list[RoundStats], int, int]:
+    """(batch, its rounds' statistics, G, row bucket) of the step after ``step``."""
     learner = self.components.learner
     g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
@@ -164,11 +184,12 @@ class RLStep:
     else:
       batch, first = self.sample_round(step, g, 0)
       rounds = [first]
-    learner_metrics: dict[str, float] = {}
-    t_learn = time.perf_counter()
-    if batch is not None:
-      learner_metrics = learner.update(batch, seed=self.config.seed)
-    time_learner = time.perf_counter() - t_learn
+    return batch, rounds, g, rows
+
+  def _row(self, step: int, g: int, rows: int, rounds: list[RoundStats],
+           batch: RolloutBatch | None, learner_metrics: dict[str, float], start: float,
+           time_learner: float, compiles_before: dict[str, int], log) -> dict[str, Any]:
+    """Observes the step's group statistics and returns its metrics row."""
     group_max = np.concatenate([r.group_max for r in rounds])
     group_median = np.concatenate([r.group_median for r in rounds])
     ctrl = self.controller.observe(group_max, group_median)

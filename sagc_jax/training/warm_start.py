@@ -7,10 +7,18 @@ solutions into ``<workdir>/sft_model`` (an HF folder too). Both are cached: a
 resumed run, an eval, or every arm of a comparison reuses them. The SFT folder
 is written under a temporary name and renamed when complete, so a kill during
 the warm start never leaves a half-written policy behind.
+
+A finished warm start is also kept in the local cache (``<cache>/warm_starts/<key>``,
+``key`` a hash of everything that determines it: the tiny model, the dataset, the
+``sft`` settings, the seed and this code), so that another run with the same
+settings (a comparison after the main job, a new workdir) copies it instead of
+fine-tuning again for minutes. The cache is per machine: XLA:CPU numerics differ
+between CPU models, and so would the fine-tuned weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -53,11 +61,14 @@ def starting_folder(config: Any, workdir: Path, *, model_path: str | None = None
 
 
 def prepare_policy(config: Any, workdir: Path, train_source: Any,
-                   log: Callable[[str], None] = print, *, model_path: str | None = None) -> Path:
+                   log: Callable[[str], None] = print, *, model_path: str | None = None,
+                   cache: Path | None = None) -> Path:
   """The HF folder of the initial policy, building and caching it when needed.
 
   ``workdir`` is a local folder (a remote run's local mirror); ``model_path``
-  overrides ``config.model.path`` (the trainer passes its local staged copy).
+  overrides ``config.model.path`` (the trainer passes its local staged copy);
+  ``cache``: the local cache root whose ``warm_starts`` a warm start is copied from
+  and kept in (None: this workdir only).
   """
   start = starting_folder(config, workdir, model_path=model_path)
   if (config.model.path if model_path is None else model_path) or not (
@@ -67,8 +78,51 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
   if (sft_dir / SFT_MARKER).exists():
     log(f"starting policy: the supervised warm start cached in {sft_dir}")
     return sft_dir
+  kept = None if cache is None else Path(cache) / "warm_starts" / warm_start_key(config)
+  if kept is not None and (kept / SFT_MARKER).exists():
+    _copy_into_place(kept, sft_dir)
+    log(f"starting policy: the supervised warm start of an earlier run with the same "
+        f"model, data, sft settings and seed, copied from {kept}")
+    return sft_dir
   supervised_warm_start(config, start, sft_dir, train_source, log)
+  if kept is not None:
+    try:
+      _copy_into_place(sft_dir, kept)
+    except OSError as err:        # a full or read-only cache costs reuse, not the run
+      log(f"warning: the warm start could not be kept in {kept} ({err}); later runs "
+          "will fine-tune again")
   return sft_dir
+
+
+def warm_start_key(config: Any) -> str:
+  """A hash of what determines the tiny model's warm start: the model, the dataset,
+  the ``sft`` settings, the run's seed (the batch order) and the code that trains it."""
+  from sagc_jax.data import builder_options
+  from sagc_jax.models import tiny
+  from sagc_jax.training import sft
+
+  settings = {"tiny_family": config.model.tiny_family, "init_seed": config.model.init_seed,
+              "data": [config.data.name, builder_options(config.data)],
+              "sft": config.sft.to_dict(), "seed": config.seed}
+  digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+  for module in (tiny, sft):
+    digest.update(Path(module.__file__).read_bytes())
+  digest.update(Path(__file__).read_bytes())
+  return digest.hexdigest()[:24]
+
+
+def _copy_into_place(source: Path, target: Path) -> None:
+  """Copies a finished folder to ``target`` under a temporary name, then renames it:
+  a reader never sees half a folder, and of two concurrent writers one wins."""
+  tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  shutil.copytree(source, tmp)
+  try:
+    tmp.rename(target)
+  except OSError:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not (target / SFT_MARKER).exists():
+      raise
 
 
 def answer_only(examples: list[dict], prob: float, seed: int) -> list[dict]:
