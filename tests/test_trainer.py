@@ -134,8 +134,16 @@ def test_refill_rollouts_equal_the_default_sampler_s_and_compile_nothing_after_w
   assert all(r["time_reward_overlapped_s"] == 0.0 for r in runs[4, False])
 
 
-def test_resume_is_exact(shared, tmp_path):
+@pytest.mark.parametrize("kind", ["sagc", "prompt_aware"])
+def test_resume_is_exact(shared, tmp_path, kind):
+  """A run stopped after step 2 and resumed equals the uninterrupted run (weights and
+  every metrics row). ``prompt_aware`` on 8 training prompts, so that prompts recur
+  and their history (checkpointed with the controller) decides."""
   config = small_config(shared, steps=4)
+  config.controller.kind = kind
+  if kind == "prompt_aware":
+    config.data.synthetic.num_train = 8
+    config.sft.batch_size = 4
   straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
   _, straight_params, _ = run(config, straight_dir)
   # Same warm start for both (the SFT cache is per workdir).
@@ -154,6 +162,11 @@ def test_resume_is_exact(shared, tmp_path):
   # One step-0 row (the evaluation before RL), written once, kept by the resume.
   lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3, 4]
+  if kind == "prompt_aware":
+    # Every prompt observed joined the history; later steps met prompts seen before.
+    assert straight_rows[-1]["history_prompts"] == 8
+    assert max(r["feature_coverage"] for r in straight_rows[1:]) > 0
+    assert all(0.0 <= r["predicted_straggler_rate"] <= 1.0 for r in straight_rows)
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
@@ -357,6 +370,7 @@ def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_pat
     ("mesh.shape", (0, 1), "mesh.shape=(0, 1)"),
     ("controller.delta", 1.5, "controller: delta"),
     ("rollout.rollouts_per_step", 6, "rollout.rollouts_per_step=6 is not divisible"),
+    ("controller.kind", "per_prompt", "controller.kind='per_prompt' runs in the simulator"),
     ("data.name", "gsm8k_local", "data.manual_dir is empty"),
     ("data.synthetic.max_ops", 0, "data.synthetic:"),
     ("train.steps", 0, "train.steps=0"),

@@ -94,6 +94,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   check_reward_config(config.reward)
 
   controller_from_config(config)          # raises "controller: ..." on bad settings
+  if config.controller.kind == "per_prompt":
+    raise ValueError("controller.kind='per_prompt' runs in the simulator only (python -m "
+                     "sagc_jax.simulate --config configs/simulate_prompts.py): the samplers "
+                     "take one group size per call; the trainer takes 'sagc', 'static' or "
+                     "'prompt_aware'")
 
   mode = checks.one_of(config, "rollout.mode", ROLLOUT_MODES)
   candidates = candidate_group_sizes(config.controller)

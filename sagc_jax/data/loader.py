@@ -302,6 +302,14 @@ class PromptLoader:
       self._position += take
     return out
 
+  def peek_indices(self, n: int) -> list[int]:
+    """The source indices ``next_indices(n)`` would return, without advancing."""
+    saved = (self._epoch, self._position, self._order)
+    try:
+      return self.next_indices(n)
+    finally:
+      self._epoch, self._position, self._order = saved
+
   def next_batch(self, n: int) -> list[dict]:
     """The next ``n`` examples, crossing epoch boundaries seamlessly."""
     return [self.source[i] for i in self.next_indices(n)]

@@ -1,6 +1,6 @@
 """One synchronous RL step with straggler-aware group control::
 
-    G = controller.propose()
+    G = controller.propose(context)                          # context: prompt_aware only
     prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
     samples = sampler.generate(policy, prompts, G)          # + per-group max / median, from
                                                             #   the in-jit host callback
@@ -8,7 +8,12 @@
                                                             #   the tail's decoding)
     batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
     learner.update(batch)                                   # advantages, loss, optax
-    controller.observe(max, median of every round's groups)
+    controller.observe(max, median of every round's groups)   # + prompt ids, pass rates
+
+The contextual controllers (``controller.kind="prompt_aware"``, docs/controllers.md)
+get the step's upcoming prompts before they propose (``BatchContext``: the loader's
+next prompts, peeked without advancing it, their source indices as stable ids and
+their token lengths) and each group's prompt id and pass rate when they observe.
 
 Each sampling round returns its batch together with its statistics (``RoundStats``):
 the controller's observations travel as an explicit value of the round, not through
@@ -30,9 +35,10 @@ import numpy as np
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
-from sagc_jax.control.budget import prompts_per_round
+from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, rollout_batch
-from sagc_jax.control.controller import SAGCController, StaticController
+from sagc_jax.control.controller import (BatchContext, PromptAwareController, SAGCController,
+                                         StaticController)
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
@@ -55,6 +61,7 @@ class RoundStats:
   correct: np.ndarray
   formatted: np.ndarray
   terms: np.ndarray          # [rows, reward terms], NaN = not applicable
+  prompt_ids: np.ndarray     # [groups] int64, the prompts' source indices (stable ids)
   reward_errors: int         # failed reward-function calls (raised / timed out)
   records: list[dict[str, Any]]   # a few of this process's completions, for the log
   decode_slots: int
@@ -85,7 +92,9 @@ class RLStep:
     """
     inputs = self.inputs
     t0 = time.perf_counter()
-    local = self.loader.next_batch(prompts_per_round(self.config.rollout, g) // jax.process_count())
+    indices = self.loader.next_indices(
+        prompts_per_round(self.config.rollout, g) // jax.process_count())
+    local = [self.loader.source[i] for i in indices]
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
     first_row = jax.process_index() * len(local) * g
     overlap = self.config.rollout.overlap_rewards
@@ -107,6 +116,7 @@ class RLStep:
         group_max=group_max, group_median=group_median, records=records,
         lengths=samples.lengths[:samples.num_rows], scores=result.scores,
         correct=result.correct, formatted=result.formatted, terms=result.terms,
+        prompt_ids=distributed.allgather_rows(np.asarray(indices, np.int64)),
         reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots,
         rollout_s=t1 - t0, reward_s=t2 - t1, reward_overlapped_s=scorer.overlapped_s)
     return rollout_batch(samples, result.scores), stats
@@ -169,7 +179,10 @@ class RLStep:
   def _rollout(self, step: int, log) -> tuple[RolloutBatch | None, list[RoundStats], int, int]:
     """(batch, its rounds' statistics, G, row bucket) of the step after ``step``."""
     learner = self.components.learner
-    g = self.controller.propose()
+    if isinstance(self.controller, PromptAwareController):
+      g = self.controller.propose(self._batch_context())
+    else:
+      g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
     rows = self.components.sampler.row_bucket_for(prompts_per_round(self.config.rollout, g) * g)
     lc = learner.config
@@ -186,13 +199,33 @@ class RLStep:
       rounds = [first]
     return batch, rounds, g, rows
 
+  def _batch_context(self) -> BatchContext:
+    """The prompts the loader hands out next, as many as the candidate needing most
+    takes, with their source indices and token lengths; gathered over processes and
+    interleaved (each process's first, then each one's second, ...), so that the first
+    P(G) are exactly the prompts a step at size G samples (each process its first
+    P(G) / processes)."""
+    most = max(prompts_per_round(self.config.rollout, g)
+               for g in candidate_group_sizes(self.config.controller))
+    processes = jax.process_count()
+    ids = np.asarray(self.loader.peek_indices(most // processes), np.int64)
+    tokens = self.inputs.encode([self.loader.source[i] for i in ids])
+    lengths = np.asarray([len(t) for t in tokens], np.int64)
+    interleave = lambda x: distributed.allgather_rows(x).reshape(processes, -1).T.reshape(-1)
+    return BatchContext(interleave(ids), interleave(lengths))
+
   def _row(self, step: int, g: int, rows: int, rounds: list[RoundStats],
            batch: RolloutBatch | None, learner_metrics: dict[str, float], start: float,
            time_learner: float, compiles_before: dict[str, int], log) -> dict[str, Any]:
     """Observes the step's group statistics and returns its metrics row."""
     group_max = np.concatenate([r.group_max for r in rounds])
     group_median = np.concatenate([r.group_median for r in rounds])
-    ctrl = self.controller.observe(group_max, group_median)
+    if isinstance(self.controller, PromptAwareController):
+      ctrl = self.controller.observe(
+          group_max, group_median, prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
+          pass_rates=np.concatenate([r.correct.reshape(-1, g).mean(axis=1) for r in rounds]))
+    else:
+      ctrl = self.controller.observe(group_max, group_median)
 
     compiled = {name: n - compiles_before.get(name, 0)
                 for name, n in compilation.counts_by_function().items()
