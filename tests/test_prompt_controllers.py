@@ -315,7 +315,7 @@ def test_per_prompt_allocation_matches_brute_force_from_the_state():
     _, arg = brute_force(values, CANDIDATES, 6 * CANDIDATES[base])
     sizes, metrics = run(ctrl, world, 1, start=t)[0]
     np.testing.assert_array_equal(sizes, np.array(CANDIDATES)[list(arg)])
-    assert ctrl.base_g == CANDIDATES[base] and metrics["rows"] <= metrics["row_budget"]
+    assert ctrl.base_g == CANDIDATES[base] and metrics["allocated_rows"] <= metrics["row_budget"]
     checked += 1
     mixed += len(set(sizes.tolist())) > 1
   assert checked == 150 and mixed > 50
@@ -337,7 +337,7 @@ def test_per_prompt_budget_never_exceeded_and_interface():
   for t in range(300):
     sizes, metrics = run(ctrl, world, 1, start=t)[0]
     assert sizes.sum() <= 64 and set(sizes.tolist()) <= set(CANDIDATES)
-    assert metrics["rows"] == sizes.sum() and metrics["row_budget"] == 64
+    assert metrics["allocated_rows"] == sizes.sum() and metrics["row_budget"] == 64
     assert metrics["g"] == pytest.approx(sizes.mean())
     assert ctrl.g == max(CANDIDATES, key=lambda c: (np.sum(sizes == c), -c))
   with pytest.raises(ValueError, match="propose_groups"):

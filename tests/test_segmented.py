@@ -142,3 +142,47 @@ def test_decode_loops_update_the_cache_in_place_on_cpu(llama):
                        attention="blocked", decode_attention="einsum",
                        decode_cache_read="before_write"))
   assert cache_copies(before.compile(llama.model, 16, 12), leaf(16, 12 + N_NEW)) > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_groups_of_different_sizes_in_one_call(llama, temperature):
+  """``generate(group_sizes=...)`` (controller.kind="per_prompt"): prompt i gets its own
+  number of consecutive rows. The segmented sampler (shared prefill from group ids)
+  samples the fused sampler's tokens; greedy rows equal the uniform call's rows of the
+  same prompt; the per-group stats are numpy's max / median over each group's rows;
+  nothing compiles beyond the uniform calls' programs."""
+  from sagc_jax.runtime import compilation
+
+  params = SamplingParams(N_NEW, temperature=temperature, stop_ids=STOPS)
+  fused, segmented = pair(llama.model, params)
+  prompts = random_prompts(4, 3, 12, seed=50)
+  uniform = fused.generate(llama.model, prompts, group_size=4, seed=7)
+  segmented.warmup(llama.model)          # every program of the uniform G = 4 calls
+  compilation.install()
+  before = compilation.compile_count()
+  sizes = [2, 6, 1, 5]
+  a = fused.generate(llama.model, prompts, group_size=4, seed=7, group_sizes=sizes)
+  b = segmented.generate(llama.model, prompts, group_size=4, seed=7, group_sizes=sizes)
+  assert compilation.compile_count() == before
+  assert_same_samples(a, b)
+  assert a.num_rows == 14 and a.row_valid.sum() == 14
+  owner = np.repeat(np.arange(4), sizes)
+  np.testing.assert_array_equal(a.group_ids[:14], owner)
+  for g in range(4):
+    lengths = a.lengths[:14][owner == g]
+    assert a.group_max[g] == lengths.max() and a.group_median[g] == np.median(lengths)
+  if temperature == 0.0:
+    for row, g in enumerate(owner):
+      np.testing.assert_array_equal(a.response_tokens[row], uniform.response_tokens[4 * g])
+
+
+def test_group_sizes_are_refused_where_one_size_per_call_is_needed(llama):
+  params = SamplingParams(N_NEW, temperature=1.0, stop_ids=STOPS)
+  fused, _ = pair(llama.model, params)
+  prompts = random_prompts(4, 3, 12, seed=51)
+  with pytest.raises(ValueError, match="group_sizes must be 4 positive ints"):
+    fused.generate(llama.model, prompts, group_size=4, seed=0, group_sizes=[2, 2, 0, 4])
+  split = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
+                  decode_segment=0, max_rows_per_call=8)
+  with pytest.raises(ValueError, match="needs one fused or segmented sampler call"):
+    split.generate(llama.model, prompts, group_size=4, seed=0, group_sizes=[2, 6, 4, 4])

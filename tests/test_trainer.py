@@ -134,14 +134,14 @@ def test_refill_rollouts_equal_the_default_sampler_s_and_compile_nothing_after_w
   assert all(r["time_reward_overlapped_s"] == 0.0 for r in runs[4, False])
 
 
-@pytest.mark.parametrize("kind", ["sagc", "prompt_aware"])
+@pytest.mark.parametrize("kind", ["sagc", "prompt_aware", "per_prompt"])
 def test_resume_is_exact(shared, tmp_path, kind):
   """A run stopped after step 2 and resumed equals the uninterrupted run (weights and
-  every metrics row). ``prompt_aware`` on 8 training prompts, so that prompts recur
+  every metrics row). The contextual kinds on 8 training prompts, so that prompts recur
   and their history (checkpointed with the controller) decides."""
   config = small_config(shared, steps=4)
   config.controller.kind = kind
-  if kind == "prompt_aware":
+  if kind != "sagc":
     config.data.synthetic.num_train = 8
     config.sft.batch_size = 4
   straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
@@ -162,7 +162,11 @@ def test_resume_is_exact(shared, tmp_path, kind):
   # One step-0 row (the evaluation before RL), written once, kept by the resume.
   lines = (resumed_dir / "metrics.jsonl").read_text().splitlines()
   assert [json.loads(line)["step"] for line in lines] == [0, 1, 2, 3, 4]
-  if kind == "prompt_aware":
+  if kind == "per_prompt":
+    # Groups of their own sizes within the row budget, on the warmed programs.
+    assert all(r["allocated_rows"] <= r["row_budget"] for r in straight_rows)
+    assert all(r["new_compilations"] == 0 for r in straight_rows)
+  if kind != "sagc":
     # Every prompt observed joined the history; later steps met prompts seen before.
     assert straight_rows[-1]["history_prompts"] == 8
     assert max(r["feature_coverage"] for r in straight_rows[1:]) > 0
@@ -370,7 +374,6 @@ def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_pat
     ("mesh.shape", (0, 1), "mesh.shape=(0, 1)"),
     ("controller.delta", 1.5, "controller: delta"),
     ("rollout.rollouts_per_step", 6, "rollout.rollouts_per_step=6 is not divisible"),
-    ("controller.kind", "per_prompt", "controller.kind='per_prompt' runs in the simulator"),
     ("data.name", "gsm8k_local", "data.manual_dir is empty"),
     ("data.synthetic.max_ops", 0, "data.synthetic:"),
     ("train.steps", 0, "train.steps=0"),
@@ -390,6 +393,19 @@ def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, matc
     node = node[part]
   node[rest[-1]] = value
   with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+    validate(config)
+
+
+def test_per_prompt_needs_one_sampler_call_per_round(shared):
+  config = small_config(shared)
+  config.controller.kind = "per_prompt"
+  validate(config)
+  config.rollout.refill_slots = 4
+  with pytest.raises(ValueError, match="per_prompt' needs rollout.refill_slots=0"):
+    validate(config)
+  config.rollout.refill_slots = 0
+  config.rollout.max_rows_per_call = 4
+  with pytest.raises(ValueError, match="per_prompt' needs rollout.max_rows_per_call=0 or >= 8"):
     validate(config)
 
 

@@ -133,3 +133,25 @@ def test_a_warm_start_with_the_same_settings_is_copied_from_the_cache(tmp_path):
     else:
       other.data.synthetic[key] = value
     assert warm_start_key(other) != warm_start_key(config), change
+
+
+def test_the_warm_start_prints_progress_at_least_every_ten_seconds(tmp_path, monkeypatch):
+  """A progress line at the first and the last step and whenever 10 s passed since the
+  previous one (not every 50 steps: under load those were 50-80 s apart)."""
+  from sagc_jax.models import build_tiny_checkpoint
+  from sagc_jax.training import sft
+
+  model, _ = from_pretrained(build_tiny_checkpoint(tmp_path / "tiny", seed=0))
+  import types
+
+  clock = iter(np.arange(0.0, 1000.0, 3.0))          # every reading is 3 s later
+  monkeypatch.setattr(sft, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+  rng = np.random.default_rng(0)
+  ids = rng.integers(3, 20, (8, 12)).astype(np.int32)
+  mask = np.ones_like(ids, bool)
+  lines = []
+  sft.supervised_finetune(model, ids, mask, mask, steps=12, batch_size=4, lr=1e-3,
+                          warmup_steps=1, seed=0, log=lines.append)
+  steps = [int(line.split()[2].split("/")[0]) for line in lines]
+  assert steps[0] == 1 and steps[-1] == 12 and 3 <= len(lines) < 12, lines
+  assert all("eta" in line and "steps/s" in line for line in lines)

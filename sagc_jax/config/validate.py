@@ -95,10 +95,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   controller_from_config(config)          # raises "controller: ..." on bad settings
   if config.controller.kind == "per_prompt":
-    raise ValueError("controller.kind='per_prompt' runs in the simulator only (python -m "
-                     "sagc_jax.simulate --config configs/simulate_prompts.py): the samplers "
-                     "take one group size per call; the trainer takes 'sagc', 'static' or "
-                     "'prompt_aware'")
+    # Groups of different sizes go through one fused or segmented sampler call.
+    if checks.lookup(config, "rollout.refill_slots"):
+      raise ValueError(f"controller.kind='per_prompt' needs rollout.refill_slots=0 (got "
+                       f"{config.rollout.refill_slots}): the refill sampler takes one group "
+                       "size per call")
+    limit = checks.lookup(config, "rollout.max_rows_per_call")
+    largest = max(prompts_per_round(config.rollout, g) * g
+                  for g in candidate_group_sizes(config.controller))
+    if 0 < limit < largest:
+      raise ValueError(f"controller.kind='per_prompt' needs rollout.max_rows_per_call=0 or "
+                       f">= {largest} (got {limit}): groups of different sizes are not "
+                       "split over sub-calls")
 
   mode = checks.one_of(config, "rollout.mode", ROLLOUT_MODES)
   candidates = candidate_group_sizes(config.controller)

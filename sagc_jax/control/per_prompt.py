@@ -166,7 +166,7 @@ class PerPromptController(PromptAwareController):
               pass_rates: Any = None, group_sizes: Any = None) -> dict[str, float]:
     """The prompt-aware update with each group at its own size (``group_sizes``,
     default: the proposed sizes when the step has exactly the proposed groups).
-    Extra metrics: ``base_g``, ``g_mode`` (the ``g`` property), ``rows`` and
+    Extra metrics: ``base_g``, ``g_mode`` (the ``g`` property), ``allocated_rows`` and
     ``row_budget`` (0 for a step observed without a proposal)."""
     proposal = self._proposal
     budget = float(proposal.used * self.base_g) if proposal is not None else 0.0
@@ -174,7 +174,7 @@ class PerPromptController(PromptAwareController):
                               pass_rates=pass_rates, group_sizes=group_sizes)
     sizes = proposal.sizes if group_sizes is None else np.asarray(group_sizes)
     metrics.update({"base_g": float(self.base_g), "g_mode": float(self.g),
-                    "rows": float(sizes.sum()), "row_budget": budget})
+                    "allocated_rows": float(sizes.sum()), "row_budget": budget})
     return metrics
 
   def state_dict(self) -> dict[str, Any]:

@@ -83,10 +83,27 @@ class SampleBatch:
   decode_steps: int              # while-loop iterations actually run (max over sub-calls)
   seconds: float                 # wall-clock of the device call(s)
   decode_slots: int = 0          # sum over sub-calls of rows x decode steps (padded work)
+  # Rows per prompt when they differ (``generate(group_sizes=...)``); None: group_size.
+  group_sizes: np.ndarray | None = None
 
   @property
   def num_rows(self) -> int:
+    if self.group_sizes is not None:
+      return int(self.group_sizes.sum())
     return self.num_prompts * self.group_size
+
+
+def _group_sizes(num_prompts: int, group_size: int,
+                 group_sizes: Sequence[int] | None) -> np.ndarray:
+  """Rows per prompt: ``group_size`` each, or the validated ``group_sizes``."""
+  if group_sizes is None:
+    return np.full(num_prompts, group_size, np.int64)
+  sizes = np.asarray(group_sizes)
+  if (sizes.shape != (num_prompts,) or not np.issubdtype(sizes.dtype, np.integer)
+      or (sizes <= 0).any()):
+    raise ValueError(f"group_sizes must be {num_prompts} positive ints (one per prompt), got "
+                     f"{np.asarray(group_sizes).tolist()}")
+  return sizes.astype(np.int64)
 
 
 def row_buckets_for(candidates: Sequence[int], prompts_for: Callable[[int], int],
@@ -382,7 +399,8 @@ class Sampler:
 
   # ------------------------------------------------------------- generate
   def generate(self, model: Transformer, prompts: Sequence[Sequence[int]], group_size: int,
-               seed: int, listener: RolloutListener | None = None) -> SampleBatch:
+               seed: int, listener: RolloutListener | None = None,
+               group_sizes: Sequence[int] | None = None) -> SampleBatch:
     """Samples ``group_size`` responses for each prompt (token id lists).
 
     Rows ``[i*G, (i+1)*G)`` belong to prompt i (group id i). The per-group
@@ -393,6 +411,12 @@ class Sampler:
     ``listener`` (``listener.RolloutListener``) receives rows as they finish (at
     refill boundaries, after each sub-call) and is lent the host while the device
     decodes the rest: the caller's scoring of finished rows overlaps the tail.
+
+    ``group_sizes`` (``controller.kind="per_prompt"``): prompt i gets
+    ``group_sizes[i]`` rows instead, consecutive in prompt order; ``group_size`` is
+    then the step's base size, which picks the compiled programs (the fused or the
+    segmented sampler in one call; group structure is data, so the programs are the
+    uniform calls'). The refill sampler and sub-calls take one size per call.
     """
     if group_size <= 0:
       raise ValueError(f"group_size={group_size} must be positive")
@@ -404,22 +428,40 @@ class Sampler:
       if len(p) == 0:
         raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
     num_prompts = len(prompts)
-    real_rows = num_prompts * group_size
+    sizes = _group_sizes(num_prompts, group_size, group_sizes)
+    starts = np.cumsum(sizes) - sizes
+    real_rows = int(sizes.sum())
     rows = self.row_bucket_for(real_rows)
     prompt_len = smallest_bucket(max(len(p) for p in prompts), self.prompt_buckets,
                                  "prompt length")
     tokens = np.full((rows, prompt_len), self.params.pad_id, np.int32)
     mask = np.zeros((rows, prompt_len), bool)
     for i, p in enumerate(prompts):
-      block = slice(i * group_size, (i + 1) * group_size)
+      block = slice(starts[i], starts[i] + sizes[i])
       tokens[block, prompt_len - len(p):] = np.asarray(p, np.int32)
       mask[block, prompt_len - len(p):] = True
     row_valid = np.arange(rows) < real_rows
-    group_ids = np.where(row_valid, np.arange(rows) // group_size, 0).astype(np.int32)
+    group_ids = np.zeros(rows, np.int32)
+    group_ids[:real_rows] = np.repeat(np.arange(num_prompts), sizes)
     state = nnx.state(model)
+    mixed = group_sizes is not None
+    if mixed and (self.refill is not None or self.call_rows(rows) < rows):
+      raise ValueError("group_sizes (one size per prompt) needs one fused or segmented "
+                       "sampler call: rollout.refill_slots=0 and no sub-calls "
+                       f"(rollout.max_rows_per_call=0 or >= {rows})")
     if self.refill is not None:
       return self._refill_generate(state, prompts, group_size, rows, tokens, mask, row_valid,
                                    group_ids, seed, listener)
+    if mixed and self.segmented is not None:
+      # The shared prefill's program is keyed by its prompt rows: take a warmed size
+      # whose prefill holds every prompt of the call (the data says which row is whose).
+      fits = [g for g in self.group_sizes_for(rows)
+              if self.segmented.prompt_rows(rows, g) >= num_prompts]
+      if not fits:
+        raise ValueError(f"{num_prompts} prompts with group_sizes summing to {real_rows} "
+                         f"have no warmed shared prefill on {rows} rows (group sizes "
+                         f"{self.group_sizes_for(rows)})")
+      group_size = max(fits)
     call_rows = self.call_rows(rows)
     if call_rows < group_size:
       raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
@@ -435,7 +477,7 @@ class Sampler:
                                       mask[lo:hi], row_valid[lo:hi],
                                       group_ids[lo:hi] - group_ids[lo],
                                       np.arange(lo, hi, dtype=np.int32), seed, group_size,
-                                      listener)
+                                      listener, group_starts=starts if mixed else None)
         pieces.append((hi - lo, out))
         if listener is not None:        # these rows are final: the next sub-call hides them
           real = min(hi, real_rows) - lo
@@ -467,7 +509,8 @@ class Sampler:
         lengths=lengths, row_valid=row_valid, group_ids=group_ids,
         group_max=group_max, group_median=group_median,
         group_size=group_size, num_prompts=num_prompts,
-        decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds)
+        decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds,
+        group_sizes=sizes if mixed else None)
 
   def _refill_generate(self, state, prompts, group_size: int, rows: int, tokens, mask,
                        row_valid, group_ids, seed: int,
@@ -493,9 +536,11 @@ class Sampler:
 
   def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
             row_ids, seed, group_size: int,
-            listener: RolloutListener | None = None) -> tuple[dict, float, int]:
+            listener: RolloutListener | None = None,
+            group_starts: np.ndarray | None = None) -> tuple[dict, float, int]:
     """One call on ``call_rows`` rows (the given rows, padded): host outputs, seconds
-    and decode slots (rows x steps actually run); ``listener`` works while it runs."""
+    and decode slots (rows x steps actually run); ``listener`` works while it runs.
+    ``group_starts``: each group's first row, for groups of different sizes."""
     n = tokens.shape[0]
 
     def pad(x, value=0):
@@ -505,7 +550,7 @@ class Sampler:
     if self.segmented is not None:
       return self.segmented.run(state, call_rows, prompt_len, pad(tokens, self.params.pad_id),
                                 pad(mask), pad(row_valid), pad(group_ids), pad(row_ids),
-                                seed, group_size, listener)
+                                seed, group_size, listener, group_starts=group_starts)
     inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
               pad(row_ids), np.uint32(seed))
     if self.mesh is not None:

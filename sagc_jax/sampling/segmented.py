@@ -301,23 +301,31 @@ class SegmentedDecoder:
 
   def run(self, state, rows: int, prompt_len: int, tokens: np.ndarray, mask: np.ndarray,
           row_valid: np.ndarray, group_ids: np.ndarray, row_ids: np.ndarray, seed: int,
-          group_size: int, listener: RolloutListener | None = None
-          ) -> tuple[dict[str, Any], float, int]:
+          group_size: int, listener: RolloutListener | None = None,
+          group_starts: np.ndarray | None = None) -> tuple[dict[str, Any], float, int]:
     """One call on ``rows`` rows (inputs padded to it); ``(outputs, seconds, slots)``;
     ``listener`` is lent the host while each segment decodes.
 
     ``outputs`` has the fused executable's fields (tokens, logprobs, lengths,
     decode_steps, stats); ``slots`` is the decode work actually done, the sum over
-    segments of rows x steps.
+    segments of rows x steps. ``group_starts``: each group's first row when groups
+    differ in size (the prefill row of every row is then its group id).
     """
     params = self.params
     n_new = params.max_new_tokens
     prompt_rows = self.prompt_rows(rows, group_size)
-    first = np.arange(0, rows, group_size)[:prompt_rows]
+    if group_starts is None:
+      first = np.arange(0, rows, group_size)[:prompt_rows]
+      row_prompt = np.minimum(np.arange(rows) // group_size, prompt_rows - 1)
+    else:           # groups of different sizes: group_size only keys the prefill program
+      first = np.asarray(group_starts)
+      row_prompt = np.where(row_valid, group_ids, 0)
+      if len(first) > prompt_rows:
+        raise ValueError(f"{len(first)} groups exceed the prefill's {prompt_rows} prompt rows")
     p_tokens = np.full((prompt_rows, prompt_len), params.pad_id, np.int32)
     p_mask = np.zeros((prompt_rows, prompt_len), bool)
     p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
-    row_prompt = np.minimum(np.arange(rows) // group_size, prompt_rows - 1).astype(np.int32)
+    row_prompt = row_prompt.astype(np.int32)
     start_exe = self.programs.get(("start", prompt_rows, rows, prompt_len), state)
     args = [self._put(x, sp) for x, sp in zip(
         (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)),

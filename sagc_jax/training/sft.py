@@ -21,6 +21,7 @@ from flax import nnx
 
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.losses import token_logprobs
+from sagc_jax.runtime.compilation import PROGRESS_EVERY_S
 
 
 def tokenize_examples(tokenizer: Any, examples: Sequence[dict], seq_len: int, eos_id: int,
@@ -77,17 +78,20 @@ def supervised_finetune(model: Transformer, ids: np.ndarray, attn: np.ndarray,
   rng = np.random.default_rng(seed)
   order = rng.permutation(len(ids))
   cursor, losses = 0, []
-  start = time.perf_counter()
+  start = last_line = time.perf_counter()
   for step in range(steps):
     if cursor + batch_size > len(order):
       order, cursor = rng.permutation(len(ids)), 0
     idx = order[cursor:cursor + batch_size]
     cursor += batch_size
     params, opt_state, loss = sft_step(params, opt_state, ids[idx], attn[idx], loss_mask[idx])
-    if step % 50 == 0 or step == steps - 1:
-      losses_so_far = float(loss)
-      rate = (step + 1) / max(time.perf_counter() - start, 1e-9)
-      log(f"sft step {step + 1}/{steps}  loss {losses_so_far:.4f}  ({rate:.1f} steps/s)")
+    now = time.perf_counter()
+    if step == 0 or step == steps - 1 or now - last_line >= PROGRESS_EVERY_S:
+      losses_so_far = float(loss)           # waits for the step: the rate is real
+      now = last_line = time.perf_counter()
+      rate = (step + 1) / max(now - start, 1e-9)
+      log(f"sft step {step + 1}/{steps}  loss {losses_so_far:.4f}  ({rate:.1f} steps/s, "
+          f"eta {(steps - step - 1) / max(rate, 1e-9):.0f} s)")
     losses.append(loss)
   nnx.update(model, params)
   return [float(x) for x in jax.device_get(losses)]

@@ -37,7 +37,8 @@ from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, rollout_batch
-from sagc_jax.control.controller import (BatchContext, PromptAwareController, SAGCController,
+from sagc_jax.control.controller import (BatchContext, PerPromptController,
+                                         PromptAwareController, SAGCController,
                                          StaticController)
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
@@ -62,6 +63,7 @@ class RoundStats:
   formatted: np.ndarray
   terms: np.ndarray          # [rows, reward terms], NaN = not applicable
   prompt_ids: np.ndarray     # [groups] int64, the prompts' source indices (stable ids)
+  group_sizes: np.ndarray    # [groups] int64, rows per group
   reward_errors: int         # failed reward-function calls (raised / timed out)
   records: list[dict[str, Any]]   # a few of this process's completions, for the log
   decode_slots: int
@@ -82,27 +84,33 @@ class RLStep:
     self.loader = loader
     self.completions: list[dict[str, Any]] = []
 
-  def sample_round(self, step: int, g: int, round_index: int
-                   ) -> tuple[RolloutBatch, RoundStats]:
+  def sample_round(self, step: int, g: int, round_index: int,
+                   group_sizes: np.ndarray | None = None) -> tuple[RolloutBatch, RoundStats]:
     """One sampling round of P(G) fresh prompts for the step after ``step``, scored.
 
     Each process reads, encodes, decodes and scores its own share of the
     prompts (``P / process_count``, contiguous in process order); prompt ids
     and rewards are gathered so that every process holds the whole batch.
+    ``group_sizes`` (``per_prompt``): rows per prompt, in that (process-major)
+    order, instead of G each.
     """
     inputs = self.inputs
     t0 = time.perf_counter()
-    indices = self.loader.next_indices(
-        prompts_per_round(self.config.rollout, g) // jax.process_count())
+    processes, me = jax.process_count(), jax.process_index()
+    share = prompts_per_round(self.config.rollout, g) // processes
+    indices = self.loader.next_indices(share)
     local = [self.loader.source[i] for i in indices]
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
-    first_row = jax.process_index() * len(local) * g
+    sizes = (np.full(share * processes, g, np.int64) if group_sizes is None
+             else np.asarray(group_sizes, np.int64))
+    local_sizes = sizes[me * share:(me + 1) * share]
+    first_row = int(sizes[:me * share].sum())
     overlap = self.config.rollout.overlap_rewards
-    scorer = self._scorer(local, g, first_row, background=overlap)
+    scorer = self._scorer(local, local_sizes, first_row, background=overlap)
     try:
       samples = self.components.sampler.generate(
           inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index),
-          listener=scorer if overlap else None)
+          listener=scorer if overlap else None, group_sizes=group_sizes)
       t1 = time.perf_counter()
       texts, own = scorer.finish(samples.response_tokens, samples.lengths)
     finally:
@@ -111,8 +119,9 @@ class RLStep:
     t2 = time.perf_counter()
     group_max, group_median = distributed.share_sink_stats(
         samples.group_max, samples.group_median, num_groups=samples.num_prompts)
-    records = self._completion_records(local, g, texts, own, samples.lengths, first_row)
-    stats = RoundStats(
+    records = self._completion_records(local, local_sizes, me * share, texts, own,
+                                       samples.lengths, first_row)
+    stats = RoundStats(group_sizes=sizes,
         group_max=group_max, group_median=group_median, records=records,
         lengths=samples.lengths[:samples.num_rows], scores=result.scores,
         correct=result.correct, formatted=result.formatted, terms=result.terms,
@@ -121,13 +130,14 @@ class RLStep:
         rollout_s=t1 - t0, reward_s=t2 - t1, reward_overlapped_s=scorer.overlapped_s)
     return rollout_batch(samples, result.scores), stats
 
-  def _scorer(self, local: list[dict], g: int, first_row: int,
+  def _scorer(self, local: list[dict], sizes: np.ndarray, first_row: int,
               background: bool) -> StreamingScorer:
-    """The round's scorer of this process's rows (``first_row`` on, G per example), on
-    a worker thread when ``background`` and the reward allows it."""
-    answers = [ex["answer"] for ex in local for _ in range(g)]
-    prompts = [ex["prompt"] for ex in local for _ in range(g)]
-    fields = {key: [ex[key] for ex in local for _ in range(g)]
+    """The round's scorer of this process's rows (``first_row`` on, ``sizes[i]`` rows
+    for example i), on a worker thread when ``background`` and the reward allows it."""
+    owner = np.repeat(np.arange(len(local)), sizes)
+    answers = [local[i]["answer"] for i in owner]
+    prompts = [local[i]["prompt"] for i in owner]
+    fields = {key: [local[i][key] for i in owner]
               for key in (local[0] if local else {}) if key != "prompt"}
 
     def score(rows, texts):
@@ -138,19 +148,22 @@ class RLStep:
                            score,
                            background=background and not self.inputs.reward_fn.needs_main_thread)
 
-  def _completion_records(self, local: list[dict], g: int, texts: list[str], own,
-                          lengths: np.ndarray, first_row: int) -> list[dict[str, Any]]:
+  def _completion_records(self, local: list[dict], sizes: np.ndarray, first_group: int,
+                          texts: list[str], own, lengths: np.ndarray,
+                          first_row: int) -> list[dict[str, Any]]:
     """``train.log_completions`` of this process's completions, evenly spread over its
     rows (so both ends of the batch show), as (prompt, completion, reward) records."""
     count = min(self.config.train.log_completions, len(texts))
     if count <= 0:
       return []
     names = self.inputs.reward_fn.term_names
+    owner = np.repeat(np.arange(len(local)), sizes)
     out = []
     for r in np.linspace(0, len(texts) - 1, count).round().astype(int):
       terms = {n: float(v) for n, v in zip(names, own.terms[r]) if not np.isnan(v)}
-      out.append({"group": int((first_row + r) // g), "prompt": local[r // g]["prompt"],
-                  "completion": texts[r], "answer": local[r // g]["answer"],
+      example = local[owner[r]]
+      out.append({"group": int(first_group + owner[r]), "prompt": example["prompt"],
+                  "completion": texts[r], "answer": example["answer"],
                   "reward": float(own.scores[r]), "terms": terms,
                   "correct": bool(own.correct[r]), "length": int(lengths[first_row + r])})
     return out
@@ -179,7 +192,16 @@ class RLStep:
   def _rollout(self, step: int, log) -> tuple[RolloutBatch | None, list[RoundStats], int, int]:
     """(batch, its rounds' statistics, G, row bucket) of the step after ``step``."""
     learner = self.components.learner
-    if isinstance(self.controller, PromptAwareController):
+    sizes = None
+    if isinstance(self.controller, PerPromptController):
+      # G_i per prompt of the context (interleaved over processes): in the step's
+      # process-major prompt order; the base size G_b sets the prompts and row bucket.
+      chosen = self.controller.propose_groups(self._batch_context())
+      sizes = chosen.reshape(-1, jax.process_count()).T.reshape(-1)
+      g = self.controller.base_g
+      distributed.assert_same_on_all(int(sizes @ np.arange(1, sizes.size + 1)),
+                                     f"the group sizes of step {step + 1}")
+    elif isinstance(self.controller, PromptAwareController):
       g = self.controller.propose(self._batch_context())
     else:
       g = self.controller.propose()
@@ -187,15 +209,17 @@ class RLStep:
     rows = self.components.sampler.row_bucket_for(prompts_per_round(self.config.rollout, g) * g)
     lc = learner.config
     if lc.dynamic_sampling:
+      # Extra rounds (prompts past the proposal's context) take the base size.
       result = collect_informative_groups(
-          lambda i: self.sample_round(step, g, i), lambda b: learner.prepare(b)[1],
+          lambda i: self.sample_round(step, g, i, sizes if i == 0 else None),
+          lambda b: learner.prepare(b)[1],
           target_groups=prompts_per_round(self.config.rollout, g), rows=rows,
           max_rounds=lc.dynamic_max_rounds)
       batch, rounds = result.batch, result.round_stats
       if result.message:
         log(f"step {step + 1}: {result.message}")
     else:
-      batch, first = self.sample_round(step, g, 0)
+      batch, first = self.sample_round(step, g, 0, sizes)
       rounds = [first]
     return batch, rounds, g, rows
 
@@ -221,9 +245,12 @@ class RLStep:
     group_max = np.concatenate([r.group_max for r in rounds])
     group_median = np.concatenate([r.group_median for r in rounds])
     if isinstance(self.controller, PromptAwareController):
+      sizes = np.concatenate([r.group_sizes for r in rounds])
+      correct = np.concatenate([r.correct for r in rounds]).astype(np.float64)
       ctrl = self.controller.observe(
           group_max, group_median, prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
-          pass_rates=np.concatenate([r.correct.reshape(-1, g).mean(axis=1) for r in rounds]))
+          pass_rates=np.add.reduceat(correct, np.cumsum(sizes) - sizes) / sizes,
+          group_sizes=sizes)
     else:
       ctrl = self.controller.observe(group_max, group_median)
 
