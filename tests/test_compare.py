@@ -55,6 +55,22 @@ def test_static_sizes_choose_the_static_arms():
       compare.arm_configs(config)
 
 
+def test_contextual_kinds_add_arms_beside_sagc():
+  config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
+  config.compare.static_sizes = (16,)
+  config.compare.contextual = ("prompt_aware", "per_prompt")
+  arms = compare.arm_configs(config)
+  assert sorted(arms) == sorted(f"{a}_{k}" for a in ("grpo", "dapo")
+                                for k in ("static16", "sagc", "prompt_aware", "per_prompt"))
+  assert arms["dapo_per_prompt"].controller.kind == "per_prompt"
+  for arm in arms.values():
+    validate(arm)
+  for bad in (("sagc",), ("per_prompt", "per_prompt")):
+    config.compare.contextual = bad
+    with pytest.raises(ValueError, match=r"compare.contextual=.*distinct kinds"):
+      compare.arm_configs(config)
+
+
 def test_real_model_comparison_config_has_eighteen_valid_runs():
   namespace = {}
   exec((REPO / "configs" / "compare_smollm2_cpu.py").read_text(), namespace)

@@ -1,7 +1,8 @@
 """``python -m sagc_jax.compare``: GRPO vs DAPO, each with every static G and SAGC.
 
 The matrix {algorithms} x {static G for each candidate (or each of
-``compare.static_sizes``), SAGC} runs ``compare.seeds`` times. Every run starts from the same policy (the warm start is built once, in
+``compare.static_sizes``), SAGC, the contextual kinds of ``compare.contextual``}
+runs ``compare.seeds`` times. Every run starts from the same policy (the warm start is built once, in
 ``<workdir>/shared``); seed k (``config.seed + k``) sets the data order and the
 sampling of every arm alike, so the arms of one seed see the same prompts in the same
 order. Runs live in ``<workdir>/arms/<arm>_seed<k>`` as ordinary training runs, so a
@@ -82,6 +83,7 @@ def arm_configs(config) -> dict[str, Any]:
   for algorithm in config.compare.algorithms:
     variants = [(f"{algorithm}_static{g}", "static", g) for g in static_sizes(config)]
     variants.append((f"{algorithm}_sagc", "sagc", None))
+    variants += [(f"{algorithm}_{kind}", kind, None) for kind in contextual_kinds(config)]
     for name, kind, g in variants:
       arm = copy.deepcopy(config)
       with arm.unlocked():
@@ -107,6 +109,20 @@ def static_sizes(config) -> tuple[int, ...]:
     raise ValueError(f"compare.static_sizes={tuple(sizes)!r} must be distinct ints >= 2 "
                      f"(e.g. the candidates {candidates})")
   return tuple(sizes)
+
+
+CONTEXTUAL_KINDS = ("prompt_aware", "per_prompt")
+
+
+def contextual_kinds(config) -> tuple[str, ...]:
+  """``compare.contextual``: arms of the contextual controllers (docs/controllers.md)
+  beside SAGC, e.g. ``("prompt_aware", "per_prompt")``; none by default."""
+  kinds = tuple(config.compare.get("contextual", ()) or ())
+  bad = [k for k in kinds if k not in CONTEXTUAL_KINDS]
+  if bad or len(set(kinds)) != len(kinds):
+    raise ValueError(f"compare.contextual={kinds!r} must be distinct kinds of "
+                     f"{CONTEXTUAL_KINDS}")
+  return kinds
 
 
 def seed_count(config) -> int:
