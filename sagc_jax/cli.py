@@ -124,9 +124,11 @@ def reject_repeated_overrides(args: Sequence[str]) -> None:
     value = m.group(2) if m.group(2) is not None else (args[i + 1] if i + 1 < len(args)
                                                         else "")
     if m.group(1) in seen:
+      tuple_like = any(v.strip().startswith(("(", "[")) for v in (seen[m.group(1)], value))
+      hint = (f" (a tuple whole, e.g. --{m.group(1)}='(4, 8)'; '()' clears it)"
+              if tuple_like else "")
       raise ValueError(f"--{m.group(1)} is given twice ({seen[m.group(1)]!r} and {value!r}): "
-                       f"give it once (a tuple whole, e.g. --{m.group(1)}='(4, 8)'; "
-                       "'()' clears it)")
+                       f"give it once{hint}")
     seen[m.group(1)] = value
 
 

@@ -101,7 +101,7 @@ def main(argv: Sequence[str], flags) -> None:
     trainer = Trainer(flags.config, flags.workdir, stop_deadline=True)
   except StopRequested as stopped:
     # Data preparation, the warm start, restoring: redone by the next start.
-    _exit_now(f"stopped during {stopped}: nothing new to checkpoint; rerun the same "
+    _exit_now(f"stopped during {stopped.phase}: nothing new to checkpoint; rerun the same "
               "command to go on (exit 0)", 0)
   try:
     try:

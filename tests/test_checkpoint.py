@@ -167,11 +167,30 @@ def test_4_kib_overwritten_in_the_newest_params_file_falls_back_to_the_previous_
   middle = len(raw) // 2
   raw[middle:middle + 4096] = raw[middle - 8192:middle - 4096]      # other real bytes
   data.write_bytes(bytes(raw))
-  step, params, _, _ = Checkpointer(tmp_path / "ck", log=lambda m: None).restore_latest(
+  messages = []
+  step, params, _, _ = Checkpointer(tmp_path / "ck", log=messages.append).restore_latest(
       _abstract(_noise_params(0.0)), _abstract(_opt()))
   assert step == 1
   np.testing.assert_array_equal(params["layers"]["0"]["kernel"],
                                 _noise_params(1.0)["layers"]["0"]["kernel"])
+  # One line; unless the data no longer decodes at all, it names the damaged array
+  # (checksums come before the finiteness check, which cannot name one).
+  assert len(messages) == 1, messages
+  assert ("the content checksum of params/" in messages[0]
+          or "NaN or inf" not in messages[0]), messages
+
+
+def test_a_save_cut_short_leaves_no_temporary_folder_after_the_next_start(tmp_path):
+  """A kill or the stop deadline during a save leaves ``<step>.orbax-checkpoint-tmp``:
+  the next writer removes it at start, whether or not that step is saved again."""
+  _saved(tmp_path, _params()).close()
+  partial = tmp_path / "ck" / "9.orbax-checkpoint-tmp"
+  (partial / "params").mkdir(parents=True)
+  (partial / "params" / "data").write_bytes(b"\0" * 100)
+  ckpt = Checkpointer(tmp_path / "ck", log=lambda m: None)
+  step, _, _, _ = ckpt.restore_latest(_abstract(_params()), _abstract(_opt()))
+  ckpt.close()
+  assert step == 1 and not partial.exists() and _entries(tmp_path) == ["1"]
 
 
 def test_checksums_are_position_weighted_and_equal_across_shardings():

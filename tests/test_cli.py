@@ -170,7 +170,8 @@ def test_a_config_key_given_twice_is_refused_and_an_empty_tuple_clears(tmp_path)
                    "--config.controller.candidates='(4, 8)'; '()' clears it)"], proc.stderr
   assert not (tmp_path / "run").exists()
   config = preset("grpo", "sagc")
-  with pytest.raises(ValueError, match="--config.train.steps is given twice"):
+  with pytest.raises(ValueError, match=r"--config.train.steps is given twice \('3' and '4'\): "
+                     r"give it once$"):       # a scalar: no tuple hint
     apply_config_overrides(config, ["--config.train.steps=3", "--config.train.steps=4"])
   config.data.eval_files = ("a.jsonl",)
   assert apply_config_overrides(config, ["--config.data.eval_files=()"]).data.eval_files == ()

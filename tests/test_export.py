@@ -99,6 +99,8 @@ def test_export_folder_is_checked_at_start_up_and_stale_partials_are_removed(sha
   config.train.export_dir = str(blocker / "exports")
   with pytest.raises(ValueError, match=r"train.export_dir .*a_file/exports cannot be created"):
     Trainer(config, tmp_path / "refused", log=lambda m: None)
+  # Refused before any run file was written (the lock is released, nothing else made).
+  assert sorted(p.name for p in (tmp_path / "refused").iterdir()) == []
   config.train.export_dir = ""
   stale = tmp_path / "run" / "exports" / ".step_2.partial-x1y2"
   (stale / "export").mkdir(parents=True)

@@ -225,7 +225,7 @@ def test_a_stop_in_an_export_keeps_the_step_s_checkpoint(shared, tmp_path):
   assert proc.returncode == 0 and elapsed < LIMIT_S, output
   assert "SIGTERM received during the export of step 2: stopping now" in output
   assert "step 2: export stopped (its checkpoint is kept" in output
-  assert "--step 2` writes it" in output
+  assert "--step 2 --out <folder>` writes it" in output
   assert _checkpoints(workdir) == [2]
   assert not list((workdir / "exports").glob("step_*"))
 

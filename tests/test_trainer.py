@@ -532,6 +532,18 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(shared, tmp_path, capsys)
   out = capsys.readouterr().out
   assert "metrics.jsonl: dropping its torn last line" in out
   assert "completions.jsonl: dropping its torn last line" in out
+  # The torn row of a checkpointed step (not rerun) is written again from the checkpoint.
+  straight = [deterministic_view(r) for r in load_history(tmp_path)]
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  lines[-1] = lines[-1][:len(lines[-1]) // 2]                 # step 3's row, cut
+  (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+  messages = []
+  config.train.steps = 4
+  run(config, tmp_path, max_steps=1, log=messages.append)
+  assert [r["step"] for r in load_history(tmp_path)] == [1, 2, 3, 4]
+  assert [deterministic_view(r) for r in load_history(tmp_path)][:3] == straight
+  assert any("the row of step 3 was missing; written again from checkpoint step 3" in m
+             for m in messages), messages
 
 
 def test_a_truncated_config_json_is_named_and_a_resume_rewrites_it(shared, tmp_path):
@@ -579,3 +591,26 @@ def test_a_huge_prompt_record_is_refused_by_its_length_before_tokenizing(tmp_pat
   # refused by it (the token check decides).
   assert max_token_chars(tokenizer) >= 1
   check_prompt_lengths(config, tokenizer, [("train", [{"prompt": "1 + 2 ="}])])
+
+
+def test_a_too_long_record_in_a_jsonl_file_is_named_by_file_line_and_field(tmp_path):
+  """The refusal names what a user can find: the file and line (1-based) and the
+  field as the user's files call it, not an internal index and field."""
+  from sagc_jax.data import example_location, load_split
+  from sagc_jax.models import load_tokenizer
+  from sagc_jax.training.inputs import check_prompt_lengths
+
+  records = [{"question": f"{i} + 1 =", "answer": str(i + 1)} for i in range(60)]
+  records[56]["question"] = "9" * 50_000                      # line 57
+  (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  options = dict(files=("big.jsonl",), prompt_field="question")
+  source = load_split("jsonl", "train", str(tmp_path / "tfds"), str(tmp_path), **options)
+  config = preset("grpo", "sagc")
+  config.data.update(dict(name="jsonl", manual_dir=str(tmp_path), **options))
+  config.rollout.prompt_buckets = (32,)
+  locate = lambda split, i: example_location("jsonl", split, i, str(tmp_path / "tfds"),
+                                             str(tmp_path), **options)
+  tokenizer = load_tokenizer(build_tiny_checkpoint(tmp_path / "tiny"))
+  with pytest.raises(ValueError, match=r"big\.jsonl:57 \(field 'question'\) has 50,000 "
+                                       r"characters"):
+    check_prompt_lengths(config, tokenizer, [("train", source)], locate=locate)

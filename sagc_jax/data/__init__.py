@@ -6,7 +6,7 @@ TensorFlow (``load_split``), and iterated in a seeded, resumable order (``Prompt
 """
 
 from sagc_jax.data.loader import (DATASET_NAMES, DataSource, PromptLoader, builder_options,
-                                  load_split, make_builder)
+                                  example_location, load_split, make_builder)
 from sagc_jax.data.local_math import BOXED_INSTRUCTION, Gsm8kLocal, MathLocal, make_prompt
 from sagc_jax.data.prompt_files import FILE_FORMATS, FilesSpec, PromptAnswerFiles
 from sagc_jax.data.synthetic import (SyntheticArithmetic, SyntheticBuilderConfig,
@@ -26,6 +26,7 @@ __all__ = [
     "SyntheticBuilderConfig",
     "SyntheticConfig",
     "builder_options",
+    "example_location",
     "generate_split",
     "load_split",
     "make_builder",

@@ -193,6 +193,31 @@ def prepare_quietly(builder: tfds.core.DatasetBuilder, source: str, **kwargs) ->
   print(f"prepared dataset {builder.name} in {time.perf_counter() - start:.1f} s", flush=True)
 
 
+def example_location(name: str, split: str, index: int, data_dir: str,
+                     manual_dir: str | None = None, **builder_kwargs) -> str | None:
+  """Where example ``index`` (its ``id``) of a split was read from: ``FILE:LINE``,
+  ``FILE row R`` or ``FILE`` for the datasets built from files; None for generated
+  ones (or when the files are gone). Re-reads the split's files up to that record:
+  for error messages only."""
+  from sagc_jax.data.record_files import FileRecordsBuilder, read_records
+
+  if name in FILE_FORMATS:
+    manual_dir = os.path.abspath(manual_dir or os.curdir)
+    builder_kwargs = {**builder_kwargs, "root": manual_dir}
+  with tfds_quiet():
+    builder = make_builder(name, data_dir, **builder_kwargs)
+  if not isinstance(builder, FileRecordsBuilder) or not manual_dir or index < 0:
+    return None
+  try:
+    kind, paths = builder.find_sources(manual_dir)[split.split("[")[0]]
+    for i, (location, _) in enumerate(read_records(kind, paths)):
+      if i == index:
+        return location
+  except (OSError, KeyError, ValueError):
+    return None
+  return None
+
+
 def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = None,
                **builder_kwargs) -> DataSource:
   """A random-access split of dataset ``name``, prepared in ``data_dir`` if needed.

@@ -199,9 +199,12 @@ class Checkpointer:
       absl_logger.setLevel(logging.ERROR)
     try:
       # Rotation is ours (``_rotate``), so that the verified step stays.
+      # A writer removes the <step>.orbax-checkpoint-tmp folders of saves cut short (a
+      # kill, the stop deadline) when it starts, not only when that step is saved again.
       options = ocp.CheckpointManagerOptions(max_to_keep=None, create=not read_only,
                                              read_only=read_only,
-                                             enable_async_checkpointing=not read_only)
+                                             enable_async_checkpointing=not read_only,
+                                             cleanup_tmp_directories=not read_only)
       self._manager = ocp.CheckpointManager(self.directory, options=options,
                                             item_handlers=handlers)
     finally:
@@ -288,13 +291,15 @@ class Checkpointer:
         if meta.get("step") != step:
           raise ValueError(f"meta says step {meta.get('step')!r}")
         jax.block_until_ready((restored.params, restored.opt_state))
-        if not all_finite(restored.params):
-          raise ValueError("its weights restored with NaN or inf values")
+        # The checksums first: they name the damaged array (garbage in a compressed
+        # data file mostly decodes to NaN / inf, which the finiteness check cannot name).
         sums = meta.pop("checksums", None)        # absent in checkpoints from before them
         for item in ("params", "opt_state") if sums else ():
           problem = checksum_mismatch(getattr(restored, item), sums[item], item)
           if problem:
             raise ValueError(problem)
+        if not all_finite(restored.params):
+          raise ValueError("its weights restored with NaN or inf values")
         if sums:
           self.verified_step = step
       except Exception as err:  # noqa: BLE001 - any failure here means "this step is damaged"
@@ -335,7 +340,6 @@ class Checkpointer:
                f"({type(err).__name__}: {str(err)[:200]}); {where} and "
                "trying the previous one")
     self.log(message)
-    logging.warning(message)
 
   def quarantined(self) -> list[str]:
     """Names of the damaged steps moved aside in this directory."""

@@ -167,6 +167,13 @@ class MetricsWriter:
       if kept != lines:
         file.replace(kept)
 
+  def logged_steps(self) -> set[int]:
+    """The steps that have a row in ``metrics.jsonl``."""
+    if not self.enabled:
+      return set()
+    return {int(row.get("step", 0)) for _, row in parse_jsonl(self._jsonl.lines, self.path,
+                                                               lambda m: None)}
+
   def flush(self) -> None:
     """Makes every written row durable (called when a checkpoint is saved)."""
     if self._jsonl is not None:

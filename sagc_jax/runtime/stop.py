@@ -47,8 +47,15 @@ WATCHDOG_EXIT_STATUS = 1
 
 
 class StopRequested(Exception):
-  """Raised by the stop-signal handler inside a phase it may end at once; its message
-  names the phase."""
+  """Raised by the stop-signal handler inside a phase it may end at once.
+
+  ``phase`` names the phase; read it rather than the message, which a library the
+  exception passes through may have extended (TFDS prepends the example it was
+  encoding)."""
+
+  def __init__(self, phase: str):
+    super().__init__(phase)
+    self.phase = phase
 
 
 class StopGuard:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -24,7 +25,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.data import builder_options, load_split
+from sagc_jax.config.schema import FILE_DATASETS
+from sagc_jax.data import builder_options, example_location, load_split
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.models.gguf_import import cached_import, is_gguf_source
 from sagc_jax.models.tokenizer import max_token_chars
@@ -33,6 +35,7 @@ from sagc_jax.rewards.mix import RewardMix, reward_mix_from_config
 from sagc_jax.runtime import distributed
 from sagc_jax.runtime.mesh import make_mesh
 from sagc_jax.runtime import stop
+from sagc_jax.runtime.compilation import PROGRESS_EVERY_S
 from sagc_jax.runtime.storage import stage
 from sagc_jax.training.warm_start import prepare_policy, starting_folder
 
@@ -86,35 +89,52 @@ def configure_compilation_cache(config: ml_collections.ConfigDict, workdir: Any,
 
 
 def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
-                         sources: Sequence[tuple[str, Any]], limit: int = 200_000) -> None:
+                         sources: Sequence[tuple[str, Any]], limit: int = 200_000,
+                         locate: Callable[[str, int], str | None] = lambda split, i: None,
+                         log: Callable[[str], None] = print) -> None:
   """Fails at start-up (not mid-run) if a prompt exceeds the largest prompt bucket.
 
   A character bound comes first (``models.tokenizer.max_token_chars``): a prompt too
   long to fit whatever its tokens is refused without being tokenized (a 20 MB record
-  took 11 minutes and 7.9 GB to tokenize)."""
+  took 11 minutes and 7.9 GB to tokenize). ``sources`` are ``(split, source)`` pairs;
+  ``locate(split, example id)`` names a record's file and line (file datasets). On a
+  large dataset the check takes minutes: a progress line every 10 s."""
   largest = max(config.rollout.prompt_buckets)
   template = config.data.use_chat_template or None
   char_bound = largest * max_token_chars(tokenizer)
-  for name, source in sources:
+  field = (config.data.prompt_field if config.data.name in FILE_DATASETS
+           and "prompt_field" in config.data else "prompt")
+  buckets = f"rollout.prompt_buckets={tuple(config.rollout.prompt_buckets)}"
+
+  def where(split: str, example: dict, index: int) -> str:
+    location = locate(split, int(example["id"])) if "id" in example else None
+    return (f"{location} (field {field!r})" if location
+            else f"{split} example {index} (field {field!r})")
+  start = last_line = time.perf_counter()
+  for split, source in sources:
     n = min(len(source), limit)
     for lo in range(0, n, 4096):
-      prompts = [source[i]["prompt"] for i in range(lo, min(lo + 4096, n))]
+      examples = [source[i] for i in range(lo, min(lo + 4096, n))]
+      prompts = [ex["prompt"] for ex in examples]
       too_long = [i for i, p in enumerate(prompts) if len(p) > char_bound]
       if too_long:
         i = too_long[0]
         raise ValueError(
-            f"rollout.prompt_buckets={tuple(config.rollout.prompt_buckets)}: {name} example "
-            f"{lo + i} (field 'prompt') has {len(prompts[i]):,} characters, more than any "
-            f"{largest}-token prompt can hold (at most {char_bound:,} characters with this "
-            "tokenizer); shorten or remove that record")
+            f"{buckets}: {where(split, examples[i], lo + i)} has {len(prompts[i]):,} "
+            f"characters, more than any {largest}-token prompt can hold (at most "
+            f"{char_bound:,} characters with this tokenizer); shorten or remove that record")
       lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts,
                                                     use_chat_template=template)]
       if max(lengths) > largest:
-        i = lo + int(np.argmax(lengths))
+        i = int(np.argmax(lengths))
         raise ValueError(
-            f"rollout.prompt_buckets={tuple(config.rollout.prompt_buckets)}: {name} example "
-            f"{i} has a {max(lengths)}-token prompt; the largest bucket must hold every "
-            f"prompt (add a bucket >= {max(lengths)})")
+            f"{buckets}: {where(split, examples[i], lo + i)} has a {max(lengths)}-token "
+            f"prompt; the largest bucket must hold every prompt (add a bucket >= "
+            f"{max(lengths)})")
+      if time.perf_counter() - last_line >= PROGRESS_EVERY_S:
+        last_line = time.perf_counter()
+        log(f"checking prompt lengths: {lo + len(examples):,} of {n:,} {split} prompts "
+            f"({last_line - start:.0f} s)")
 
 
 def policy_source(config: ml_collections.ConfigDict, cache_root: Path,
@@ -161,8 +181,11 @@ def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_r
   folder = None
   if is_primary:
     start = starting_folder(config, local_dir, model_path=model_path)
+    locate = lambda split, i: example_location(config.data.name, split, i, data_dir,
+                                               manual_dir, **builder_options(config.data))
     check_prompt_lengths(config, load_tokenizer(start),
-                         (("train", train_source), ("eval", eval_source)))
+                         (("train", train_source), (config.data.eval_split, eval_source)),
+                         locate=locate, log=log)
     with stop.stoppable("the supervised warm start"):   # saved to a temporary folder
       folder = prepare_policy(config, local_dir, train_source, log, model_path=model_path,
                               cache=cache_root)

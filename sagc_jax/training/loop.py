@@ -127,13 +127,13 @@ class Trainer:
   def _build(self, config: ml_collections.ConfigDict, log: Callable[[str], None] | None,
              read_only: bool, restore: bool) -> None:
     """The rest of ``__init__``, once the run directory is this trainer's."""
+    if config.train.export_every and self.is_primary and not read_only:
+      self._prepare_export_root(log or print)   # before any file, data or compilation
     self.metrics = MetricsWriter(self.workdir, config.train.steps,
                                  enabled=self.is_primary and not read_only,
                                  sync_secs=config.train.metrics_sync_secs,
                                  local_dir=self.local_dir)
     self.log = log or (print if read_only else self.metrics.log)
-    if config.train.export_every and self.is_primary and not read_only:
-      self._prepare_export_root()       # before minutes of data and compilation
     compilation.install()
     configure_compilation_cache(config, self.workdir, self.cache_root, read_only)
     self.inputs = build_run_inputs(config, self.local_dir, self.cache_root, self.log)
@@ -186,7 +186,7 @@ class Trainer:
              f"({time.perf_counter() - start:.1f} s)")
     return out
 
-  def _prepare_export_root(self) -> None:
+  def _prepare_export_root(self, log: Callable[[str], None]) -> None:
     """Checks at start-up that the export folder is writable (not at the first export,
     steps later) and removes hidden partial exports a killed run left behind
     (``.step_N.partial-*``: ``export.write_hf_folder`` renames a finished one into
@@ -210,7 +210,7 @@ class Trainer:
     for stale in sorted(Path(root).glob(".*.partial-*")):
       if stale.is_dir():
         shutil.rmtree(stale, ignore_errors=True)
-        self.log(f"removed {stale}: a partial export left by an interrupted run")
+        log(f"removed {stale}: a partial export left by an interrupted run")
 
   def _start_wandb(self):
     """A W&B run for this workdir. Its id is drawn at the first start and kept in
@@ -238,9 +238,10 @@ class Trainer:
     # Installed but not logged in (no WANDB_API_KEY, no `wandb login`): an offline run
     # keeps every metric for a later `wandb sync` instead of failing after start-up.
     run = wandb.init(mode="offline", **options)
+    folder = Path(run.dir).parent           # run.dir is the run folder's files/
     self.log(f"W&B: not logged in (no API key), so train.wandb_project="
-             f"{self.config.train.wandb_project!r} logs offline to {run.dir}; upload it "
-             "later with `wandb sync` on that folder, or `wandb login` before the next run")
+             f"{self.config.train.wandb_project!r} logs offline to {folder}; upload it "
+             f"later with `wandb sync {folder}` once logged in (`wandb login`)")
     return run
 
   # ------------------------------------------------------------------ setup
@@ -284,6 +285,14 @@ class Trainer:
     self.step = step
     self.resumed_from = self._checkpointed_step = step
     self.metrics.truncate_after(step)
+    # A checkpointed step whose row was lost (a torn last line: kill -9 or a full disk
+    # while it was written) is not rerun: write its row again from the checkpoint.
+    logged = self.metrics.logged_steps() if self.metrics.enabled else None
+    for row in self.history if logged is not None else ():
+      if row["step"] not in logged:
+        self.metrics.write(row)
+        self.log(f"metrics.jsonl: the row of step {row['step']} was missing; written again "
+                 f"from checkpoint step {step}")
     self.log(f"resumed from checkpoint step {step} in {self.checkpointer.directory}")
 
   def save_checkpoint(self) -> None:
@@ -442,8 +451,8 @@ class Trainer:
         row = self.train_step()
       except StopRequested as stopped:
         # The step is abandoned (a resume redoes it); the finished ones are kept below.
-        self.log(f"stopped during {stopped}: step {self.step + 1} is abandoned")
-        self.stopped_in = str(stopped)
+        self.log(f"stopped during {stopped.phase}: step {self.step + 1} is abandoned")
+        self.stopped_in = stopped.phase
         stop = True
         break
       interrupted = False
@@ -476,8 +485,8 @@ class Trainer:
             self.export_policy()
         except StopRequested:
           self.log(f"step {self.step}: export stopped (its checkpoint is kept; "
-                   f"`python -m sagc_jax.export --workdir {self.workdir} --step {self.step}` "
-                   "writes it)")
+                   f"`python -m sagc_jax.export --workdir {self.workdir} --step {self.step} "
+                   "--out <folder>` writes it)")
           interrupted = True
       stop = interrupted or self._agree_on_stop()
     if stop and not self._nothing_new():   # e.g. a rollout abandoned between checkpoints
@@ -493,10 +502,10 @@ class Trainer:
   def _stopped_at_once(self, stopped: StopRequested) -> dict[str, Any]:
     """The end of a run stopped before its first step of this start."""
     newest = self.checkpointer.all_steps()
-    self.log(f"stopped during {stopped}: nothing new to checkpoint (the newest "
+    self.log(f"stopped during {stopped.phase}: nothing new to checkpoint (the newest "
              f"checkpoint is {f'step {newest[-1]}' if newest else 'none: no step ran'}); "
              "rerun the same command to go on")
-    self.stopped_in = str(stopped)
+    self.stopped_in = stopped.phase
     self._stopped_by_signal = True
     return self._finish()
 
