@@ -360,6 +360,10 @@ def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_pat
   assert any("the evaluation after step 2 was stopped before it finished" in m for m in logged)
   assert not summary["preempted"] and "eval_sampled_accuracy_end" in summary
   assert resumed.eval_history[-1]["step"] == 2 and len(resumed.eval_history) == 2
+  # The redone evaluation joins step 2's row of metrics.jsonl (one row per step).
+  rows = load_history(tmp_path)
+  assert [r["step"] for r in rows] == [1, 2]
+  assert rows[-1]["eval_sampled_accuracy"] == summary["eval_sampled_accuracy_end"]
   from sagc_jax.runtime.metrics import finished_summary
   assert finished_summary(tmp_path, 2) is not None
 

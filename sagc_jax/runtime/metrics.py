@@ -167,6 +167,22 @@ class MetricsWriter:
       if kept != lines:
         file.replace(kept)
 
+  def add_to_row(self, step: int, values: dict[str, Any]) -> None:
+    """Adds ``values`` to the logged row of ``step`` (rewriting ``metrics.jsonl``) and
+    to TensorBoard and W&B: an evaluation of a step that was logged before it ran."""
+    if not self.enabled:
+      return
+    lines = []
+    for line, row in parse_jsonl(self._jsonl.lines, self.path, lambda m: None):
+      lines.append(json.dumps({**row, **values}) if row.get("step") == step else line)
+    self._guarded(lambda: self._jsonl.replace(lines), self.path)
+    if self._tb is not None:
+      for key, value in values.items():
+        if isinstance(value, (int, float)) and math.isfinite(value):
+          self._guarded(lambda k=key, v=value: self._tb.add_scalar(k, v, step), self._tb.path)
+    if self._wandb is not None:
+      self._wandb.log(dict(values), step=step)
+
   def logged_steps(self) -> set[int]:
     """The steps that have a row in ``metrics.jsonl``."""
     if not self.enabled:

@@ -430,7 +430,11 @@ class Trainer:
         self.log(f"the evaluation after step {self.step} was stopped before it finished; "
                  "running it now")
         with self._stoppable(f"the evaluation after step {self.step}", every_process=True):
-          self._record_evaluation(self.evaluate())
+          evaluation = self.evaluate()
+        self._record_evaluation(evaluation)
+        self.metrics.add_to_row(self.step, evaluation)   # the step's row, logged before
+        if self.history:
+          self.history[-1].update(evaluation)
     except StopRequested as stopped:
       # Nothing new exists yet: the newest checkpoint (if any) holds all there is.
       return self._stopped_at_once(stopped)
