@@ -127,12 +127,16 @@ def main(argv: Sequence[str], flags) -> None:
               f"{_first_line(err)}\n(in a multi-process run this usually means another "
               "process died first: see its log; rerun the same command to resume from the "
               "last checkpoint)", 1)
-  if trainer.stopped_in is not None:
-    # Stopped during warm-up, an evaluation or a step's rollout: XLA compiles may still
-    # run in worker threads, or an abandoned program on the device, which a normal
-    # exit would wait for (minutes). What was finished is checkpointed.
-    _exit_now(f"stopped during {trainer.stopped_in} (exit 0; rerun the same command to go "
-              "on)", 0)
+  if trainer.stopped_in is not None or summary.get("preempted"):
+    # Stopped by a signal: XLA compiles may still run in worker threads, or an
+    # abandoned program on the device (an evaluation, a rollout), which a normal exit
+    # would wait for (minutes) while the stop deadline runs. What was finished is
+    # checkpointed; the summary is in summary.json.
+    if trainer.is_primary and trainer.history:
+      print(format_summary(summary), flush=True)
+    where = f"during {trainer.stopped_in}" if trainer.stopped_in else "by a stop signal"
+    _exit_now(f"stopped {where}; steps done: {trainer.step} (exit 0; rerun the same command "
+              "to go on)", 0)
   if trainer.is_primary:
     print(format_summary(summary))
     if trainer.history:

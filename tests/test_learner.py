@@ -281,3 +281,14 @@ def test_dynamic_sampling_refills_with_informative_groups(samples):
   none = collect_informative_groups(lambda r: (flat, None), keep, target_groups=4, rows=16,
                                     max_rounds=2)
   assert none.batch is None and "skipping the update" in none.message
+
+  # Rounds whose groups differ in size (per_prompt; extra rounds at the base size): a
+  # group that would overflow the row bucket is not taken, and the merged batch of
+  # mixed sizes keeps each group's rows together.
+  mixed = collect_informative_groups(lambda r: ([samples[0], samples[1]][r], None), keep,
+                                     target_groups=4, rows=16, max_rounds=2)
+  assert mixed.informative_groups == 3 and mixed.batch.row_valid.sum() == 12
+  bigger = collect_informative_groups(lambda r: ([samples[1], samples[0]][r], None), keep,
+                                      target_groups=4, rows=16, max_rounds=2)
+  sizes = np.bincount(bigger.batch.group_ids[bigger.batch.row_valid])
+  assert sizes.tolist() == [8, 4, 4] and bigger.batch.row_valid.sum() == 16

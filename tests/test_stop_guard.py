@@ -39,6 +39,9 @@ def _seconds_per_iteration() -> float:
   return (time.perf_counter() - start) / 2000
 
 
+_TIMERS: list[threading.Timer] = []
+
+
 @pytest.fixture
 def guard():
   messages: list[str] = []
@@ -47,11 +50,16 @@ def guard():
   try:
     yield g
   finally:
+    for timer in _TIMERS:         # a test that failed early must not signal pytest later
+      timer.cancel()
+    _TIMERS.clear()
     g.uninstall()
 
 
 def _signal_self_after(seconds: float, sig: int = signal.SIGTERM) -> None:
-  threading.Timer(seconds, lambda: os.kill(os.getpid(), sig)).start()
+  timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), sig))
+  _TIMERS.append(timer)
+  timer.start()
 
 
 def test_a_wait_for_a_running_program_is_ended_by_a_stop_signal(guard):

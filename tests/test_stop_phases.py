@@ -28,7 +28,7 @@ LIMIT_S = 30.0               # a Spot / preemptible VM's notice
 # Wrappers, each printing a marker line when its phase has begun.
 ROLLOUT_WAITS_FOR_A_LONG_PROGRAM = """
 import jax, jax.numpy as jnp, time
-from sagc_jax.training import step as step_module
+from sagc_jax.sampling import sampler as sampler_module
 from sagc_jax.runtime.distributed import to_host
 
 @jax.jit
@@ -39,15 +39,17 @@ x = jnp.full((128, 128), 0.01)
 spin(x, 1).block_until_ready()
 t = time.perf_counter(); spin(x, 500).block_until_ready()
 iterations = int(8.0 / ((time.perf_counter() - t) / 500))     # about 8 s
-original = step_module.RLStep.sample_round
+original, calls = sampler_module.Sampler.generate, []
 
-def sample_round(self, step, g, round_index):
-  if step == 2:                      # the third step's rollout
-    program = spin(x, iterations)
-    print("MARK rollout program running", flush=True)
-    to_host(program)
-  return original(self, step, g, round_index)
-step_module.RLStep.sample_round = sample_round
+def generate(self, *args, **kwargs):
+  if "group_sizes" in kwargs:        # the training step's call (evaluations pass none)
+    calls.append(1)
+    if len(calls) == 3:              # the third step's rollout, its prompts already read
+      program = spin(x, iterations)
+      print("MARK rollout program running", flush=True)
+      to_host(program)
+  return original(self, *args, **kwargs)
+sampler_module.Sampler.generate = generate
 """
 
 UPDATE_SLEEPS = """
@@ -140,10 +142,10 @@ def _checkpoints(workdir: Path) -> list[int]:
 
 def test_a_stop_in_a_step_s_rollout_checkpoints_the_finished_steps_and_resumes_exactly(
     shared, tmp_path):
-  """Step 3's rollout waits for an ~8 s program; SIGTERM there is answered at once
-  (not when the program ends), steps 1-2 (not yet checkpointed) are checkpointed with
-  the controller and loader state of step 3's start, and the resumed run equals an
-  uninterrupted one row for row."""
+  """Step 3's rollout waits for an ~8 s program after its G was proposed and its
+  prompts read; SIGTERM there is answered at once (not when the program ends), steps
+  1-2 (not yet checkpointed) are checkpointed with the controller and loader state of
+  step 3's start, and the resumed run equals an uninterrupted one row for row."""
   config_file = write_config_file(tmp_path / "cfg.py", shared, 4,
                                   "c.train.checkpoint_every = 100")
   workdir = tmp_path / "run"

@@ -400,6 +400,38 @@ def test_invalid_config_fails_at_startup_naming_the_key(shared, key, value, matc
     validate(config)
 
 
+def test_per_prompt_groups_of_different_sizes_keep_their_rows_together(shared, tmp_path):
+  """One round with G_i = 4, 2, 1, 1 (per_prompt): each prompt's rows are consecutive,
+  scored against that prompt's answer, its group stats are numpy's over its own rows,
+  and the warmed programs serve it."""
+  from sagc_jax.runtime import compilation
+
+  config = small_config(shared, steps=1)
+  config.controller.kind = "per_prompt"
+  trainer = Trainer(config, tmp_path, log=lambda m: None)
+  try:
+    trainer.warmup()
+    before = compilation.compile_count()
+    sizes = np.array([4, 2, 1, 1])
+    batch, stats = trainer.rl_step.sample_round(0, 2, 0, sizes)
+    assert compilation.compile_count() == before
+    owner = np.repeat(np.arange(4), sizes)
+    assert batch.row_valid.sum() == 8
+    np.testing.assert_array_equal(batch.group_ids[:8], owner)
+    np.testing.assert_array_equal(stats.group_sizes, sizes)
+    examples = [trainer.loader.source[int(i)] for i in stats.prompt_ids]
+    texts = [trainer.inputs.detokenize(batch.response_tokens[r, :batch.lengths[r]])
+             for r in range(8)]
+    expected = trainer.inputs.reward_fn(texts, [examples[g]["answer"] for g in owner])
+    np.testing.assert_array_equal(stats.scores, expected.scores)
+    for g in range(4):
+      lengths = stats.lengths[owner == g]
+      assert stats.group_max[g] == lengths.max()
+      assert stats.group_median[g] == np.median(lengths)
+  finally:
+    trainer.close()
+
+
 def test_per_prompt_needs_one_sampler_call_per_round(shared):
   config = small_config(shared)
   config.controller.kind = "per_prompt"

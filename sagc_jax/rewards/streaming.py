@@ -139,15 +139,17 @@ class StreamingScorer:
           self._error = err
         return
 
-  def close(self, drain: bool = False) -> None:
+  def close(self, drain: bool = False, wait: bool = True) -> None:
     """Stops the worker thread (idempotent): after its current chunk, or, with
-    ``drain``, once it has scored every row delivered so far."""
+    ``drain``, once it has scored every row delivered so far. ``wait=False`` returns
+    at once (the step is abandoned: a slow reward must not hold up the stop; the
+    daemon thread ends with its chunk)."""
     with self._cond:
       self._closing = True
       if not drain:
         self._pending.clear()
       self._cond.notify()
-    if self._thread is not None:
+    if self._thread is not None and wait:
       self._thread.join()
 
   def finish(self, response_tokens: np.ndarray, lengths: np.ndarray

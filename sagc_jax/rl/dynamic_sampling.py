@@ -46,7 +46,7 @@ def collect_informative_groups(sample_round: Callable[[int], tuple[RolloutBatch,
   """
   if max_rounds < 1 or target_groups < 1:
     raise ValueError(f"max_rounds={max_rounds} and target_groups={target_groups} must be >= 1")
-  parts, kept, sampled, stats = [], 0, 0, []
+  parts, kept, kept_rows, sampled, stats = [], 0, 0, 0, []
   rounds = 0
   for rounds in range(1, max_rounds + 1):
     batch, round_stats = sample_round(rounds - 1)
@@ -55,7 +55,14 @@ def collect_informative_groups(sample_round: Callable[[int], tuple[RolloutBatch,
     ids = batch.group_ids[batch.row_valid]
     sampled += int(np.unique(ids).size)
     informative = list(dict.fromkeys(batch.group_ids[keep & batch.row_valid].tolist()))
-    take = informative[:target_groups - kept]
+    # Groups may differ in size (controller.kind="per_prompt"): take those that still
+    # fit the row bucket.
+    take = []
+    for group in informative:
+      size = int(np.count_nonzero(batch.row_valid & (batch.group_ids == group)))
+      if kept + len(take) < target_groups and kept_rows + size <= rows:
+        take.append(group)
+        kept_rows += size
     if take:
       parts.append(select_groups(batch, take))
       kept += len(take)

@@ -64,17 +64,15 @@ def concat_rollouts(parts: Sequence[RolloutBatch], rows: int, pad_id: int = 0) -
   """Stacks the real rows of ``parts`` and pads to ``rows`` rows.
 
   Group ids are renumbered 0..n-1 in order of appearance; prompts are
-  left-padded to the widest part. All parts must share the group size and the
-  response width.
+  left-padded to the widest part. All parts must share the response width; their
+  groups may differ in size (the group ids say which rows form a group).
   """
   parts = [p for p in parts if p.num_rows]
   if not parts:
     raise ValueError("concat_rollouts: nothing to concatenate")
-  sizes = {p.group_size for p in parts}
   widths = {p.response_tokens.shape[1] for p in parts}
-  if len(sizes) != 1 or len(widths) != 1:
-    raise ValueError(f"concat_rollouts: parts differ in group size {sizes} or response "
-                     f"width {widths}")
+  if len(widths) != 1:
+    raise ValueError(f"concat_rollouts: parts differ in response width {widths}")
   prompt_width = max(p.prompt_tokens.shape[1] for p in parts)
   real = [select_groups(p, list(dict.fromkeys(p.group_ids[p.row_valid].tolist())))
           for p in parts]

@@ -243,6 +243,10 @@ class Checkpointer:
       if step != self.verified_step:
         self._manager.delete(step)
 
+  def saving(self) -> bool:
+    """A background save is still being written."""
+    return self._manager.is_saving_in_progress()
+
   def check(self) -> None:
     """``wait`` without blocking: raises if a finished background save failed, returns
     at once while one is still being written (called after every training step)."""

@@ -46,9 +46,12 @@ _installed: "StopGuard | None" = None        # the guard whose handlers are inst
 WATCHDOG_EXIT_STATUS = 1
 
 
-class StopRequested(Exception):
+class StopRequested(BaseException):
   """Raised by the stop-signal handler inside a phase it may end at once.
 
+  A ``BaseException``, like ``KeyboardInterrupt``: the ``except Exception`` of library
+  code it passes through (orbax's restore, which would file the step as damaged; a
+  verifier, which would score the row wrong) must not take it for an error of its own.
   ``phase`` names the phase; read it rather than the message, which a library the
   exception passes through may have extended (TFDS prepends the example it was
   encoding)."""
@@ -67,13 +70,14 @@ class StopGuard:
   raises ``KeyboardInterrupt`` at once (Python's own handler is put back).
   """
 
-  def __init__(self, log: Callable[[str], None] = print, *,
+  def __init__(self, log: Callable[[str], None] | None = None, *,
                grace_s: float | None = None,
                describe_state: Callable[[], str] | None = None):
-    """``grace_s``: arm the watchdog (``os._exit`` that many seconds after the first
+    """``log``: where the handler's lines go (default ``write_now`` to stdout);
+    ``grace_s``: arm the watchdog (``os._exit`` that many seconds after the first
     signal); ``describe_state()``: what its last line says is kept (the newest
     checkpoint)."""
-    self.log = log
+    self.log = log or write_now
     self.grace_s = grace_s
     self.describe_state = describe_state or (lambda: "")
     self.requested = False
@@ -164,6 +168,26 @@ class StopGuard:
       sys.stdout.flush()
       os._exit(WATCHDOG_EXIT_STATUS)
     threading.Thread(target=expire, name="stop-watchdog", daemon=True).start()
+
+
+def write_now(message: str, prefix: str = "") -> None:
+  """One line on the process's stdout straight to its file descriptor. The handler runs
+  between any two bytecodes of the main thread, maybe inside a ``write`` of the same
+  stream, where a second buffered write raises "reentrant call inside BufferedWriter";
+  and ``sys.stdout`` may be redirected at that moment (TFDS' output is silenced while
+  it prepares data), so the interpreter's own stdout is used."""
+  line = f"{prefix}{message}\n"
+  stream = sys.__stdout__ or sys.stdout
+  try:
+    fd = stream.fileno()
+  except (AttributeError, OSError, ValueError):   # a stream without a file
+    print(line, end="", flush=True)
+    return
+  try:
+    stream.flush()
+  except RuntimeError:            # the main thread is inside a write: do not wait on it
+    pass
+  os.write(fd, line.encode())
 
 
 def _in_host_callback(frame: Any) -> bool:

@@ -37,7 +37,7 @@ import numpy as np
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
-from sagc_jax.runtime.stop import StopGuard, StopRequested
+from sagc_jax.runtime.stop import StopGuard, StopRequested, write_now
 from sagc_jax.runtime.checkpoint import Checkpointer, prepare_checksums
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import build_components
@@ -101,7 +101,8 @@ class Trainer:
     self.step = 0
     self._checkpointed_step = 0       # the newest step saved or restored (0: none ran)
     self._step_start_state: dict[str, Any] | None = None
-    self.guard = StopGuard(distributed.on_every_process(lambda m: self.log(m)),
+    prefix = f"[process {jax.process_index()}] " if jax.process_index() else ""
+    self.guard = StopGuard(lambda message: write_now(message, prefix),
                            grace_s=(config.train.stop_grace_s or None) if stop_deadline
                            else None,
                            describe_state=self._describe_checkpoints)
@@ -142,6 +143,11 @@ class Trainer:
                                shard_index=jax.process_index(), num_shards=jax.process_count())
     self.controller = controller_from_config(config)
     processes = jax.process_count()
+    if config.controller.kind == "per_prompt" and processes > 1:
+      # Each process's share of the rows would differ in length, and the host gathers
+      # take equal shares.
+      raise ValueError(f"controller.kind='per_prompt' runs on one process (this run has "
+                       f"{processes}); use 'prompt_aware' or 'sagc' on several processes")
     uneven = [g for g in candidate_group_sizes(config.controller)
               if prompts_per_round(config.rollout, g) % processes]
     if uneven:
@@ -162,11 +168,15 @@ class Trainer:
     self.eval_history: list[dict[str, Any]] = []
     self._stopped_by_signal = False   # the run stopped early on an agreed signal
     self.stopped_in: str | None = None   # the phase a stop signal ended at once
-    if restore:
-      self._restore()
-    # Only once the checkpoints are known to fit this config: a refused resume leaves
-    # the run's config.json (and everything else) as it was.
-    self._write_config()
+    # Restoring rewrites metrics.jsonl (rows after the checkpoint) and config.json: a
+    # stop signal there waits for the writes (a truncated file would lose rows that
+    # cannot be rebuilt) and takes effect at warm-up.
+    with self.guard.stoppable("restoring the run", when=lambda: False):
+      if restore:
+        self._restore()
+      # Only once the checkpoints are known to fit this config: a refused resume leaves
+      # the run's config.json (and everything else) as it was.
+      self._write_config()
     if config.train.wandb_project and self.is_primary and not read_only:
       self.metrics.attach_wandb(self._start_wandb())
 
@@ -320,9 +330,13 @@ class Trainer:
 
   def _describe_checkpoints(self) -> str:
     """What a stop at this moment keeps (the watchdog's last line)."""
-    if self._nothing_new():
+    writing = self._checkpointed_step and self.checkpointer.saving()
+    if self._nothing_new() and not writing:
       return (f"Nothing is lost: the newest checkpoint is step {self.step}." if self.step
               else "No step had run.")
+    if self._nothing_new():
+      return (f"Step {self.step}'s checkpoint was still being written: a resume starts from "
+              "it if the write finished, else from the checkpoint before it.")
     first, last = self._checkpointed_step + 1, self.step
     lost = f"Step {last} was" if first == last else f"Steps {first}-{last} were"
     start = (f"step {first - 1} (if its write finished)" if first > 1

@@ -35,6 +35,7 @@ import numpy as np
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
+from sagc_jax.runtime.stop import StopRequested
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, rollout_batch
 from sagc_jax.control.controller import (BatchContext, PerPromptController,
@@ -107,14 +108,18 @@ class RLStep:
     first_row = int(sizes[:me * share].sum())
     overlap = self.config.rollout.overlap_rewards
     scorer = self._scorer(local, local_sizes, first_row, background=overlap)
+    abandoned = False
     try:
       samples = self.components.sampler.generate(
           inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index),
           listener=scorer if overlap else None, group_sizes=group_sizes)
       t1 = time.perf_counter()
       texts, own = scorer.finish(samples.response_tokens, samples.lengths)
+    except StopRequested:
+      abandoned = True             # a slow reward chunk must not hold up the stop
+      raise
     finally:
-      scorer.close()
+      scorer.close(wait=not abandoned)
     result = type(own)(*(distributed.allgather_rows(x) for x in own))
     t2 = time.perf_counter()
     group_max, group_median = distributed.share_sink_stats(

@@ -97,15 +97,20 @@ def prepare_policy(config: Any, workdir: Path, train_source: Any,
 def warm_start_key(config: Any) -> str:
   """A hash of what determines the tiny model's warm start: the model, the dataset,
   the ``sft`` settings, the run's seed (the batch order) and the code that trains it."""
-  from sagc_jax.data import builder_options
-  from sagc_jax.models import tiny
+  import jax
+  import optax
+
+  from sagc_jax.data import builder_options, synthetic
+  from sagc_jax.models import tiny, tokenizer, transformer
   from sagc_jax.training import sft
 
   settings = {"tiny_family": config.model.tiny_family, "init_seed": config.model.init_seed,
               "data": [config.data.name, builder_options(config.data)],
-              "sft": config.sft.to_dict(), "seed": config.seed}
+              "sft": config.sft.to_dict(), "seed": config.seed,
+              "versions": [jax.__version__, optax.__version__]}
   digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
-  for module in (tiny, sft):
+  # The code that builds the model, the data and the tokens, and trains.
+  for module in (tiny, tokenizer, transformer, synthetic, sft):
     digest.update(Path(module.__file__).read_bytes())
   digest.update(Path(__file__).read_bytes())
   return digest.hexdigest()[:24]
@@ -114,6 +119,9 @@ def warm_start_key(config: Any) -> str:
 def _copy_into_place(source: Path, target: Path) -> None:
   """Copies a finished folder to ``target`` under a temporary name, then renames it:
   a reader never sees half a folder, and of two concurrent writers one wins."""
+  for stale in target.parent.glob(f"{target.name}.tmp*"):   # of a killed earlier copy
+    if not stale.name.endswith(f".tmp{os.getpid()}"):
+      shutil.rmtree(stale, ignore_errors=True)
   tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
   shutil.copytree(source, tmp)
