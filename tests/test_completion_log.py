@@ -57,7 +57,10 @@ def test_wandb_without_a_login_falls_back_to_offline_and_says_so(shared, tmp_pat
                                                                  monkeypatch):
   """W&B installed, no API key anywhere (no WANDB_API_KEY, no netrc, no WANDB_MODE):
   the run logs offline and says how to upload, instead of failing after start-up."""
+  import wandb
+
   from test_trainer import run, small_config
+  wandb.teardown()          # wandb keeps the settings of an earlier run in this process
   for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_CONFIG_DIR", "NETRC"):
     monkeypatch.delenv(key, raising=False)
   monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # Files of the base folder that the export replaces (weights and the model config).
 _REPLACED = ("config.json", "model.safetensors", "model.safetensors.index.json")
@@ -63,6 +63,31 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   files = write_hf_folder(model, cfg, folder, out)
   log(f"exported step {step} of {workdir} ({dtype}) to {out}: {', '.join(files)}")
   return {"step": step, "out": out, "files": files}
+
+
+def prepare_export_root(config: Any, workdir: Any, log: Callable[[str], None]) -> None:
+  """Checks at start-up that the export folder is writable (not at the first export,
+  steps later) and removes hidden partial exports a killed run left behind
+  (``.step_N.partial-*``: ``write_hf_folder`` renames a finished one into place, so a
+  partial one is never read; the run lock keeps other writers out)."""
+  from sagc_jax.runtime.storage import is_remote
+
+  root = config.train.export_dir or os.fspath(Path(workdir) / "exports")
+  if is_remote(root):
+    return
+  key = "train.export_dir" if config.train.export_dir else "the export folder"
+  try:
+    Path(root).mkdir(parents=True, exist_ok=True)
+  except OSError as err:
+    raise ValueError(f"{key} {root} cannot be created ({err.strerror}); "
+                     "train.export_every needs a writable folder") from None
+  if not os.access(root, os.W_OK | os.X_OK):
+    raise ValueError(f"{key} {root} is not writable; train.export_every needs a "
+                     "writable folder (or set train.export_every=0)")
+  for stale in sorted(Path(root).glob(".*.partial-*")):
+    if stale.is_dir():
+      shutil.rmtree(stale, ignore_errors=True)
+      log(f"removed {stale}: a partial export left by an interrupted run")
 
 
 def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,

@@ -24,11 +24,9 @@ parameters and metrics exactly (wall-clock timings aside).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -47,7 +45,9 @@ from sagc_jax.data import PromptLoader
 from sagc_jax.training.evaluation import Evaluator, paired_gain
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
+from sagc_jax.training.export import prepare_export_root
 from sagc_jax.training.step import RLStep
+from sagc_jax.training.wandb_run import start_wandb
 from sagc_jax.training.inputs import build_run_inputs, configure_compilation_cache
 from sagc_jax.runtime.run_lock import RunLock
 from sagc_jax.runtime.storage import cache_root, local_mirror, run_path
@@ -129,7 +129,7 @@ class Trainer:
              read_only: bool, restore: bool) -> None:
     """The rest of ``__init__``, once the run directory is this trainer's."""
     if config.train.export_every and self.is_primary and not read_only:
-      self._prepare_export_root(log or print)   # before any file, data or compilation
+      prepare_export_root(config, self.workdir, log or print)   # before any run file
     self.metrics = MetricsWriter(self.workdir, config.train.steps,
                                  enabled=self.is_primary and not read_only,
                                  sync_secs=config.train.metrics_sync_secs,
@@ -178,7 +178,8 @@ class Trainer:
       # the run's config.json (and everything else) as it was.
       self._write_config()
     if config.train.wandb_project and self.is_primary and not read_only:
-      self.metrics.attach_wandb(self._start_wandb())
+      self.metrics.attach_wandb(start_wandb(config, self.workdir, self.local_dir,
+                                            resumed=bool(self.step), log=self.log))
 
   def export_policy(self) -> str:
     """Writes the current policy as a Hugging Face folder (``train.export_every``):
@@ -195,64 +196,6 @@ class Trainer:
     self.log(f"step {self.step}: exported the policy to {out} "
              f"({time.perf_counter() - start:.1f} s)")
     return out
-
-  def _prepare_export_root(self, log: Callable[[str], None]) -> None:
-    """Checks at start-up that the export folder is writable (not at the first export,
-    steps later) and removes hidden partial exports a killed run left behind
-    (``.step_N.partial-*``: ``export.write_hf_folder`` renames a finished one into
-    place, so a partial one is never read; the run lock keeps other writers out)."""
-    import shutil
-
-    from sagc_jax.runtime.storage import is_remote
-
-    root = self.config.train.export_dir or os.fspath(self.workdir / "exports")
-    if is_remote(root):
-      return
-    key = "train.export_dir" if self.config.train.export_dir else "the export folder"
-    try:
-      Path(root).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-      raise ValueError(f"{key} {root} cannot be created ({err.strerror}); "
-                       "train.export_every needs a writable folder") from None
-    if not os.access(root, os.W_OK | os.X_OK):
-      raise ValueError(f"{key} {root} is not writable; train.export_every needs a "
-                       "writable folder (or set train.export_every=0)")
-    for stale in sorted(Path(root).glob(".*.partial-*")):
-      if stale.is_dir():
-        shutil.rmtree(stale, ignore_errors=True)
-        log(f"removed {stale}: a partial export left by an interrupted run")
-
-  def _start_wandb(self):
-    """A W&B run for this workdir. Its id is drawn at the first start and kept in
-    ``<workdir>/wandb_run_id``, so a resumed run continues the same W&B run
-    (``resume="allow"``) and a fresh run in a reused path starts a new one. W&B keeps
-    the first value logged at a step: rows of steps redone after a crash keep their
-    first version there (``metrics.jsonl`` holds the redone ones)."""
-    import uuid
-
-    import wandb
-    id_file = self.workdir / "wandb_run_id"
-    if self.step and id_file.exists():
-      run_id = id_file.read_text().strip()
-    else:
-      run_id = uuid.uuid4().hex[:16]
-      id_file.write_text(run_id + "\n")
-    options = dict(project=self.config.train.wandb_project, id=run_id, resume="allow",
-                   name=self.workdir.name, config=self.config.to_dict(),
-                   dir=str(self.local_dir))
-    try:
-      return wandb.init(**options)
-    except wandb.errors.UsageError as err:
-      if "api key" not in str(err).lower():
-        raise
-    # Installed but not logged in (no WANDB_API_KEY, no `wandb login`): an offline run
-    # keeps every metric for a later `wandb sync` instead of failing after start-up.
-    run = wandb.init(mode="offline", **options)
-    folder = Path(run.dir).parent           # run.dir is the run folder's files/
-    self.log(f"W&B: not logged in (no API key), so train.wandb_project="
-             f"{self.config.train.wandb_project!r} logs offline to {folder}; upload it "
-             f"later with `wandb sync {folder}` once logged in (`wandb login`)")
-    return run
 
   # ------------------------------------------------------------------ setup
   def _write_config(self) -> None:
