@@ -451,7 +451,7 @@ def test_too_long_prompts_fail_at_startup_naming_the_bucket(shared, tmp_path):
   config.rollout.prompt_buckets = (4,)
   messages = []
   with pytest.raises(ValueError, match=r"rollout.prompt_buckets=\(4,\): train example \d+ "
-                                       r"has a \d+-token prompt"):
+                                       r"\(field 'prompt'\) has a \d+-token prompt"):
     Trainer(config, tmp_path, log=messages.append)
   assert not (tmp_path / "sft_model").exists()
   assert not any("supervised warm start" in m for m in messages)
