@@ -36,6 +36,31 @@ SLOW_MODULES = frozenset({
     "test_launch", "test_multihost", "test_process_faults", "test_reward_mix",
     "test_stop_phases", "test_storage", "test_trainer"})
 
+# Single tests of quick modules that take a minute or more on 2 cores and repeat what a
+# quicker sibling in the quick suite checks (another parameter, a mesh, a subprocess):
+# ``slow`` too, so that the quick suite stays near 10 minutes on 2 idle cores. Node ids
+# without the ``tests/`` prefix; a name that matches no collected test fails the session.
+SLOW_TESTS = frozenset({
+    "test_bench.py::test_real_model_learner_reports_both_layouts_on_sampled_lengths",
+    "test_evaluation.py::test_evaluation_reports_pass_at_k_without_new_compilations[segmented]",
+    "test_learner.py::test_gradient_accumulation_equals_one_big_minibatch[seq-mean-token-sum-norm]",
+    "test_learner.py::test_zero_compilations_after_warmup_across_group_sizes[True]",
+    "test_models.py::test_train_cli_reports_a_truncated_checkpoint_in_one_line",
+    "test_packing.py::test_packed_and_padded_learners_equal_the_reference_on_8_devices",
+    "test_packing.py::test_packed_and_padded_learners_equal_the_reference[grpo-seq-mean-token-mean-uniform-1]",
+    "test_packing.py::test_packed_and_padded_learners_equal_the_reference[grpo-token-mean-heavy-2]",
+    "test_refill.py::test_refill_on_a_mesh_samples_the_single_device_fused_tokens[2x4-reference]",
+    "test_refill.py::test_refill_on_a_mesh_samples_the_single_device_fused_tokens[4x2-reference]",
+    "test_refill.py::test_refill_on_a_mesh_samples_the_single_device_fused_tokens[4x2-xla]",
+    "test_refill.py::test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows[0.0-1.0]",
+    "test_refill.py::test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows[1.0-1.0]",
+    "test_scale.py::test_memory_knobs_and_fsdp_give_the_plain_update[splash]",
+    "test_segmented.py::test_compaction_off_keeps_every_row_and_the_same_tokens",
+    "test_segmented.py::test_segmented_on_8_devices_samples_the_single_device_fused_tokens",
+    "test_segmented.py::test_segmented_samples_the_fused_tokens_across_compactions[0.0-1.0]",
+    "test_segmented.py::test_segmented_samples_the_fused_tokens_across_compactions[1.0-1.0]",
+    "test_warm_start.py::test_guess_stage_makes_answer_only_solutions_the_likely_start",
+})
 
 # Modules (and tests marked ``libtpu``) that compile for abstract TPU topologies: they
 # need libtpu (the ``tpu`` extra, ~680 MB, kept out of the ``test`` extra so that the
@@ -97,11 +122,22 @@ def pytest_collection_modifyitems(config, items):
       reason="needs libtpu for TPU ahead-of-time compilation on this host: "
              "pip install -e '.[tpu]' (the slow suite's install line)")
   has_libtpu = importlib.util.find_spec("libtpu") is not None
+  unmatched = set(SLOW_TESTS)
   for item in items:
     module = item.module.__name__.rpartition(".")[2]
     needs_libtpu = module in LIBTPU_MODULES or item.get_closest_marker("libtpu") is not None
-    if module in SLOW_MODULES or needs_libtpu:
+    test_id = item.nodeid.rpartition("tests/")[2]
+    unmatched.discard(test_id)
+    if module in SLOW_MODULES or needs_libtpu or test_id in SLOW_TESTS:
       item.add_marker(pytest.mark.slow)
     if needs_libtpu and not has_libtpu:
       item.add_marker(no_libtpu)
+  # A renamed test must not slip back into the quick suite unnoticed; checked only when
+  # every module was collected (a run of a few modules collects few names).
+  modules = {item.nodeid.rpartition("tests/")[2].partition("::")[0] for item in items}
+  stale = sorted(t for t in unmatched if t.partition("::")[0] in modules
+                 and not config.getoption("-k") and not config.getoption("--lf", False))
+  if stale and not any("::" in a for a in config.args):
+    raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: "
+                            f"{stale}")
   items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable

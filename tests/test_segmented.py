@@ -32,12 +32,7 @@ def assert_same_samples(a, b):
   np.testing.assert_array_equal(a.group_median, b.group_median)
 
 
-# One sampling setting stays in the quick suite; greedy and plain sampling (minutes each
-# on 2 cores) run with the slow half.
-@pytest.mark.parametrize("temperature, top_p", [
-    pytest.param(0.0, 1.0, marks=pytest.mark.slow),
-    pytest.param(1.0, 1.0, marks=pytest.mark.slow),
-    (0.8, 0.9)])
+@pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
 def test_segmented_samples_the_fused_tokens_across_compactions(llama, temperature, top_p):
   params = SamplingParams(N_NEW, temperature=temperature, top_p=top_p, stop_ids=STOPS)
   fused, segmented = pair(llama.model, params)
@@ -55,7 +50,6 @@ def test_segmented_samples_the_fused_tokens_across_compactions(llama, temperatur
   # group_max / group_median, which generate takes from the sink).
 
 
-@pytest.mark.slow
 def test_segmented_on_8_devices_samples_the_single_device_fused_tokens(llama, sharded_llama):
   mesh, sharded = sharded_llama
   params = SamplingParams(N_NEW, temperature=1.0, top_p=0.9, stop_ids=STOPS)
@@ -68,7 +62,6 @@ def test_segmented_on_8_devices_samples_the_single_device_fused_tokens(llama, sh
   assert b.decode_slots < a.decode_slots
 
 
-@pytest.mark.slow
 def test_compaction_off_keeps_every_row_and_the_same_tokens(llama):
   params = SamplingParams(N_NEW, temperature=1.0, stop_ids=STOPS)
   fused, _ = pair(llama.model, params)

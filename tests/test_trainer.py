@@ -97,8 +97,14 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
   correctness the eval history keeps."""
   config = small_config(shared, steps=2)
   config.train.eval_greedy = False
-  summary, _, trainer = run(config, tmp_path)
+  messages = []
+  summary, _, trainer = run(config, tmp_path, log=messages.append)
   first, last = trainer.eval_history[0], trainer.eval_history[-1]
+  # Each evaluation shows on the console as it starts and with what it measured.
+  for when, evaluation in (("before RL", first), ("after step 2", last)):
+    assert f"eval {when} on 16 held-out examples ..." in messages
+    assert (f"eval {when}: held-out accuracy "
+            f"{evaluation['eval_sampled_accuracy']:.3f} sampled") in messages
   assert "eval_accuracy" not in first and "eval_accuracy_start" not in summary
   assert len(first["sampled_correct"]) == len(last["sampled_correct"]) == 16
   assert np.mean(first["sampled_correct"]) == pytest.approx(first["eval_sampled_accuracy"])

@@ -310,6 +310,17 @@ class Trainer:
     """Held-out accuracy of the current policy (``evaluation.Evaluator``)."""
     return self.evaluator.evaluate(self.model, limit)
 
+  def _evaluate_with_lines(self, when: str) -> dict[str, float]:
+    """``evaluate`` between a start line and a result line: on CPU an evaluation takes
+    as long as several steps, and a user should see it run and what it measured."""
+    self.log(f"eval {when} on {self.evaluator.examples()} held-out examples ...")
+    evaluation = self.evaluate()
+    greedy = (f"{evaluation['eval_accuracy']:.3f} greedy, "
+              if "eval_accuracy" in evaluation else "")
+    self.log(f"eval {when}: held-out accuracy {greedy}"
+             f"{evaluation['eval_sampled_accuracy']:.3f} sampled")
+    return evaluation
+
   def _evaluation_missing(self) -> bool:
     """The restored step was due an evaluation (``train.eval_every``, the last step)
     that the history lacks."""
@@ -379,8 +390,7 @@ class Trainer:
         self.warmup()
       if self.step == 0 and not self.eval_history:
         with self._stoppable("the evaluation before RL", every_process=True):     # before the line: a
-          self.log(f"eval before RL on {self.evaluator.examples()} held-out examples ...")
-          evaluation = self.evaluate()                         # signal sent on it stops here
+          evaluation = self._evaluate_with_lines("before RL")  # signal sent on it stops here
       elif self._evaluation_missing():
         # A stop signal skipped the evaluation after this step (its step was
         # checkpointed without it): measure it now, or the run never reports it.
@@ -398,10 +408,6 @@ class Trainer:
     if self.step == 0 and not self.eval_history:
       self._record_evaluation(evaluation)
       self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
-      first = self.eval_history[-1]
-      greedy = (f"{first['eval_accuracy']:.3f} greedy, " if "eval_accuracy" in first else "")
-      self.log(f"eval before RL: held-out accuracy {greedy}"
-               f"{first['eval_sampled_accuracy']:.3f} sampled")
     end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
     # Processes leave the loop on the flag they agreed on (a signal reaches each host
     # on its own, maybe during warm-up): one leaving alone would wait forever in a
@@ -420,7 +426,7 @@ class Trainer:
       if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
         try:
           with self._stoppable(f"the evaluation after step {self.step}"):
-            evaluation = self.evaluate()
+            evaluation = self._evaluate_with_lines(f"after step {self.step}")
         except StopRequested:
           # The step itself is done: keep its row and checkpoint it, without the
           # evaluation (a resume does not redo it).
