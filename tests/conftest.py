@@ -38,8 +38,8 @@ SLOW_MODULES = frozenset({
 
 # Single tests of quick modules that take a minute or more on 2 cores and repeat what a
 # quicker sibling in the quick suite checks (another parameter, a mesh, a subprocess):
-# ``slow`` too, so that the quick suite stays near 10 minutes on 2 idle cores. Node ids
-# without the ``tests/`` prefix; a name that matches no collected test fails the session.
+# ``slow`` too, to shorten the quick suite. Node ids without the ``tests/`` prefix; a
+# name of a collected module that matches none of its tests fails the session.
 SLOW_TESTS = frozenset({
     "test_bench.py::test_real_model_learner_reports_both_layouts_on_sampled_lengths",
     "test_evaluation.py::test_evaluation_reports_pass_at_k_without_new_compilations[segmented]",
@@ -122,19 +122,19 @@ def pytest_collection_modifyitems(config, items):
       reason="needs libtpu for TPU ahead-of-time compilation on this host: "
              "pip install -e '.[tpu]' (the slow suite's install line)")
   has_libtpu = importlib.util.find_spec("libtpu") is not None
-  unmatched = set(SLOW_TESTS)
+  unmatched, modules = set(SLOW_TESTS), set()
   for item in items:
     module = item.module.__name__.rpartition(".")[2]
     needs_libtpu = module in LIBTPU_MODULES or item.get_closest_marker("libtpu") is not None
     test_id = item.nodeid.rpartition("tests/")[2]
     unmatched.discard(test_id)
+    modules.add(test_id.partition("::")[0])
     if module in SLOW_MODULES or needs_libtpu or test_id in SLOW_TESTS:
       item.add_marker(pytest.mark.slow)
     if needs_libtpu and not has_libtpu:
       item.add_marker(no_libtpu)
-  # A renamed test must not slip back into the quick suite unnoticed; checked only when
-  # every module was collected (a run of a few modules collects few names).
-  modules = {item.nodeid.rpartition("tests/")[2].partition("::")[0] for item in items}
+  # A renamed test must not slip back into the quick suite unnoticed; checked for the
+  # modules collected whole (not under -k, --lf or a test id).
   stale = sorted(t for t in unmatched if t.partition("::")[0] in modules
                  and not config.getoption("-k") and not config.getoption("--lf", False))
   if stale and not any("::" in a for a in config.args):

@@ -397,7 +397,7 @@ class Trainer:
         self.log(f"the evaluation after step {self.step} was stopped before it finished; "
                  "running it now")
         with self._stoppable(f"the evaluation after step {self.step}", every_process=True):
-          evaluation = self.evaluate()
+          evaluation = self._evaluate_with_lines(f"after step {self.step}")
         self._record_evaluation(evaluation)
         self.metrics.add_to_row(self.step, evaluation)   # the step's row, logged before
         if self.history:
