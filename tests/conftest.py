@@ -36,8 +36,9 @@ SLOW_MODULES = frozenset({
     "test_launch", "test_multihost", "test_process_faults", "test_reward_mix",
     "test_stop_phases", "test_storage", "test_trainer"})
 
-# Single tests of quick modules that take a minute or more on 2 cores and repeat what a
-# quicker sibling in the quick suite checks (another parameter, a mesh, a subprocess):
+# Single tests of quick modules that take half a minute or more on 2 cores and repeat
+# what a quicker sibling in the quick suite checks (another parameter, a mesh, a
+# subprocess; the forward options keep each option row once, on a rotating family):
 # ``slow`` too, to shorten the quick suite. Node ids without the ``tests/`` prefix; a
 # name of a collected module that matches none of its tests fails the session.
 SLOW_TESTS = frozenset({
@@ -49,12 +50,24 @@ SLOW_TESTS = frozenset({
     "test_packing.py::test_packed_and_padded_learners_equal_the_reference_on_8_devices",
     "test_packing.py::test_packed_and_padded_learners_equal_the_reference[grpo-seq-mean-token-mean-uniform-1]",
     "test_packing.py::test_packed_and_padded_learners_equal_the_reference[grpo-token-mean-heavy-2]",
+    "test_packing.py::test_packed_and_padded_learners_equal_the_reference[dapo-token-mean-uniform-2]",
     "test_refill.py::test_refill_on_a_mesh_samples_the_single_device_fused_tokens[2x4-reference]",
     "test_refill.py::test_refill_on_a_mesh_samples_the_single_device_fused_tokens[4x2-reference]",
     "test_refill.py::test_refill_on_a_mesh_samples_the_single_device_fused_tokens[4x2-xla]",
     "test_refill.py::test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows[0.0-1.0]",
     "test_refill.py::test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows[1.0-1.0]",
     "test_scale.py::test_memory_knobs_and_fsdp_give_the_plain_update[splash]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options0-512-llama]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options0-512-qwen2]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options1-512-llama]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options1-512-qwen3]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options2-512-llama]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options2-512-qwen2]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options3-5-qwen2]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options3-5-qwen3]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options4-4-llama]",
+    "test_scale.py::test_forward_options_give_the_plain_loss_and_gradients[options4-4-qwen3]",
+    "test_scale.py::test_no_compilation_after_warmup_with_every_knob_on_a_mesh",
     "test_segmented.py::test_compaction_off_keeps_every_row_and_the_same_tokens",
     "test_segmented.py::test_segmented_on_8_devices_samples_the_single_device_fused_tokens",
     "test_segmented.py::test_segmented_samples_the_fused_tokens_across_compactions[0.0-1.0]",
@@ -69,7 +82,18 @@ SLOW_TESTS = frozenset({
 LIBTPU_MODULES = frozenset({"test_aot", "test_hbm_traffic"})
 
 
+# The quick suite's models are tiny, so compiling is most of its time: it compiles with
+# LLVM's optimisation level 0, which cuts XLA:CPU compile time by about a third (the
+# programs, their HLO and every check are the same; only CPU code generation is less
+# optimised). The slow half and a whole-suite run compile as the commands do. A level
+# set in XLA_FLAGS by the caller wins.
+QUICK_SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
+
+
 def pytest_configure(config):
+  flags = os.environ.get("XLA_FLAGS", "")
+  if config.getoption("markexpr", "") == "not slow" and "xla_backend_optimization_level" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {QUICK_SUITE_XLA_FLAG}".strip()
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
   config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "
