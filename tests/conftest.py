@@ -7,9 +7,16 @@ live on device 0 unless a mesh says otherwise).
 
 import os
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+def _add_xla_flag(flag: str, unless: str | None = None) -> None:
+  """Appends ``flag`` to ``XLA_FLAGS`` unless ``unless`` (default: the flag itself) is
+  there already."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if (unless or flag) not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+
+
+_add_xla_flag("--xla_force_host_platform_device_count=8")
 
 # No TPU here: JAX on CPU without loading libtpu (its noise and lockfile), as every
 # command does (runtime/platform.py); AOT compilation for abstract TPU topologies
@@ -91,9 +98,8 @@ QUICK_SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
 
 
 def pytest_configure(config):
-  flags = os.environ.get("XLA_FLAGS", "")
-  if config.getoption("markexpr", "") == "not slow" and "xla_backend_optimization_level" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {QUICK_SUITE_XLA_FLAG}".strip()
+  if config.getoption("markexpr", "") == "not slow":
+    _add_xla_flag(QUICK_SUITE_XLA_FLAG, unless="xla_backend_optimization_level")
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
   config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "
