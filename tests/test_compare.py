@@ -204,6 +204,12 @@ def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
   for name in arms:
     run_config = json.loads((tmp_path / "arms" / name / "config.json").read_text())
     assert run_config["model"]["path"] == str(policy)     # one shared warm start
+  # The first run evaluates before RL; the others read its kept evaluation.
+  assert len(list((tmp_path / "shared" / "initial_eval").glob("*.json"))) == 1
+  before = [json.loads((tmp_path / "arms" / name / "metrics.jsonl").read_text().split("\n")[0])
+            for name in arms]
+  assert sorted(row.get("eval_reused", 0.0) for row in before) == [0.0, 1.0, 1.0]
+  assert len({row["eval_sampled_accuracy"] for row in before}) == 1
   compare.run_arms(config, tmp_path, arms, log=messages.append)
   assert sum("finished earlier, skipped" in m for m in messages) == 3
   rows = compare.report(tmp_path, log=messages.append)

@@ -118,6 +118,37 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
   assert "sampled_correct" not in before
 
 
+def test_a_run_reuses_the_evaluation_before_rl_of_a_run_with_the_same_weights(shared,
+                                                                             tmp_path):
+  """train.initial_eval_dir: a run with another controller but the same weights and
+  evaluation settings reads the evaluation before RL that the first run kept, and what
+  it reads equals what it measures without the folder (an independent run)."""
+  folder = tmp_path / "initial_eval"
+
+  def evaluation_before_rl(name, controller, initial_eval_dir):
+    config = small_config(shared, controller=controller, steps=1)
+    config.train.initial_eval_dir = initial_eval_dir
+    messages = []
+    summary, _, trainer = run(config, tmp_path / name, log=messages.append)
+    return trainer.eval_history[0], summary, messages
+
+  kept, _, kept_lines = evaluation_before_rl("sagc", "sagc", str(folder))
+  reused, summary, reused_lines = evaluation_before_rl("static", "static", str(folder))
+  measured, alone_summary, _ = evaluation_before_rl("static_alone", "static", "")
+  assert not any("reusing" in line for line in kept_lines)
+  assert "eval before RL on 16 held-out examples ..." in kept_lines
+  assert [line for line in reused_lines if "eval before RL: reusing" in line]
+  assert "eval before RL on 16 held-out examples ..." not in reused_lines
+  assert (f"eval before RL: held-out accuracy {reused['eval_accuracy']:.3f} greedy, "
+          f"{reused['eval_sampled_accuracy']:.3f} sampled") in reused_lines
+  assert reused["eval_reused"] == 1.0 and "eval_reused" not in measured
+  timing = {"eval_seconds", "eval_reused"}
+  assert {k: v for k, v in reused.items() if k not in timing} == \
+      {k: v for k, v in measured.items() if k not in timing}
+  assert summary["eval_sampled_gain"] == alone_summary["eval_sampled_gain"]
+  assert len(list(folder.glob("*.json"))) == 1
+
+
 def test_refill_rollouts_equal_the_default_sampler_s_and_compile_nothing_after_warm_up(
     shared, tmp_path):
   """rollout.refill_slots: 4 slots for 8 rollouts per step, 2 steps. Step 1 samples from

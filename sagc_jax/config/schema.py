@@ -126,6 +126,11 @@ def base_config() -> ml_collections.ConfigDict:
       # folder (transformers / vLLM) to <export_dir or workdir/exports>/step_<N>.
       export_every=0, export_dir="",
       compilation_cache=True, compilation_cache_dir="",
+      # A local folder that keeps the evaluation before RL under a key of the weights,
+      # the evaluation settings, devices and code; a run with the same key reuses it
+      # instead of evaluating ('' = always evaluate; sagc_jax.compare sets
+      # <workdir>/shared/initial_eval: its runs of a seed share one).
+      initial_eval_dir="",
       # Stop (without checkpointing the step) once this many learner updates in a row
       # were skipped as non-finite: checkpointing on would rotate the good ones out.
       # 0 = never stop.

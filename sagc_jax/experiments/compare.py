@@ -195,6 +195,8 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
     arm.data.data_dir = data_dir
     if arm.train.compilation_cache and not arm.train.compilation_cache_dir:
       arm.train.compilation_cache_dir = str(workdir / "jax_cache")   # arms share programs
+    if not arm.train.initial_eval_dir:        # the runs of a seed share their first evaluation
+      arm.train.initial_eval_dir = str(shared / "initial_eval")
     if _train_arm(arm, arm_dir).get("preempted"):
       log(f"{name}: stopped by SIGTERM or Ctrl-C after a checkpoint; rerun the same command to "
           "resume this arm and the ones after it")

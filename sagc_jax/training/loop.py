@@ -32,6 +32,7 @@ from typing import Any, Callable
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
@@ -43,6 +44,8 @@ from sagc_jax.config import FILE_DATASETS, validate
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.data import PromptLoader
 from sagc_jax.training.evaluation import Evaluator, paired_gain
+from sagc_jax.training.initial_eval import (InitialEvaluationStore, initial_eval_key,
+                                            reuse_or_evaluate)
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.training.export import prepare_export_root
@@ -315,10 +318,31 @@ class Trainer:
     as long as several steps, and a user should see it run and what it measured."""
     self.log(f"eval {when} on {self.evaluator.examples()} held-out examples ...")
     evaluation = self.evaluate()
+    self._log_evaluation(when, evaluation)
+    return evaluation
+
+  def _log_evaluation(self, when: str, evaluation: dict[str, float]) -> None:
     greedy = (f"{evaluation['eval_accuracy']:.3f} greedy, "
               if "eval_accuracy" in evaluation else "")
     self.log(f"eval {when}: held-out accuracy {greedy}"
              f"{evaluation['eval_sampled_accuracy']:.3f} sampled")
+
+  def _evaluate_before_rl(self) -> dict[str, float]:
+    """The evaluation before RL, or the same evaluation kept by an earlier run in
+    ``train.initial_eval_dir`` (``training.initial_eval``: the runs of a comparison
+    that share a seed would each repeat it)."""
+    directory = self.config.train.get("initial_eval_dir", "")
+    store = None
+    if directory and jax.process_count() == 1:
+      key = initial_eval_key(self.config, nnx.state(self.model, nnx.Param),
+                             dict(self.inputs.mesh.shape))
+      store = InitialEvaluationStore(directory, key)
+    evaluation, correct = reuse_or_evaluate(
+        store, lambda: self._evaluate_with_lines("before RL"),
+        lambda: self.evaluator.sampled_correct, str(self.workdir), self.log)
+    if evaluation.get("eval_reused"):
+      self.evaluator.sampled_correct = correct
+      self._log_evaluation("before RL", evaluation)
     return evaluation
 
   def _evaluation_missing(self) -> bool:
@@ -390,7 +414,7 @@ class Trainer:
         self.warmup()
       if self.step == 0 and not self.eval_history:
         with self._stoppable("the evaluation before RL", every_process=True):     # before the line: a
-          evaluation = self._evaluate_with_lines("before RL")  # signal sent on it stops here
+          evaluation = self._evaluate_before_rl()   # signal sent on it stops here
       elif self._evaluation_missing():
         # A stop signal skipped the evaluation after this step (its step was
         # checkpointed without it): measure it now, or the run never reports it.
