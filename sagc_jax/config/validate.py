@@ -189,7 +189,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"train.max_consecutive_skipped={limit!r} must be an int >= 0 "
                      "(0 = never stop)")
   for key in ("model.path", "data.manual_dir", "data.data_dir", "train.local_cache_dir",
-              "train.export_dir"):
+              "train.export_dir", "train.initial_eval_dir"):
     value = checks.lookup(config, key)
     if not isinstance(value, str):
       raise ValueError(f"{key}={value!r} must be a string (a folder path; '' for the default)")
@@ -197,6 +197,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if is_remote(checks.lookup(config, key)):
       raise ValueError(f"{key}={checks.lookup(config, key)!r} must be a local folder "
                        "(TFDS builds and the staging cache need a real filesystem)")
+  if is_remote(checks.lookup(config, "train.initial_eval_dir")):
+    raise ValueError(f"train.initial_eval_dir={config.train.initial_eval_dir!r} must be a "
+                     "local folder (it is read by the runs of one machine; '' = off)")
   learner = learner_config(config)        # raises "learner.<key>=..." on bad settings
   for g in candidates:
     rows = prompts_per_round(config.rollout, g) * g

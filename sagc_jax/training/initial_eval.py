@@ -6,39 +6,55 @@ on the controller (``training.build.build_eval_samplers``). The runs of one seed
 therefore compute the same evaluation before RL, number for number: on the real-model
 CPU comparison about 6.5 minutes of each 26-minute run. With ``train.initial_eval_dir``
 set (``sagc_jax.compare`` sets ``<workdir>/shared/initial_eval``), a run keeps its
-evaluation before RL in that folder under a key of everything the evaluation depends
-on, and a later run with the same key reads it instead of evaluating.
+evaluation before RL in that folder under a key of what the evaluation depends on, and
+a later run with the same key reads it instead of evaluating.
 
 The key is a SHA-256 over
-* every byte of the policy's weights (all model variables, in a fixed order);
-* the settings that decide the evaluation: ``seed``, ``data``, ``mesh``, ``model``,
-  ``reward``, ``rollout``, ``train.eval_greedy`` and ``train.eval_k``;
-* the devices (platform, kind, count, mesh shape), the jax and jaxlib versions and
-  ``XLA_FLAGS`` (numerics differ between backends and compiler options);
-* the source of the ``sagc_jax`` package (any code change gives a new key).
+* every byte of the policy's weights, and of the other files of its folder
+  (``model.path``: tokenizer, chat template, generation config);
+* what the evaluation reads: its held-out examples (prompt, answer), their prompt token
+  ids, the stop and pad ids;
+* the settings that decide it: ``seed``, ``data``, ``mesh``, ``model``, ``reward``,
+  ``rollout``, ``train.eval_greedy`` and ``train.eval_k`` (with ``eval_k`` > 1 also
+  ``controller.tau`` and the candidate sizes, which the straggler profile uses);
+* the devices (platform and its version, kind, count, mesh shape), the versions of
+  jax, jaxlib and the libraries that decode and verify, jax's numeric options, and the
+  ``JAX_*`` / ``XLA_*`` / ``LIBTPU_*`` / ``TPU_*`` environment variables;
+* the source of the ``sagc_jax`` package as this process imported it.
 
-A difference in any of them gives another key and a fresh evaluation, so reuse can
-cost an evaluation but never return another run's numbers. One process only: on a pod
-every run evaluates (the file would have to reach every host).
+A difference in any of these gives another key and a fresh evaluation. What the key
+cannot see (a different CPU behind the same shared folder, a library outside the list)
+is why the folder is per comparison and local. One process only: on a pod every run
+evaluates (the file would have to reach every host).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jaxlib
 import numpy as np
 
+from sagc_jax.control.budget import candidate_group_sizes
+
 __all__ = ["InitialEvaluationStore", "initial_eval_key", "reuse_or_evaluate"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 _EVALUATION_SETTINGS = ("data", "mesh", "model", "reward", "rollout")
+_LIBRARIES = ("flax", "numpy", "transformers", "tokenizers", "math-verify", "sympy",
+              "jax-cuda12-plugin", "libtpu")
+_ENV_PREFIXES = ("JAX_", "XLA_", "LIBTPU_", "TPU_")
+_JAX_OPTIONS = ("jax_default_matmul_precision", "jax_enable_x64",
+                "jax_threefry_partitionable", "jax_default_prng_impl")
+_WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".msgpack", ".index.json")
 
 
 def _source_digest() -> str:
@@ -48,6 +64,10 @@ def _source_digest() -> str:
     digest.update(str(path.relative_to(_PACKAGE)).encode())
     digest.update(path.read_bytes())
   return digest.hexdigest()
+
+
+# At import: the code this process runs, not what the files hold when the key is made.
+_SOURCE_DIGEST = _source_digest()
 
 
 def _weights_digest(variables: Any) -> str:
@@ -61,20 +81,59 @@ def _weights_digest(variables: Any) -> str:
   return digest.hexdigest()
 
 
-def initial_eval_key(config: Any, variables: Any, mesh_shape: dict[str, int]) -> str:
-  """The key of the evaluation before RL of a run (see the module docstring)."""
+def _folder_digest(folder: str) -> str:
+  """SHA-256 of the files of a local model folder other than its weights (names and
+  bytes): the tokenizer, chat template and generation config. '' without a folder."""
+  if not folder or not os.path.isdir(folder):
+    return ""
+  digest = hashlib.sha256()
+  for path in sorted(Path(folder).rglob("*")):
+    if path.is_file() and not path.name.endswith(_WEIGHT_FILES):
+      digest.update(str(path.relative_to(folder)).encode())
+      digest.update(path.read_bytes())
+  return digest.hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+  versions: dict[str, str | None] = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
+  for name in _LIBRARIES:
+    try:
+      versions[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      versions[name] = None
+  return versions
+
+
+def initial_eval_key(config: Any, variables: Any, mesh_shape: dict[str, int],
+                     examples: Sequence[dict], prompt_ids: Sequence[Sequence[int]],
+                     stop_ids: Sequence[int], pad_id: int) -> str:
+  """The key of a run's evaluation before RL (see the module docstring): ``variables``
+  the policy's weights, ``examples`` the held-out examples it evaluates (``prompt``,
+  ``answer``) and ``prompt_ids`` their encoded prompts."""
   devices = jax.devices()
+  settings = {"seed": config.seed,
+              **{name: config[name].to_dict() for name in _EVALUATION_SETTINGS},
+              "eval_greedy": config.train.get("eval_greedy", True),
+              "eval_k": config.train.get("eval_k", 0)}
+  if settings["eval_k"] > 1:        # the straggler profile of the k samples
+    settings["controller"] = {"tau": config.controller.tau,
+                              "sizes": list(candidate_group_sizes(config.controller))}
+  evaluated = hashlib.sha256(json.dumps(
+      [[ex["prompt"], ex["answer"], list(map(int, ids))]
+       for ex, ids in zip(examples, prompt_ids)]).encode()).hexdigest()
   parts = {
       "weights": _weights_digest(variables),
-      "settings": {"seed": config.seed,
-                   **{name: config[name].to_dict() for name in _EVALUATION_SETTINGS},
-                   "eval_greedy": config.train.get("eval_greedy", True),
-                   "eval_k": config.train.get("eval_k", 0)},
+      "model_files": _folder_digest(config.model.path),
+      "evaluated": evaluated, "stop_ids": list(map(int, stop_ids)), "pad_id": int(pad_id),
+      "settings": settings,
       "devices": {"platform": devices[0].platform, "kind": devices[0].device_kind,
+                  "platform_version": getattr(devices[0].client, "platform_version", ""),
                   "count": len(devices), "mesh": dict(mesh_shape)},
-      "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
-                   "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")},
-      "source": _source_digest(),
+      "versions": _versions(),
+      "jax_options": {name: str(getattr(jax.config, name, None)) for name in _JAX_OPTIONS},
+      "environment": {k: v for k, v in sorted(os.environ.items())
+                      if k.startswith(_ENV_PREFIXES)},
+      "source": _SOURCE_DIGEST,
   }
   text = json.dumps(parts, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -86,44 +145,66 @@ class InitialEvaluationStore:
   def __init__(self, directory: str | os.PathLike, key: str):
     self.path = Path(directory) / f"{key}.json"
 
-  def load(self) -> tuple[dict[str, float], np.ndarray, str] | None:
+  def load(self, examples: int) -> tuple[dict[str, float], np.ndarray, str] | None:
     """(evaluation, per-example sampled correctness, the run that measured it), or
-    None when no run kept an evaluation under this key."""
+    None when no run kept an evaluation under this key. Raises ``ValueError`` naming
+    what is wrong with a file that is not a kept evaluation of ``examples`` examples."""
     if not self.path.exists():
       return None
     saved = json.loads(self.path.read_text())
-    return (saved["evaluation"], np.asarray(saved["sampled_correct"], np.int8),
-            saved["measured_by"])
+    if not isinstance(saved, dict):
+      raise ValueError(f"holds a {type(saved).__name__}, not an object")
+    evaluation, correct = saved.get("evaluation"), saved.get("sampled_correct")
+    if not isinstance(evaluation, dict) or not isinstance(
+        evaluation.get("eval_sampled_accuracy"), (int, float)):
+      raise ValueError("has no evaluation with eval_sampled_accuracy")
+    if not isinstance(correct, list) or len(correct) != examples:
+      raise ValueError(f"has {len(correct) if isinstance(correct, list) else 'no'} "
+                       f"per-example results; this run evaluates {examples} examples")
+    return evaluation, np.asarray(correct, np.int8), str(saved.get("measured_by", "?"))
 
   def save(self, evaluation: dict[str, float], sampled_correct: np.ndarray,
            measured_by: str) -> None:
-    """Keeps an evaluation (written to a temporary name, then renamed: a reader never
-    sees half a file)."""
+    """Keeps an evaluation (written to a temporary file, then renamed: a reader never
+    sees half a file, and a write that fails leaves nothing behind)."""
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    partial = self.path.with_name(f"{self.path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps({"evaluation": evaluation,
-                                   "sampled_correct": np.asarray(sampled_correct).tolist(),
-                                   "measured_by": measured_by}))
-    os.replace(partial, self.path)
+    handle, partial = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.stem}.",
+                                       suffix=".partial")
+    try:
+      with os.fdopen(handle, "w") as f:
+        json.dump({"evaluation": evaluation,
+                   "sampled_correct": np.asarray(sampled_correct).tolist(),
+                   "measured_by": measured_by}, f)
+      os.replace(partial, self.path)
+    finally:
+      if os.path.exists(partial):
+        os.unlink(partial)
 
 
 def reuse_or_evaluate(store: InitialEvaluationStore | None, evaluate: Callable[[], dict],
-                      sampled_correct: Callable[[], np.ndarray], measured_by: str,
-                      log: Callable[[str], None]) -> tuple[dict[str, float], np.ndarray]:
+                      sampled_correct: Callable[[], np.ndarray], examples: int,
+                      measured_by: str, log: Callable[[str], None]
+                      ) -> tuple[dict[str, float], np.ndarray]:
   """The evaluation before RL: the stored one when ``store`` has it, else
   ``evaluate()`` (then kept in ``store``). Returns it with its per-example sampled
   correctness. A reused evaluation's ``eval_seconds`` is the time spent reading it;
-  ``eval_reused`` is 1.0."""
+  ``eval_reused`` is 1.0. A file that cannot be read, or a folder that cannot be
+  written, costs a warning, never the run or its evaluation."""
   start = time.perf_counter()
-  try:
-    kept = store.load() if store is not None else None
-  except (ValueError, KeyError, UnicodeDecodeError) as err:      # a file damaged by hand
-    log(f"warning: {store.path} is not a kept evaluation ({err!r}); evaluating again")
-    kept = None
+  kept = None
+  if store is not None:
+    try:
+      kept = store.load(examples)
+    except (OSError, ValueError, TypeError, UnicodeDecodeError) as err:
+      log(f"warning: {store.path} is not a kept evaluation ({err}); evaluating again")
   if kept is None:
     evaluation = evaluate()
     if store is not None:
-      store.save(evaluation, sampled_correct(), measured_by)
+      try:
+        store.save(evaluation, sampled_correct(), measured_by)
+      except OSError as err:
+        log(f"warning: could not keep the evaluation before RL in {store.path} ({err}); "
+            "the run goes on")
     return evaluation, sampled_correct()
   evaluation, correct, source = kept
   log(f"eval before RL: reusing the evaluation {source} measured from the same weights "

@@ -332,14 +332,18 @@ class Trainer:
     ``train.initial_eval_dir`` (``training.initial_eval``: the runs of a comparison
     that share a seed would each repeat it)."""
     directory = self.config.train.get("initial_eval_dir", "")
+    examples = self.evaluator.examples()
     store = None
     if directory and jax.process_count() == 1:
+      evaluated = [self.inputs.eval_source[i] for i in range(examples)]
       key = initial_eval_key(self.config, nnx.state(self.model, nnx.Param),
-                             dict(self.inputs.mesh.shape))
+                             dict(self.inputs.mesh.shape), evaluated,
+                             self.inputs.encode(evaluated), self.inputs.stop_ids,
+                             self.inputs.pad_id)
       store = InitialEvaluationStore(directory, key)
     evaluation, correct = reuse_or_evaluate(
         store, lambda: self._evaluate_with_lines("before RL"),
-        lambda: self.evaluator.sampled_correct, str(self.workdir), self.log)
+        lambda: self.evaluator.sampled_correct, examples, str(self.workdir), self.log)
     if evaluation.get("eval_reused"):
       self.evaluator.sampled_correct = correct
       self._log_evaluation("before RL", evaluation)
