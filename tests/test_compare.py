@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -192,6 +193,34 @@ def test_report_over_seeds_gives_mean_and_ci_per_arm(tmp_path):
   fake_arm(tmp_path, "grpo_sagc", "grpo", "sagc", None, steps=12, seed=99)
   with pytest.raises(ValueError, match="grpo_sagc and grpo_sagc_seed0 are both seed 0"):
     compare.load_comparison(tmp_path)
+
+
+def test_claims_md_pairs_each_contextual_arm_with_sagc_of_its_seed(tmp_path):
+  """compare.contextual arms: claims.md gets a section comparing each with SAGC of its
+  algorithm and seed (mean of the per-seed differences, re-derived here)."""
+  for seed in range(3):
+    for name, kind, g in [("static16", "static", 16), ("sagc", "sagc", None),
+                          ("per_prompt", "sagc", None)]:
+      fake_arm(tmp_path, f"grpo_{name}_seed{seed}", "grpo", kind, g, steps=12,
+               seed=seed * 10 + len(name))
+    config_file = tmp_path / "arms" / f"grpo_per_prompt_seed{seed}" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["controller"]["kind"] = "per_prompt"
+    config_file.write_text(json.dumps(config))
+  rows = compare.report(tmp_path, log=lambda m: None)
+  text = (tmp_path / "claims.md").read_text()
+  assert "## Contextual controllers against SAGC" in text
+  assert "| quantity | grpo per_prompt | verdict |" in text
+  by = {(r["arm"], r["seed"]): r for r in rows}
+  diffs = [by[("grpo_per_prompt", s)]["mean_g"] - by[("grpo_sagc", s)]["mean_g"]
+           for s in range(3)]
+  half = 4.303 * np.std(diffs, ddof=1) / np.sqrt(3)
+  assert f"| mean G, arm - SAGC | {np.mean(diffs):+.2f} ± {half:.2f} |" in text
+  # Without contextual arms, claims.md has no such section.
+  for seed in range(3):
+    shutil.rmtree(tmp_path / "arms" / f"grpo_per_prompt_seed{seed}")
+  compare.report(tmp_path, log=lambda m: None)
+  assert "Contextual" not in (tmp_path / "claims.md").read_text()
 
 
 def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):

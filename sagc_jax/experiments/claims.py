@@ -28,7 +28,8 @@ import numpy as np
 
 from sagc_jax.control.simulator import simulate
 
-__all__ = ["CLAIMS", "Claim", "adaptation_table", "claims_markdown", "claims_table", "mean_ci"]
+__all__ = ["CLAIMS", "Claim", "Paired", "adaptation_table", "claims_markdown", "claims_table",
+           "mean_ci", "paired_markdown"]
 
 # Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
@@ -177,6 +178,69 @@ def claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
   for i, claim in enumerate(CLAIMS):
     cells = " | ".join(f"{_cell(table[n][i])} | {table[n][i]['verdict']}" for n in names)
     lines.append(f"| {claim.text} | {cells} |")
+  return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """A quantity compared between two arms of the same seed: per seed ``arm / base``
+  (``kind="ratio"``, no change = 1) or ``arm - base`` (``"difference"``, no change =
+  0); ``better`` is the side that favours the arm ("above" / "below"; None: neither)."""
+  key: str
+  title: str
+  kind: str
+  better: str | None
+  fmt: str = ""          # '' = ".3f" for a ratio, "+.3f" for a difference
+
+
+def paired_verdict(stat: tuple[float, float, int], null: float, better: str | None) -> str:
+  """``better`` / ``worse`` when the 95% interval excludes ``null`` on that side
+  (``higher`` / ``lower`` when no side is better), ``no difference`` when it does not,
+  ``?`` with one seed and ``n/a`` with none."""
+  mean, half, n = stat
+  if n == 0:
+    return "n/a"
+  if n < 2:
+    return "?"
+  side = "above" if mean - half > null else "below" if mean + half < null else None
+  if side is None:
+    return "no difference"
+  if better is None:
+    return "higher" if side == "above" else "lower"
+  return "better" if side == better else "worse"
+
+
+def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, str, str]],
+                    quantities: Sequence[Paired]) -> str:
+  """Seed-paired comparisons as a markdown table: one row per quantity, per pair
+  ``(column title, arm, base arm)`` the mean ± 95% Student-t half-width over the
+  seeds that both arms ran (rows keyed by ``arm`` and ``seed``; non-finite values
+  are left out, and a cell says when fewer seeds remain) and its verdict
+  (``paired_verdict``)."""
+  by_seed = {(r["arm"], int(r["seed"])): r for r in rows}
+  seeds = sorted({int(r["seed"]) for r in rows})
+  lines = ["| quantity | " + " | ".join(f"{title} | verdict" for title, _, _ in pairs) + " |",
+           "|---|" + "---|---|" * len(pairs)]
+  for q in quantities:
+    fmt = q.fmt or (".3f" if q.kind == "ratio" else "+.3f")
+    null = 1.0 if q.kind == "ratio" else 0.0
+    cells = []
+    for _, arm, base in pairs:
+      values = []
+      for seed in seeds:
+        ours, theirs = by_seed.get((arm, seed)), by_seed.get((base, seed))
+        if ours is None or theirs is None or not (_finite(ours.get(q.key))
+                                                   and _finite(theirs.get(q.key))):
+          continue
+        values.append(ours[q.key] / theirs[q.key] if q.kind == "ratio"
+                      else ours[q.key] - theirs[q.key])
+      stat = mean_ci(values)
+      mean, half, n = stat
+      text = ("–" if not n else f"{mean:{fmt}}" if n == 1
+              else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}")
+      fewer = f" ({n} of {len(seeds)} seeds)" if 0 < n < len(seeds) else ""
+      cells.append(f"{text}{fewer} | {paired_verdict(stat, null, q.better)}")
+    lines.append(f"| {q.title} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sagc_jax.experiments.claims import claims_markdown, mean_ci
+from sagc_jax.experiments.claims import Paired, claims_markdown, mean_ci, paired_markdown
 from sagc_jax.experiments.machine import machine_info, machine_line, stamp
 from sagc_jax.runtime.metrics import finished_summary, summarize
 
@@ -46,6 +46,22 @@ RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "
                   "eval_sampled_gain", "response_len_mean", "response_len_start",
                   "response_len_end", "max_over_median_start", "max_over_median_end",
                   "mean_g", "reward_at_sagc_time", "sampled_accuracy_at_sagc_time")
+# The contextual controllers (compare.contextual) against SAGC of the same algorithm and
+# seed, in claims.md (docs/controllers.md): the quantities of the comparison's question.
+CONTEXTUAL_PAIRED = (
+    Paired("eval_sampled_accuracy_end", "held-out sampled accuracy at the end, arm - SAGC",
+           "difference", "above"),
+    Paired("sampled_accuracy_at_sagc_time", "held-out sampled accuracy when SAGC's steps "
+           "ended (equal wall-clock), arm - SAGC", "difference", "above"),
+    Paired("reward_at_sagc_time", "train reward when SAGC's steps ended, arm - SAGC",
+           "difference", "above"),
+    Paired("time_to_target_s", "wall-clock to compare.reward_target, arm / SAGC", "ratio",
+           "below"),
+    Paired("wall_clock_s", "wall-clock of the steps, arm / SAGC", "ratio", "below"),
+    Paired("group_straggler_rate", "group straggler rate, arm - SAGC", "difference", "below"),
+    Paired("step_straggler_rate", "step straggler rate, arm - SAGC", "difference", "below"),
+    Paired("mean_g", "mean G, arm - SAGC", "difference", None, "+.2f"),
+)
 # What results.md reports per arm, as mean +- 95% CI over the seeds: (column, header, format).
 SUMMARY_COLUMNS = (
     ("group_straggler_rate", "group straggler rate", ".3f"),
@@ -387,7 +403,25 @@ def write_results(rows: Sequence[dict[str, Any]], workdir: Path,
     writer.writerows([{k: row[k] for k in RESULT_COLUMNS} for row in rows])
   caption = f"{caption or 'Measured on: ' + machine_line()}.\n\n"
   (workdir / "results.md").write_text(caption + markdown_table(rows) + "\n", encoding="utf-8")
-  (workdir / "claims.md").write_text(caption + claims_markdown(rows) + "\n", encoding="utf-8")
+  (workdir / "claims.md").write_text(caption + claims_markdown(rows) + contextual_markdown(rows)
+                                     + "\n", encoding="utf-8")
+
+
+def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
+  """'' without contextual arms; else a section for claims.md: every contextual arm
+  against SAGC of its algorithm, seed-paired (``CONTEXTUAL_PAIRED``)."""
+  pairs = []
+  for algorithm in dict.fromkeys(str(r["algorithm"]) for r in rows):
+    kinds = dict.fromkeys(r["controller"] for r in rows if str(r["algorithm"]) == algorithm
+                          and r["controller"] not in ("sagc", "static"))
+    pairs += [(f"{algorithm} {kind}", f"{algorithm}_{kind}", f"{algorithm}_sagc")
+              for kind in kinds]
+  if not pairs:
+    return ""
+  seeds = len({int(r["seed"]) for r in rows})
+  return ("\n\n## Contextual controllers against SAGC\n\nPer seed, the arm against SAGC of "
+          f"the same algorithm and seed, then mean ± 95% CI over the {seeds} seeds:\n\n"
+          + paired_markdown(rows, pairs, CONTEXTUAL_PAIRED))
 
 
 def _cell(stat: tuple[float, float, int], fmt: str) -> str:
@@ -550,7 +584,7 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   write_results(rows, workdir, caption)
   plot_comparison(arms, workdir, machine)
   log(markdown_table(rows))
-  log(claims_markdown(rows))
+  log(claims_markdown(rows) + contextual_markdown(rows))
   log(f"wrote {workdir / 'results.csv'} (one row per arm and seed), {workdir / 'results.md'} "
       f"(mean ± 95% CI over seeds), {workdir / 'claims.md'} (the paper's claims, per "
       f"seed-paired comparison) and plots in {workdir}")

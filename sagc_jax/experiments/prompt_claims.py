@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from sagc_jax.control.prompt_simulator import ARMS_CONTEXTUAL, simulate_prompts
-from sagc_jax.experiments.claims import mean_ci, seeded_configs
+from sagc_jax.experiments.claims import Paired, mean_ci, paired_markdown, seeded_configs
 
 __all__ = ["prompt_claim_rows", "prompt_claims_markdown", "simulate_prompt_claims"]
 
@@ -35,14 +35,15 @@ _COLUMNS = (
     ("signal_at_equal_time_k", "signal at equal wall-clock (k)", 1.0, ".2f"),
     ("controller_us", "controller µs / step", 1.0, ".0f"),
 )
-# (row key, title, "ratio" or "difference", the better side) of the paired comparison.
+# The paired comparison with SAGC (arm / SAGC or arm - SAGC, per seed).
 _PAIRED = (
-    ("signal_at_equal_time_k", "signal at equal wall-clock, arm / SAGC", "ratio", "above"),
-    ("time_to_target_h", "wall-clock to the target signal, arm / SAGC", "ratio", "below"),
-    ("signal_k", "signal over the run, arm / SAGC", "ratio", "above"),
-    ("informative_k", "informative groups over the run, arm / SAGC", "ratio", "above"),
-    ("wall_clock_h", "wall-clock of the run, arm / SAGC", "ratio", "below"),
-    ("group_straggler_rate", "group straggler rate, arm - SAGC", "difference", "below"),
+    Paired("signal_at_equal_time_k", "signal at equal wall-clock, arm / SAGC", "ratio", "above"),
+    Paired("time_to_target_h", "wall-clock to the target signal, arm / SAGC", "ratio", "below"),
+    Paired("signal_k", "signal over the run, arm / SAGC", "ratio", "above"),
+    Paired("informative_k", "informative groups over the run, arm / SAGC", "ratio", "above"),
+    Paired("wall_clock_h", "wall-clock of the run, arm / SAGC", "ratio", "below"),
+    Paired("group_straggler_rate", "group straggler rate, arm - SAGC", "difference", "below",
+           "+.4f"),
 )
 
 
@@ -70,17 +71,6 @@ def _cell(values: Sequence[float], fmt: str) -> str:
   return f"{mean:{fmt}}" if n < 2 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
 
 
-def _verdict(values: Sequence[float], null: float, better: str) -> str:
-  mean, half, n = mean_ci(values)
-  if n < 2:
-    return "?"
-  if mean - half > null:
-    return "better" if better == "above" else "worse"
-  if mean + half < null:
-    return "better" if better == "below" else "worse"
-  return "no difference"
-
-
 def prompt_claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
   """The per-arm table and the seed-paired comparison with SAGC (markdown)."""
   arms = list(dict.fromkeys(r["arm"] for r in rows))
@@ -92,24 +82,9 @@ def prompt_claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
     mine = [r for r in rows if r["arm"] == arm]
     lines.append(f"| {arm} | " + " | ".join(_cell([r[key] * scale for r in mine], fmt)
                                           for key, _, scale, fmt in _COLUMNS) + " |")
-  by_seed = {(r["arm"], int(r["seed"])): r for r in rows}
   contextual = [a for a in ARMS_CONTEXTUAL if a != "sagc" and a in arms]
   lines += ["", "Against SAGC, per seed then mean ± 95% CI:", "",
-            "| quantity | " + " | ".join(f"{a} | verdict" for a in contextual) + " |",
-            "|---|" + "---|---|" * len(contextual)]
-  for key, title, kind, better in _PAIRED:
-    cells = []
-    for arm in contextual:
-      values = []
-      for seed in seeds:
-        ours, base = by_seed.get((arm, seed)), by_seed.get(("sagc", seed))
-        if ours is None or base is None:
-          continue
-        values.append(ours[key] / base[key] if kind == "ratio" else ours[key] - base[key])
-      null = 1.0 if kind == "ratio" else 0.0
-      cells.append(f"{_cell(values, '.3f' if kind == 'ratio' else '+.4f')} | "
-                   f"{_verdict(values, null, better)}")
-    lines.append(f"| {title} | " + " | ".join(cells) + " |")
+            paired_markdown(rows, [(a, a, "sagc") for a in contextual], _PAIRED)]
   return "\n".join(lines)
 
 
