@@ -55,6 +55,8 @@ CONTEXTUAL_PAIRED = (
            "ended (equal wall-clock), arm - SAGC", "difference", "above"),
     Paired("reward_at_sagc_time", "train reward when SAGC's steps ended, arm - SAGC",
            "difference", "above"),
+    Paired("final_reward", "final train reward (last 10 steps), arm - SAGC", "difference",
+           "above"),
     Paired("time_to_target_s", "wall-clock to compare.reward_target, arm / SAGC", "ratio",
            "below"),
     Paired("wall_clock_s", "wall-clock of the steps, arm / SAGC", "ratio", "below"),
