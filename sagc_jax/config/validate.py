@@ -193,13 +193,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     value = checks.lookup(config, key)
     if not isinstance(value, str):
       raise ValueError(f"{key}={value!r} must be a string (a folder path; '' for the default)")
-  for key in ("data.data_dir", "train.local_cache_dir"):
+  filesystem = "TFDS builds and the staging cache need a real filesystem"
+  for key, why in (("data.data_dir", filesystem), ("train.local_cache_dir", filesystem),
+                   ("train.initial_eval_dir", "it is read by the runs of one machine; '' = off")):
     if is_remote(checks.lookup(config, key)):
-      raise ValueError(f"{key}={checks.lookup(config, key)!r} must be a local folder "
-                       "(TFDS builds and the staging cache need a real filesystem)")
-  if is_remote(checks.lookup(config, "train.initial_eval_dir")):
-    raise ValueError(f"train.initial_eval_dir={config.train.initial_eval_dir!r} must be a "
-                     "local folder (it is read by the runs of one machine; '' = off)")
+      raise ValueError(f"{key}={checks.lookup(config, key)!r} must be a local folder ({why})")
   learner = learner_config(config)        # raises "learner.<key>=..." on bad settings
   for g in candidates:
     rows = prompts_per_round(config.rollout, g) * g

@@ -29,7 +29,7 @@ import numpy as np
 from sagc_jax.control.simulator import simulate
 
 __all__ = ["CLAIMS", "Claim", "Paired", "adaptation_table", "claims_markdown", "claims_table",
-           "mean_ci", "paired_markdown"]
+           "format_ci", "mean_ci", "paired_markdown"]
 
 # Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
@@ -47,6 +47,14 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
     return float(x[0]), float("nan"), 1
   t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
   return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
+
+
+def format_ci(stat: tuple[float, float, int], fmt: str) -> str:
+  """``mean ± half`` of a ``mean_ci`` result; the mean alone for one value, '–' for none."""
+  mean, half, n = stat
+  if not n:
+    return "–"
+  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,11 +243,9 @@ def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, s
         values.append(ours[q.key] / theirs[q.key] if q.kind == "ratio"
                       else ours[q.key] - theirs[q.key])
       stat = mean_ci(values)
-      mean, half, n = stat
-      text = ("–" if not n else f"{mean:{fmt}}" if n == 1
-              else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}")
+      n = stat[2]
       fewer = f" ({n} of {len(seeds)} seeds)" if 0 < n < len(seeds) else ""
-      cells.append(f"{text}{fewer} | {paired_verdict(stat, null, q.better)}")
+      cells.append(f"{format_ci(stat, fmt)}{fewer} | {paired_verdict(stat, null, q.better)}")
     lines.append(f"| {q.title} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

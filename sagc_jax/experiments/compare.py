@@ -33,7 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sagc_jax.experiments.claims import Paired, claims_markdown, mean_ci, paired_markdown
+from sagc_jax.experiments.claims import (Paired, claims_markdown, format_ci, mean_ci,
+                                          paired_markdown)
 from sagc_jax.experiments.machine import machine_info, machine_line, stamp
 from sagc_jax.runtime.metrics import finished_summary, summarize
 
@@ -426,19 +427,12 @@ def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
           + paired_markdown(rows, pairs, CONTEXTUAL_PAIRED))
 
 
-def _cell(stat: tuple[float, float, int], fmt: str) -> str:
-  mean, half, n = stat
-  if not n:
-    return "–"
-  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
-
-
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   """Per arm: mean ± 95% CI over its seeds (n = seeds) of ``SUMMARY_COLUMNS``."""
   header = "| arm | seeds | " + " | ".join(h for _, h, _ in SUMMARY_COLUMNS) + " |"
   lines = [header, "|" + "---|" * (len(SUMMARY_COLUMNS) + 2)]
   for arm in summary_table(rows):
-    cells = " | ".join(_cell(arm[key], fmt) for key, _, fmt in SUMMARY_COLUMNS)
+    cells = " | ".join(format_ci(arm[key], fmt) for key, _, fmt in SUMMARY_COLUMNS)
     lines.append(f"| {arm['arm']} | {arm['seeds']} | {cells} |")
   return "\n".join(lines)
 

@@ -57,17 +57,17 @@ _JAX_OPTIONS = ("jax_default_matmul_precision", "jax_enable_x64",
 _WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".msgpack", ".index.json")
 
 
-def _source_digest() -> str:
-  """SHA-256 of every ``.py`` file of the package (path and bytes, in sorted order)."""
+def _files_digest(root: Path, paths: Sequence[Path]) -> str:
+  """SHA-256 of ``paths`` (their names relative to ``root``, and bytes), in sorted order."""
   digest = hashlib.sha256()
-  for path in sorted(_PACKAGE.rglob("*.py")):
-    digest.update(str(path.relative_to(_PACKAGE)).encode())
+  for path in sorted(paths):
+    digest.update(str(path.relative_to(root)).encode())
     digest.update(path.read_bytes())
   return digest.hexdigest()
 
 
 # At import: the code this process runs, not what the files hold when the key is made.
-_SOURCE_DIGEST = _source_digest()
+_SOURCE_DIGEST = _files_digest(_PACKAGE, list(_PACKAGE.rglob("*.py")))
 
 
 def _weights_digest(variables: Any) -> str:
@@ -86,12 +86,8 @@ def _folder_digest(folder: str) -> str:
   bytes): the tokenizer, chat template and generation config. '' without a folder."""
   if not folder or not os.path.isdir(folder):
     return ""
-  digest = hashlib.sha256()
-  for path in sorted(Path(folder).rglob("*")):
-    if path.is_file() and not path.name.endswith(_WEIGHT_FILES):
-      digest.update(str(path.relative_to(folder)).encode())
-      digest.update(path.read_bytes())
-  return digest.hexdigest()
+  return _files_digest(Path(folder), [p for p in Path(folder).rglob("*")
+                                      if p.is_file() and not p.name.endswith(_WEIGHT_FILES)])
 
 
 def _versions() -> dict[str, str | None]:
