@@ -1,11 +1,30 @@
-"""Test-session setup: 8 fake CPU devices for the sharding tests.
+"""Test-session setup: 8 fake CPU devices for the sharding tests, one compilation cache
+and one local cache for the whole session, and tests that share programs on one worker.
 
 The device count is fixed when jax initialises its backend, so it must be set
 before any test module imports jax. Single-device code is unaffected (arrays
 live on device 0 unless a mesh says otherwise).
+
+The suite is compile-bound (tiny models), so each program should compile once per
+test run (docs/testing.md, "Where the time goes"):
+
+- JAX's persistent compilation cache in a folder of the session serves every program
+  without a host callback to both xdist workers and to later tests that build the same
+  program again. A cache hit still counts as a compilation
+  (``/jax/core/compile/backend_compile_duration``), so the "nothing compiles after
+  warm-up" checks keep their strength.
+- Programs with a host callback (every fused-sampler call) are never written to that
+  cache, so tests that share them must share the objects that hold them: session
+  fixtures (``llama``, ``qwen2``, ``sharded_llama``, ``fused_sampler``) and
+  ``WORKER_GROUPS``, which sends the modules that use them to one worker.
+- ``SAGC_CACHE_DIR`` (warm starts, converted models) is a folder of the session too:
+  a run of the suite neither reads nor leaves anything in ``~/.cache``.
 """
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 
 def _add_xla_flag(flag: str, unless: str | None = None) -> None:
@@ -17,6 +36,26 @@ def _add_xla_flag(flag: str, unless: str | None = None) -> None:
 
 
 _add_xla_flag("--xla_force_host_platform_device_count=8")
+
+# One OpenMP thread per process (torch's reference models, BLAS): the suite runs one
+# xdist worker per core, and torch's default of a thread per core then oversubscribes
+# the cores; its OpenMP threads spin while they wait, which made one 64-token
+# transformers generate take minutes instead of seconds beside a busy worker. XLA's own
+# thread pool is not OpenMP and keeps its size.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The first process of a test run (xdist's controller, or a run without -n) makes the
+# session folder; the workers and every process a test starts inherit it.
+SESSION_DIR_ENV = "SAGC_TEST_SESSION_DIR"
+_OWNS_SESSION_DIR = SESSION_DIR_ENV not in os.environ
+if _OWNS_SESSION_DIR:
+  os.environ[SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="sagc-tests-")
+SESSION_DIR = Path(os.environ[SESSION_DIR_ENV])
+os.environ.setdefault("SAGC_CACHE_DIR", str(SESSION_DIR / "local_cache"))
+# The trainer's runs in this session point their compilation cache here as well, and
+# write every program to it, as the test processes do (``pytest_configure``).
+JAX_CACHE_DIR = SESSION_DIR / "jax_cache"
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # No TPU here: JAX on CPU without loading libtpu (its noise and lockfile), as every
 # command does (runtime/platform.py); AOT compilation for abstract TPU topologies
@@ -95,11 +134,19 @@ LIBTPU_MODULES = frozenset({"test_aot", "test_hbm_traffic"})
 # optimised). The slow half and a whole-suite run compile as the commands do. A level
 # set in XLA_FLAGS by the caller wins.
 QUICK_SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
+QUICK_SUITE_CODEGEN_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
 def pytest_configure(config):
   if config.getoption("markexpr", "") == "not slow":
     _add_xla_flag(QUICK_SUITE_XLA_FLAG, unless="xla_backend_optimization_level")
+    _add_xla_flag(QUICK_SUITE_CODEGEN_FLAG, unless="xla_cpu_use_fusion_emitters")
+  import jax
+
+  # Every program, however quick to compile: the tiny models' programs take well under
+  # the trainer's 1 s threshold, and there are thousands of them.
+  jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE_DIR))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
   config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "
@@ -108,6 +155,46 @@ def pytest_configure(config):
   # the controller prints a line as each module finishes instead.
   if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
     config.pluginmanager.register(ModuleProgress(config), "sagc-module-progress")
+
+
+def pytest_unconfigure(config):
+  if _OWNS_SESSION_DIR and not hasattr(config, "workerinput"):
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
+
+
+# Modules whose tests share session fixtures and the programs those hold (the fused
+# sampler's carry a host callback, which the persistent cache cannot serve): under
+# xdist each group runs on one worker, so its programs compile once per test run. The
+# other quick modules run whole on a worker (their module fixtures build once); the
+# slow modules are spread test by test (each test starts its own processes or runs).
+WORKER_GROUPS = {
+    "test_sampler": "tiny_hf_llama", "test_segmented": "tiny_hf_llama",
+    "test_refill": "tiny_hf_llama", "test_reward_overlap": "tiny_hf_llama",
+}
+
+
+def worker_scope(nodeid: str) -> str:
+  """The unit of work xdist hands a worker for test ``nodeid``."""
+  path, _, _ = nodeid.partition("::")
+  module = path.rpartition("/")[2].removesuffix(".py")
+  if module in SLOW_MODULES or nodeid.rpartition("tests/")[2].partition("@")[0] in SLOW_TESTS:
+    return nodeid
+  return WORKER_GROUPS.get(module, module)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+  """``-n N`` (xdist's ``load``): whole units of ``worker_scope`` per worker, the units
+  with most tests first."""
+  if config.getvalue("dist") != "load":
+    return None
+  from xdist.scheduler import LoadScopeScheduling
+
+  class SharedProgramScheduling(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+      return worker_scope(nodeid)
+
+  return SharedProgramScheduling(config, log)
 
 
 class ModuleProgress:
@@ -171,3 +258,52 @@ def pytest_collection_modifyitems(config, items):
     raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: "
                             f"{stale}")
   items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable
+
+
+# ---------------------------------------------------------------- session fixtures
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+  """The runs' TFDS data folder (one per worker: TFDS prepares a dataset in place) and
+  the session's compilation cache (``test_trainer.small_config``)."""
+  return {"data_dir": str(tmp_path_factory.mktemp("tfds")), "cache": str(JAX_CACHE_DIR)}
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory):
+  """A tiny random transformers Llama (untied head), saved and loaded with our loader:
+  ``.torch`` is the reference model, ``.model`` ours (test_sampler, test_segmented,
+  test_refill, test_reward_overlap: one worker, see ``WORKER_GROUPS``)."""
+  return _load_hf_case(tmp_path_factory, "llama_untied")
+
+
+@pytest.fixture(scope="session")
+def qwen2(tmp_path_factory):
+  """A tiny random transformers Qwen2 (tied head, q/k/v biases), as ``llama``."""
+  return _load_hf_case(tmp_path_factory, "qwen2_tied")
+
+
+@pytest.fixture(scope="session")
+def sharded_llama(llama):
+  """(mesh, model): the llama weights on a (2 data, 4 model) mesh of fake devices."""
+  import jax
+
+  from sagc_jax.models import from_pretrained
+
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
+  mesh = jax.make_mesh((2, 4), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return mesh, from_pretrained(llama.folder, mesh=mesh)[0]
+
+
+def _load_hf_case(tmp_path_factory, name):
+  import types
+
+  pytest.importorskip("torch")
+  import hf_fixtures as hf
+  from sagc_jax.models import from_pretrained
+
+  torch_model = hf.build_hf_model(hf.CASES[name])
+  folder = hf.save_hf_model(torch_model, tmp_path_factory.mktemp(name))
+  model, cfg = from_pretrained(folder)
+  return types.SimpleNamespace(torch=torch_model, folder=folder, model=model, cfg=cfg)

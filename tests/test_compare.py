@@ -16,7 +16,7 @@ import pytest
 
 from sagc_jax.experiments import compare
 from sagc_jax.config import learner_config, preset, validate
-from test_trainer import shared, small_config  # noqa: F401 (shared is a fixture)
+from test_trainer import small_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,12 +18,6 @@ def _exact_match(completion: str, answer: str) -> float:
                and lines[-1].strip() == answer.strip())
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  root = tmp_path_factory.mktemp("completion_log_shared")
-  return {"data_dir": str(root / "tfds"), "cache": str(root / "cache")}
-
-
 def test_completions_are_logged_every_n_steps_with_their_rewards(shared, tmp_path,
                                                                  monkeypatch):
   from test_trainer import run, small_config

@@ -109,8 +109,7 @@ def test_straggler_profile_matches_a_loop_over_groups_and_steps():
 
 
 @pytest.mark.parametrize("segmented", [False, True], ids=["fused", "segmented"])
-def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_path_factory,
-                                                               segmented):
+def test_evaluation_reports_pass_at_k_without_new_compilations(shared, tmp_path, segmented):
   """k samples per example go through the sampled eval sampler's compiled bucket (one
   group per example; the segmented sampler compiles the k-group at warm-up); the
   greedy and one-sample results do not change with k."""
@@ -119,8 +118,7 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(tmp_path, tmp_pat
   from sagc_jax.runtime import compilation
   from sagc_jax.training.loop import Trainer
 
-  root = tmp_path_factory.mktemp("evaluation_shared")
-  config = small_config({"data_dir": str(root / "tfds"), "cache": str(root / "cache")})
+  config = small_config(shared)
   config.rollout.segmented_eval = segmented
   plain_trainer = Trainer(config, tmp_path / "plain", log=lambda m: None)
   try:

@@ -14,7 +14,7 @@ import hf_fixtures as hf
 from sagc_jax.training.export import export
 from sagc_jax.models import from_pretrained
 from sagc_jax.training.loop import Trainer
-from test_trainer import run, shared, small_config  # noqa: F401 (fixture)
+from test_trainer import run, small_config
 
 torch = pytest.importorskip("torch")
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_trainer import load_history, shared, write_config_file  # noqa: F401 (fixture)
+from test_trainer import load_history, write_config_file
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from test_trainer import (_train_process, deterministic_view, load_history,  # noqa: F401
-                          shared, wait_for_steps, write_config_file)
+from test_trainer import (_train_process, deterministic_view, load_history, wait_for_steps,
+                          write_config_file)
 
 REPO = Path(__file__).resolve().parents[1]
 HEARTBEAT_S = 10            # what the local launcher sets (SAGC_HEARTBEAT_TIMEOUT_S)

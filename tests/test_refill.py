@@ -19,7 +19,7 @@ from sagc_jax.models.paged_cache import SCRATCH_PAGE, PagedKVCache, paged_decode
 from sagc_jax.runtime import compilation
 from sagc_jax.sampling import Sampler, SamplingParams
 from sagc_jax.sampling.refill_schedule import PagePool
-from test_sampler import llama, random_prompts  # noqa: F401 (fixtures)
+from test_sampler import fused_reference, random_prompts
 from test_segmented import assert_same_samples
 
 STOPS = tuple(range(3, 256, 3))     # a third of the vocabulary: lengths 1 .. the cap
@@ -128,8 +128,7 @@ def refill_sampler(model, params, **kwargs):
 @pytest.mark.parametrize("temperature, top_p", [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
 def test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows(llama, temperature, top_p):
   params = SamplingParams(N_NEW, temperature=temperature, top_p=top_p, stop_ids=STOPS)
-  fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
-                  decode_segment=0)
+  fused = fused_reference(llama.model, params)
   refill = refill_sampler(llama.model, params)
   for seed in range(3):
     prompts = random_prompts(4, 1, 12, seed=50 + seed)
@@ -144,8 +143,7 @@ def test_refill_samples_the_fused_tokens_with_4_slots_for_16_rows(llama, tempera
 
 def test_a_pool_too_small_for_every_slot_evicts_and_still_samples_the_same_tokens(llama):
   params = SamplingParams(N_NEW, temperature=1.0, stop_ids=(7, 11))   # long responses
-  fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
-                  decode_segment=0)
+  fused = fused_reference(llama.model, params)
   refill = refill_sampler(llama.model, params, kv_pages=8)   # 7 pages for 4 slots
   assert refill.refill.pages_per_row == 6
   prompts = random_prompts(4, 6, 12, seed=61)
@@ -200,8 +198,7 @@ def test_refill_on_a_mesh_samples_the_single_device_fused_tokens(llama, lanes_ll
 
   mesh, sharded = lanes_llama
   params = SamplingParams(N_NEW, temperature=1.0, stop_ids=(7, 11, 13, 17))
-  fused = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
-                  decode_segment=0)
+  fused = fused_reference(llama.model, params)
   options = dataclasses.replace(fused.options, paged_kernel=kernel)
   refill = Sampler(sharded, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0,
                    group_sizes=(4,), mesh=mesh, refill_slots=8, page_size=4,

@@ -214,11 +214,9 @@ def test_good_settings_pass_validation():
   check_reward_config(c.reward)
 
 
-def test_training_logs_each_term_and_the_weighted_total(tmp_path, tmp_path_factory):
+def test_training_logs_each_term_and_the_weighted_total(shared, tmp_path):
   from test_trainer import run, small_config
-  root = tmp_path_factory.mktemp("reward_mix_shared")
-  config = small_config({"data_dir": str(root / "tfds"), "cache": str(root / "cache")},
-                        steps=2)
+  config = small_config(shared, steps=2)
   config.reward.update(dict(fns=("exact_match", "test_reward_mix:length_bonus",
                                  "test_reward_mix:fails_on_odd_length"),
                             weights=(1.0, 0.5, 0.25)))

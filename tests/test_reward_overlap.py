@@ -19,7 +19,7 @@ from sagc_jax.rewards.streaming import StreamingScorer
 from sagc_jax.runtime import compilation
 from sagc_jax.sampling import Sampler, SamplingParams
 from test_refill import N_NEW, STOPS, refill_sampler
-from test_sampler import llama, random_prompts  # noqa: F401 (fixtures)
+from test_sampler import fused_reference, random_prompts
 from test_segmented import assert_same_samples
 
 
@@ -72,8 +72,7 @@ def test_refill_hands_over_rows_as_they_stop_and_samples_the_same_tokens(llama, 
 
 def test_sub_calls_hand_over_each_sub_call_s_rows_before_the_next_one_runs(llama):
   params = SamplingParams(N_NEW, temperature=1.0, stop_ids=STOPS)
-  whole = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
-                  decode_segment=0)
+  whole = fused_reference(llama.model, params)
   split = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
                   decode_segment=0, max_rows_per_call=8)
   prompts = random_prompts(3, 2, 12, seed=82)        # 12 real rows of 16

@@ -3,16 +3,12 @@ statistics, stop handling, host-callback stats, sharding and compile counts."""
 
 from __future__ import annotations
 
-import types
-
-import jax
 import numpy as np
 import pytest
 import scipy.stats
 
 import hf_fixtures as hf
 from sagc_jax.runtime import compilation
-from sagc_jax.models import from_pretrained
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.group_stats import LengthStatsSink
 
@@ -24,21 +20,19 @@ PAD = 0
 SEGMENT = 8
 
 
-def load_case(tmp_path_factory, name):
-  torch_model = hf.build_hf_model(hf.CASES[name])
-  folder = hf.save_hf_model(torch_model, tmp_path_factory.mktemp(name))
-  model, cfg = from_pretrained(folder)
-  return types.SimpleNamespace(torch=torch_model, folder=folder, model=model, cfg=cfg)
+_FUSED_REFERENCES: dict = {}
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-  return load_case(tmp_path_factory, "llama_untied")
-
-
-@pytest.fixture(scope="module")
-def qwen2(tmp_path_factory):
-  return load_case(tmp_path_factory, "qwen2_tied")
+def fused_reference(model, params):
+  """The fused sampler (16 rows, prompts up to 12 tokens) that the segmented, refill and
+  sub-call samplers are compared with, one per (model, params) in a process: its
+  programs carry the stats host callback, which the persistent compilation cache cannot
+  serve, so the tests that compare against the same settings share one compilation."""
+  key = (id(model), params)
+  if key not in _FUSED_REFERENCES:
+    _FUSED_REFERENCES[key] = Sampler(model, params, row_buckets=(16,), prompt_buckets=(12,),
+                                     decode_segment=0)
+  return _FUSED_REFERENCES[key]
 
 
 def random_prompts(n, low, high, seed=0):
@@ -249,16 +243,6 @@ def test_zero_compilations_after_warmup_across_random_group_sizes(llama, segment
 def test_hold_rollouts_group_sizes_share_one_bucket():
   assert row_buckets_for((4, 8, 16), lambda g: 64 // g) == (64,)
   assert row_buckets_for((4, 8), {4: 3, 8: 3}.__getitem__, multiple_of=8) == (16, 24)
-
-
-@pytest.fixture(scope="module")
-def sharded_llama(llama):
-  """(mesh, model): the llama weights on a (2 data, 4 model) mesh of fake devices."""
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 (fake) devices: see tests/conftest.py")
-  mesh = jax.make_mesh((2, 4), ("data", "model"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
-  return mesh, from_pretrained(llama.folder, mesh=mesh)[0]
 
 
 def test_sharded_matches_unsharded(llama, sharded_llama):

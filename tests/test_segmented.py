@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.sampling import Sampler, SamplingParams
-from test_sampler import llama, random_prompts, sharded_llama  # noqa: F401 (fixtures)
+from test_sampler import fused_reference, random_prompts
 
 # A third of the vocabulary stops a response: lengths spread from 1 to the cap, so
 # rows finish at different segments and compaction moves the survivors several times.
@@ -17,7 +17,7 @@ N_NEW = 12
 
 
 def pair(model, params, mesh=None, **kwargs):
-  fused = Sampler(model, params, row_buckets=(16,), prompt_buckets=(12,), decode_segment=0)
+  fused = fused_reference(model, params)
   segmented = Sampler(model, params, row_buckets=(16,), prompt_buckets=(12,), mesh=mesh,
                       decode_segment=3, min_compact_rows=1 if mesh is None else 2,
                       group_sizes=(4,), **kwargs)

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from test_trainer import (deterministic_view, load_history, shared,  # noqa: F401
-                          write_config_file)
+from test_trainer import deterministic_view, load_history, write_config_file
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT_S = 30.0               # a Spot / preemptible VM's notice

@@ -32,13 +32,6 @@ REQUIRED_KEYS = {"step", "g", "lambda", "p_mean/G2", "p_mean/G4", "straggler_rat
                  "new_compilations", "learner/loss"}
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-  """One TFDS data dir and one persistent compilation cache for every run here."""
-  root = tmp_path_factory.mktemp("trainer_shared")
-  return {"data_dir": str(root / "tfds"), "cache": str(root / "jax_cache")}
-
-
 def small_config(shared, algorithm="grpo", controller="sagc", steps=3):
   c = preset(algorithm, controller)
   c.controller.update(dict(candidates=(2, 4), static_g=4, tau=1.5))

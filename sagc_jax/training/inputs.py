@@ -79,13 +79,18 @@ class RunInputs:
 
 def configure_compilation_cache(config: ml_collections.ConfigDict, workdir: Any,
                                 cache_root: Path, read_only: bool) -> None:
-  """Points JAX's persistent compilation cache at the run (a reader: the local cache)."""
+  """Points JAX's persistent compilation cache at the run (a reader: the local cache).
+
+  Which programs are written is JAX's own setting (``jax_persistent_cache_min_compile_
+  time_secs``, 1 s unless the user's ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` says
+  otherwise). JAX opens the cache folder at the first compilation of a process and keeps
+  it: a process that compiled before its first run keeps the folder it had then.
+  """
   if not config.train.compilation_cache:
     return
   default = (cache_root / "jax_cache") if read_only else workdir / "jax_cache"
   jax.config.update("jax_compilation_cache_dir",
                     config.train.compilation_cache_dir or str(default))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
