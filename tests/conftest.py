@@ -143,10 +143,9 @@ def pytest_configure(config):
     _add_xla_flag(QUICK_SUITE_CODEGEN_FLAG, unless="xla_cpu_use_fusion_emitters")
   import jax
 
-  # Every program, however quick to compile: the tiny models' programs take well under
-  # the trainer's 1 s threshold, and there are thousands of them.
   jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE_DIR))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
   config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "
@@ -261,6 +260,21 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---------------------------------------------------------------- session fixtures
+@pytest.fixture(scope="session")
+def commands():
+  """``commands.run(module, *argv, cwd=...)``: ``python -m module argv`` as a child of one
+  warm process (``cli_runner``), for command lines whose start-up would be most of
+  their time."""
+  from cli_runner import WarmCommands
+
+  warm = WarmCommands()
+  # What the libraries print at import lands in the server, not in each command's
+  # output: it must be nothing, so that each command's own output is the whole story.
+  assert warm.startup_output == "", warm.startup_output
+  yield warm
+  warm.close()
+
+
 @pytest.fixture(scope="session")
 def shared(tmp_path_factory):
   """The runs' TFDS data folder (one per worker: TFDS prepares a dataset in place) and

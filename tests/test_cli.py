@@ -118,11 +118,9 @@ def test_a_preset_that_sets_a_key_keeps_it_under_the_command_line_algorithm():
     ("--max_steps=-1", "error: --max_steps=-1 must be >= 1"),
     ("--max_steps=0", "error: --max_steps=0 must be >= 1"),
 ])
-def test_bad_override_is_one_line_and_exit_2(tmp_path, arg, expected):
-  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
-                         f"--config={REPO / 'configs/tiny_cpu.py'}",
-                         f"--workdir={tmp_path / 'run'}", arg],
-                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+def test_bad_override_is_one_line_and_exit_2(commands, tmp_path, arg, expected):
+  proc = commands.run("sagc_jax.train", f"--config={REPO / 'configs/tiny_cpu.py'}",
+                      f"--workdir={tmp_path / 'run'}", arg, cwd=tmp_path)
   assert proc.returncode == 2, proc.stderr
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
@@ -133,36 +131,31 @@ def test_bad_override_is_one_line_and_exit_2(tmp_path, arg, expected):
     ("train", "Any ``--config.KEY=VALUE`` overrides"), ("eval", "--workdir"), ("export", "--out"),
     ("simulate", "--claims_seeds"), ("compare", "--merge_only"), ("claims", "--adaptation"),
     ("figures", "--only"), ("bench", "sampler"), ("aot", "--topology")])
-def test_every_cli_help_exits_0(tool, expected):
+def test_every_cli_help_exits_0(commands, tool, expected):
   """The flags are parsed before absl.app runs (for one-line errors): --help too."""
-  proc = subprocess.run([sys.executable, "-m", f"sagc_jax.{tool}", "--help"],
-                        capture_output=True, text=True, timeout=300)
+  proc = commands.run(f"sagc_jax.{tool}", "--help")
   assert proc.returncode == 0, proc.stderr
   assert expected in proc.stdout, proc.stdout
   assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("examples", ["0", "-5"])
-def test_eval_refuses_a_non_positive_example_count(tmp_path, examples):
-  proc = subprocess.run([sys.executable, "-m", "sagc_jax.eval", f"--workdir={tmp_path}",
-                         f"--examples={examples}"], capture_output=True, text=True, timeout=300)
+def test_eval_refuses_a_non_positive_example_count(commands, tmp_path, examples):
+  proc = commands.run("sagc_jax.eval", f"--workdir={tmp_path}", f"--examples={examples}")
   assert proc.returncode == 2, proc.stderr
   assert f"--examples {examples} must be >= 1" in proc.stderr
   assert "Traceback" not in proc.stderr
 
 
-def test_a_config_key_given_twice_is_refused_and_an_empty_tuple_clears(tmp_path):
+def test_a_config_key_given_twice_is_refused_and_an_empty_tuple_clears(commands, tmp_path):
   """ml_collections joins a tuple key given twice ((4, 8) + (16, 32)): refused, in the
   config-file tools (one line, exit 2, nothing started) and in eval's overrides."""
   from sagc_jax.cli import apply_config_overrides
   from sagc_jax.config import preset
 
-  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
-                         f"--config={REPO / 'configs/tiny_cpu.py'}",
-                         f"--workdir={tmp_path / 'run'}",
-                         "--config.controller.candidates=(4,8)",
-                         "--config.controller.candidates=(16,32)"],
-                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+  proc = commands.run("sagc_jax.train", f"--config={REPO / 'configs/tiny_cpu.py'}",
+                      f"--workdir={tmp_path / 'run'}", "--config.controller.candidates=(4,8)",
+                      "--config.controller.candidates=(16,32)", cwd=tmp_path)
   assert proc.returncode == 2, proc.stderr
   lines = proc.stderr.strip().splitlines()
   assert lines == ["error: --config.controller.candidates is given twice ('(4,8)' and "
@@ -180,7 +173,8 @@ def test_a_config_key_given_twice_is_refused_and_an_empty_tuple_clears(tmp_path)
   assert parsed.controller.candidates == (4, 16)
 
 
-def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(tmp_path):
+def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(commands,
+                                                                                tmp_path):
   """summary.json of a run that finished train.steps: printed, nothing rebuilt (no data
   prepared, no compilation); a run stopped early, or asked for more steps, trains on."""
   import json
@@ -190,10 +184,8 @@ def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(t
   (workdir / "summary.json").write_text(json.dumps({
       "steps": 3, "preempted": False, "eval_sampled_accuracy_start": 0.25,
       "eval_sampled_accuracy_end": 0.5}))
-  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
-                         f"--config={REPO / 'configs/tiny_cpu.py'}", f"--workdir={workdir}",
-                         "--config.train.steps=3"],
-                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
+  proc = commands.run("sagc_jax.train", f"--config={REPO / 'configs/tiny_cpu.py'}",
+                      f"--workdir={workdir}", "--config.train.steps=3", cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr
   assert f"{workdir} finished all 3 steps earlier" in proc.stdout
   assert "0.250 before RL -> 0.500 after 3 steps" in proc.stdout

@@ -122,8 +122,7 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(shared, tmp_path,
   config.rollout.segmented_eval = segmented
   plain_trainer = Trainer(config, tmp_path / "plain", log=lambda m: None)
   try:
-    plain_trainer.warmup()
-    plain = plain_trainer.evaluate()
+    plain = plain_trainer.evaluate()        # compiles only the evaluation's programs
   finally:
     plain_trainer.close()
   config.train.eval_k = 4

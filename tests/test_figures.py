@@ -4,8 +4,6 @@ and stamped on figures, finished jobs are skipped on a rerun, unknown jobs are r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,11 +30,10 @@ def test_machine_info_names_cpu_cores_and_jax_and_stamps_figures():
   assert machine_line(info) in f"measured on: {machine_line(info)}"
 
 
-def test_figures_cli_runs_jobs_records_the_machine_and_resumes(tmp_path):
+def test_figures_cli_runs_jobs_records_the_machine_and_resumes(commands, tmp_path):
   out = tmp_path / "figures"
-  cmd = [sys.executable, "-m", "sagc_jax.figures", f"--out={out}",
-         "--only=simulate,simulate_4prompts_step"]
-  first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  cmd = ["sagc_jax.figures", f"--out={out}", "--only=simulate,simulate_4prompts_step"]
+  first = commands.run(*cmd, cwd=REPO)
   assert first.returncode == 0, first.stderr
   machine = json.loads((out / "machine.json").read_text())
   assert machine["cores"] >= 1 and machine["jax"]
@@ -49,7 +46,7 @@ def test_figures_cli_runs_jobs_records_the_machine_and_resumes(tmp_path):
   step = json.loads((out / "simulate_4prompts_step" / "results.json").read_text())
   assert step["config"]["controller"]["event"] == "step"
   assert step["config"]["sim"]["prompts_per_step"] == 4
-  again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  again = commands.run(*cmd, cwd=REPO)
   assert again.returncode == 0 and again.stdout.count("skipped") == 2
 
 

@@ -4,7 +4,7 @@ Tiny random HF checkpoints (see ``hf_fixtures``) are loaded with ``from_pretrain
 must reproduce transformers' float32 logits to 1e-4, for every family and switch:
 Llama with and without ``llama3`` RoPE scaling, tied and untied heads, Qwen2 biases,
 Qwen3 q/k norms with head_dim != hidden/heads. The KV cache, padding, sharded loading on
-8 fake CPU devices (in a subprocess: the device count is fixed at jax import), the
+8 fake CPU devices (tests/conftest.py), the
 save -> transformers round trip, sharded safetensors, bf16, error reporting, the offline
 tokenizer and the tiny checkpoint builder are checked too.
 """
@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import jax
@@ -284,65 +283,48 @@ def test_cache_overflow_is_refused(ckpts):
 
 # ---------------------------------------------------------------------------- sharding
 
-_SHARDED_SCRIPT = textwrap.dedent("""
-    import dataclasses, json, sys
-    import jax, jax.numpy as jnp, numpy as np
-    from flax import nnx
-    from jax.sharding import PartitionSpec as P
-    from sagc_jax.models import from_pretrained, init_cache, init_model, tiny_config
-    from sagc_jax.models.sharding import fit_spec
+def _sharded_load(folder, ref, ids) -> dict:
+  """Loads ``folder`` on a (2 data, 4 model) mesh of the 8 fake devices and returns the
+  logit and decode differences from ``ref`` and the parameters' and cache's specs."""
+  from sagc_jax.models.sharding import fit_spec
 
-    folder, ref_path = sys.argv[1], sys.argv[2]
-    assert jax.device_count() == 8, jax.device_count()
-    mesh = jax.make_mesh((2, 4), ("data", "model"),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    model, cfg = from_pretrained(folder, mesh=mesh)
-    specs = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-      arr = var.get_value()
-      name = ".".join(map(str, path))
-      specs[name] = [str(s) for s in arr.sharding.spec]
-      # Each device holds only its slice: no full copy anywhere.
-      n_split = np.prod([mesh.shape[a] for a in arr.sharding.spec if a is not None])
-      shard_sizes = {s.data.size for s in arr.addressable_shards}
-      assert shard_sizes == {arr.size // n_split}, (name, shard_sizes, arr.shape)
-      assert tuple(var.get_metadata()["out_sharding"]) == tuple(arr.sharding.spec) + (
-          None,) * (arr.ndim - len(arr.sharding.spec)), name
-    ref = np.load(ref_path)
-    ids = jnp.asarray(np.load(ref_path.replace("ref.npy", "ids.npy")))
-    with jax.set_mesh(mesh):
-      logits = nnx.jit(lambda m, x: m(x))(model, ids)
-      cache = init_cache(cfg, 2, 32, mesh=mesh)
-      step = nnx.jit(lambda m, x, c: m(x, cache=c))
-      pre, cache = step(model, ids[:, :16], cache)
-      dec, cache = step(model, ids[:, 16:17], cache)
-    sharded_init = init_model(dataclasses.replace(tiny_config("qwen3"), num_layers=1), mesh=mesh)
-    print(json.dumps({
-        "diff": float(np.abs(np.asarray(logits) - ref).max()),
-        "decode_diff": float(np.abs(np.asarray(dec)[:, 0] - ref[:, 16]).max()),
-        "specs": specs,
-        "cache_k_spec": [str(s) for s in cache.k[0].sharding.spec],
-        "cache0_k_spec": [str(s) for s in init_cache(cfg, 2, 32, mesh=mesh).k[0].sharding.spec],
-        "init_q_spec": [str(s) for s in
-                        sharded_init.layers[0].self_attn.q_proj.kernel[...].sharding.spec],
-        "fit_uneven": [str(s) for s in fit_spec((6, 8), ("model", "model"), mesh)],
-    }))
-""")
+  assert jax.device_count() == 8, jax.device_count()
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  model, cfg = from_pretrained(folder, mesh=mesh)
+  specs = {}
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    arr = var.get_value()
+    name = ".".join(map(str, path))
+    specs[name] = [str(s) for s in arr.sharding.spec]
+    # Each device holds only its slice: no full copy anywhere.
+    n_split = np.prod([mesh.shape[a] for a in arr.sharding.spec if a is not None])
+    shard_sizes = {s.data.size for s in arr.addressable_shards}
+    assert shard_sizes == {arr.size // n_split}, (name, shard_sizes, arr.shape)
+    assert tuple(var.get_metadata()["out_sharding"]) == tuple(arr.sharding.spec) + (
+        None,) * (arr.ndim - len(arr.sharding.spec)), name
+  ids = jnp.asarray(ids)
+  with jax.set_mesh(mesh):
+    logits = nnx.jit(lambda m, x: m(x))(model, ids)
+    cache = init_cache(cfg, 2, 32, mesh=mesh)
+    step = nnx.jit(lambda m, x, c: m(x, cache=c))
+    _, cache = step(model, ids[:, :16], cache)
+    dec, cache = step(model, ids[:, 16:17], cache)
+  sharded_init = init_model(dataclasses.replace(tiny_config("qwen3"), num_layers=1), mesh=mesh)
+  return {
+      "diff": float(np.abs(np.asarray(logits) - ref).max()),
+      "decode_diff": float(np.abs(np.asarray(dec)[:, 0] - ref[:, 16]).max()),
+      "specs": specs,
+      "cache_k_spec": [str(s) for s in cache.k[0].sharding.spec],
+      "cache0_k_spec": [str(s) for s in init_cache(cfg, 2, 32, mesh=mesh).k[0].sharding.spec],
+      "init_q_spec": [str(s) for s in
+                      sharded_init.layers[0].self_attn.q_proj.kernel[...].sharding.spec],
+      "fit_uneven": [str(s) for s in fit_spec((6, 8), ("model", "model"), mesh)],
+  }
 
 
-def test_sharded_load_on_8_devices(ckpts, tmp_path):
+def test_sharded_load_on_8_devices(ckpts):
   folder, _, ref = ckpts.get("qwen2_untied")
-  np.save(tmp_path / "ref.npy", ref)
-  np.save(tmp_path / "ids.npy", ckpts.ids)
-  script = tmp_path / "sharded.py"
-  script.write_text(_SHARDED_SCRIPT)
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu", "PYTHONPATH": f"{REPO}{os.pathsep}"
-         + os.environ.get("PYTHONPATH", "")}
-  proc = subprocess.run([sys.executable, str(script), str(folder), str(tmp_path / "ref.npy")],
-                        capture_output=True, text=True, env=env, timeout=300)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  result = _sharded_load(folder, ref, ckpts.ids)
   MAX_DIFFS["qwen2_untied_sharded_8dev"] = result["diff"]
   assert result["diff"] <= ATOL and result["decode_diff"] <= ATOL
   specs = result["specs"]

@@ -79,11 +79,13 @@ def test_packed_row_computes_each_sequence_as_if_alone(attention):
     segments[0, col:col + len(s)] = i
     positions[0, col:col + len(s)] = np.arange(len(s))
     col += len(s)
-  packed, _ = model.hidden_states(jnp.asarray(tokens), positions=jnp.asarray(positions),
-                                  segment_ids=jnp.asarray(segments), options=options)
+  hidden = nnx.jit(lambda m, *args, **kwargs: m.hidden_states(*args, **kwargs,
+                                                               options=options)[0])
+  packed = hidden(model, jnp.asarray(tokens), positions=jnp.asarray(positions),
+                  segment_ids=jnp.asarray(segments))
   col = 0
   for s in seqs:
-    alone, _ = model.hidden_states(jnp.asarray(s[None]), options=options)
+    alone = hidden(model, jnp.asarray(s[None]))
     np.testing.assert_allclose(np.asarray(packed[0, col:col + len(s)]), np.asarray(alone[0]),
                                rtol=1e-5, atol=1e-5)
     col += len(s)

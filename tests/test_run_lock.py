@@ -70,15 +70,14 @@ def test_heartbeat_is_refreshed_while_held(tmp_path):
   lock.release()
 
 
-def test_second_trainer_is_refused_before_touching_the_run(tmp_path, other_process):
+def test_second_trainer_is_refused_before_touching_the_run(commands, tmp_path, other_process):
   workdir = tmp_path / "run"
   workdir.mkdir()
   (workdir / "metrics.jsonl").write_text('{"step": 1}\n')
   _write_lock(workdir, socket.gethostname(), other_process.pid)
   before = {p.name: p.read_bytes() for p in workdir.iterdir()}
-  proc = subprocess.run([sys.executable, "-m", "sagc_jax.train",
-                         f"--config={REPO / 'configs/tiny_cpu.py'}", f"--workdir={workdir}"],
-                        capture_output=True, text=True, timeout=300)
+  proc = commands.run("sagc_jax.train", f"--config={REPO / 'configs/tiny_cpu.py'}",
+                      f"--workdir={workdir}")
   assert proc.returncode == 2, proc.stderr
   # (libtpu, installed for the AOT tests, may print its own warnings first.)
   last = proc.stderr.strip().splitlines()[-1]

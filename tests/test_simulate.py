@@ -1,8 +1,6 @@
 """Rollout-length simulator: cost model, length process, LP reference, CLI."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -117,11 +115,10 @@ def test_invalid_config_names_the_key(key, value, match):
     simulate.simulate(config)
 
 
-def test_default_cli_runs_and_writes_json_and_png(tmp_path):
+def test_default_cli_runs_and_writes_json_and_png(commands, tmp_path):
   out = tmp_path / "sim.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "sagc_jax.simulate", f"--out={out}", "--config.sim.steps=200"],
-      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  proc = commands.run("sagc_jax.simulate", f"--out={out}", "--config.sim.steps=200",
+                      cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr
   assert "static_G16" in proc.stdout and "sagc" in proc.stdout
   result = json.loads(out.read_text())
@@ -131,10 +128,9 @@ def test_default_cli_runs_and_writes_json_and_png(tmp_path):
   assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_reports_bad_override_with_key(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "sagc_jax.simulate", f"--out={tmp_path / 'x.json'}",
-       "--config.sim.mode=sideways"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+def test_cli_reports_bad_override_with_key(commands, tmp_path):
+  proc = commands.run("sagc_jax.simulate", f"--out={tmp_path / 'x.json'}",
+                      "--config.sim.mode=sideways", cwd=tmp_path)
   assert proc.returncode == 2
   assert "sim.mode='sideways'" in proc.stderr
 
@@ -254,12 +250,11 @@ def test_prompt_claims_rows_and_tables(tmp_path):
   assert table.count("signal at equal wall-clock, arm / SAGC") == 1
 
 
-def test_prompt_cli_runs_and_writes_json(tmp_path):
+def test_prompt_cli_runs_and_writes_json(commands, tmp_path):
   out = tmp_path / "prompts.json"
-  proc = subprocess.run(
-      [sys.executable, "-m", "sagc_jax.simulate", f"--config={REPO / 'configs' / 'simulate_prompts.py'}",
-       f"--out={out}", "--config.sim.steps=60"],
-      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  proc = commands.run("sagc_jax.simulate",
+                      f"--config={REPO / 'configs' / 'simulate_prompts.py'}", f"--out={out}",
+                      "--config.sim.steps=60", cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr
   assert "per_prompt" in proc.stdout and "ctrl_us" in proc.stdout
   result = json.loads(out.read_text())

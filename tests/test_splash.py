@@ -46,11 +46,11 @@ def _check(q, k, v, segments, real, mesh, block=128):
   def dense(q, k, v):
     return _dense(q, k, v, jnp.asarray(_segment_mask(segments)), groups)
 
-  out, ref = jax.jit(splash)(q, k, v), dense(q, k, v)
+  out, ref = jax.jit(splash)(q, k, v), jax.jit(dense)(q, k, v)
   np.testing.assert_allclose(np.where(real[:, :, None, None], out, 0),
                              np.where(real[:, :, None, None], ref, 0), atol=2e-6)
   grads = jax.jit(jax.grad(lambda *a: _loss(splash(*a), real), argnums=(0, 1, 2)))(q, k, v)
-  ref_grads = jax.grad(lambda *a: _loss(dense(*a), real), argnums=(0, 1, 2))(q, k, v)
+  ref_grads = jax.jit(jax.grad(lambda *a: _loss(dense(*a), real), argnums=(0, 1, 2)))(q, k, v)
   for g, r in zip(grads, ref_grads):
     np.testing.assert_allclose(g, r, atol=1e-5 * float(jnp.abs(r).max()))
 
