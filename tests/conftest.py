@@ -129,10 +129,11 @@ LIBTPU_MODULES = frozenset({"test_aot", "test_hbm_traffic"})
 
 
 # The quick suite's models are tiny, so compiling is most of its time: it compiles with
-# LLVM's optimisation level 0, which cuts XLA:CPU compile time by about a third (the
-# programs, their HLO and every check are the same; only CPU code generation is less
-# optimised). The slow half and a whole-suite run compile as the commands do. A level
-# set in XLA_FLAGS by the caller wins.
+# LLVM's optimisation level 0 and XLA:CPU's classic elemental emitters instead of its
+# MLIR fusion emitters, which together halve XLA:CPU compile time (the programs, their
+# HLO and every check are the same; only CPU code generation differs). The slow half
+# and a whole-suite run compile as the commands do. A value set in XLA_FLAGS by the
+# caller wins.
 QUICK_SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
 QUICK_SUITE_CODEGEN_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
@@ -141,11 +142,14 @@ def pytest_configure(config):
   if config.getoption("markexpr", "") == "not slow":
     _add_xla_flag(QUICK_SUITE_XLA_FLAG, unless="xla_backend_optimization_level")
     _add_xla_flag(QUICK_SUITE_CODEGEN_FLAG, unless="xla_cpu_use_fusion_emitters")
-  import jax
+  runs_tests = not getattr(config.option, "numprocesses", None) or hasattr(config,
+                                                                          "workerinput")
+  if runs_tests:                 # xdist's controller starts the workers without jax
+    import jax
 
-  jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE_DIR))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+    jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE_DIR))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
   config.addinivalue_line("markers", "slow: trains, runs several processes, compiles for "
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
   config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "

@@ -51,8 +51,20 @@ def generate(self, *args, **kwargs):
 sampler_module.Sampler.generate = generate
 """
 
-UPDATE_SLEEPS = """
+# A phase that takes long while running Python code. One long ``time.sleep`` in the main
+# thread would stand in badly: the kernel may hand the signal to any of the process's
+# threads, and then the sleep does not wake until it ends (Python runs the handler in
+# the main thread between bytecodes), so it waits in 0.1 s slices.
+SLICED_SLEEP = """
 import time
+
+def sleep(seconds):
+  end = time.monotonic() + seconds
+  while time.monotonic() < end:
+    time.sleep(0.1)
+"""
+
+UPDATE_SLEEPS = SLICED_SLEEP + """
 from sagc_jax.rl import learner as learner_module
 original, calls = learner_module.Learner.update, []
 
@@ -60,19 +72,18 @@ def update(self, batch, seed=0):
   calls.append(1)
   if len(calls) == 2:                # step 2's update
     print("MARK update running", flush=True)
-    time.sleep(SECONDS)
+    sleep(SECONDS)
   return original(self, batch, seed=seed)
 learner_module.Learner.update = update
 """
 
-EXPORT_SLEEPS = """
-import time
+EXPORT_SLEEPS = SLICED_SLEEP + """
 from sagc_jax.training import export as export_module
 original = export_module.write_hf_folder
 
 def write_hf_folder(*args, **kwargs):
   print("MARK export running", flush=True)
-  time.sleep(120)
+  sleep(120)
   return original(*args, **kwargs)
 export_module.write_hf_folder = write_hf_folder
 """
