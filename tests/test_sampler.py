@@ -184,12 +184,13 @@ def test_callback_stats_equal_numpy_and_padding_rows_never_leak(llama):
       super().__call__(*stats)
   sampler = Sampler(llama.model, params, row_buckets=(16,), prompt_buckets=(12,),
                     decode_segment=SEGMENT, sink=SpySink())
-  batch = sampler.generate(llama.model, prompts, group_size=4, seed=8)
+  # Groups of 5: an odd size, whose median is its middle row alone.
+  batch = sampler.generate(llama.model, prompts, group_size=5, seed=8)
   assert len(delivered) == 1                              # one host callback per call
   gmax, gmed = batch.group_max, batch.group_median        # what it delivered, for this call
-  assert batch.row_valid.sum() == 12 and not batch.row_valid[12:].any()
-  assert np.all(batch.lengths[12:] == 0) and np.all(batch.response_tokens[12:] == PAD)
-  lengths = batch.lengths[:12].reshape(3, 4)
+  assert batch.row_valid.sum() == 15 and not batch.row_valid[15:].any()
+  assert np.all(batch.lengths[15:] == 0) and np.all(batch.response_tokens[15:] == PAD)
+  lengths = batch.lengths[:15].reshape(3, 5)
   assert len(np.unique(lengths)) > 2                     # varied lengths, a real check
   np.testing.assert_array_equal(gmax, lengths.max(axis=1))
   np.testing.assert_array_equal(gmed, np.median(lengths, axis=1))
