@@ -154,6 +154,9 @@ def pytest_configure(config):
                           "TPU or loads the real model (runs last; -m 'not slow' skips)")
   config.addinivalue_line("markers", "libtpu: compiles for an abstract TPU topology (needs "
                           "the tpu extra; slow)")
+  if os.environ.get("SAGC_TEST_PROFILE"):
+    import compile_profile      # where the time goes, per test (docs/testing.md)
+    config.pluginmanager.register(compile_profile, "sagc-compile-profile")
   # With pytest-xdist (-n N) the terminal shows one dot per test and no module names:
   # the controller prints a line as each module finishes instead.
   if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):

@@ -83,8 +83,8 @@ def configure_compilation_cache(config: ml_collections.ConfigDict, workdir: Any,
 
   Which programs are written is JAX's own setting (``jax_persistent_cache_min_compile_
   time_secs``, 1 s unless the user's ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` says
-  otherwise). JAX opens the cache folder at the first compilation of a process and keeps
-  it: a process that compiled before its first run keeps the folder it had then.
+  otherwise). JAX opens the folder at a process's first compilation after one is set
+  and keeps it for the process: a later run in the same process uses that folder.
   """
   if not config.train.compilation_cache:
     return
