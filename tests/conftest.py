@@ -15,8 +15,8 @@ test run (docs/testing.md, "Where the time goes"):
   warm-up" checks keep their strength.
 - Programs with a host callback (every fused-sampler call) are never written to that
   cache, so tests that share them must share the objects that hold them: session
-  fixtures (``llama``, ``qwen2``, ``sharded_llama``, ``fused_sampler``) and
-  ``WORKER_GROUPS``, which sends the modules that use them to one worker.
+  fixtures (``llama``, ``qwen2``, ``sharded_llama``), ``test_sampler.fused_reference``
+  and ``WORKER_GROUPS``, which sends the modules that use them to one worker.
 - ``SAGC_CACHE_DIR`` (warm starts, converted models) is a folder of the session too:
   a run of the suite neither reads nor leaves anything in ``~/.cache``.
 """
@@ -138,13 +138,17 @@ QUICK_SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
 QUICK_SUITE_CODEGEN_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
+def _is_xdist_controller(config) -> bool:
+  """True in the process that hands tests to xdist's workers (``-n N``) and runs none."""
+  return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config,
+                                                                             "workerinput")
+
+
 def pytest_configure(config):
   if config.getoption("markexpr", "") == "not slow":
     _add_xla_flag(QUICK_SUITE_XLA_FLAG, unless="xla_backend_optimization_level")
     _add_xla_flag(QUICK_SUITE_CODEGEN_FLAG, unless="xla_cpu_use_fusion_emitters")
-  runs_tests = not getattr(config.option, "numprocesses", None) or hasattr(config,
-                                                                          "workerinput")
-  if runs_tests:                 # xdist's controller starts the workers without jax
+  if not _is_xdist_controller(config):      # the controller starts the workers without jax
     import jax
 
     jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE_DIR))
@@ -159,12 +163,12 @@ def pytest_configure(config):
     config.pluginmanager.register(compile_profile, "sagc-compile-profile")
   # With pytest-xdist (-n N) the terminal shows one dot per test and no module names:
   # the controller prints a line as each module finishes instead.
-  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+  if _is_xdist_controller(config):
     config.pluginmanager.register(ModuleProgress(config), "sagc-module-progress")
 
 
 def pytest_unconfigure(config):
-  if _OWNS_SESSION_DIR and not hasattr(config, "workerinput"):
+  if _OWNS_SESSION_DIR:             # workers inherit the folder; its maker removes it
     shutil.rmtree(SESSION_DIR, ignore_errors=True)
 
 
