@@ -57,6 +57,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from sagc_jax.control.context import BatchContext
+from sagc_jax.control.protocol import ContextSource, GroupPlan
 from sagc_jax.control.prompt_aware import PromptAwareController, per_group_array
 
 __all__ = ["PerPromptController", "allocate_group_sizes"]
@@ -135,6 +136,18 @@ class PerPromptController(PromptAwareController):
   def propose(self, context: BatchContext | None = None) -> int:
     raise ValueError("a per_prompt controller chooses one size per prompt: call "
                      "propose_groups(context)")
+
+  def plan(self, context: ContextSource | None = None) -> GroupPlan:
+    """Sizes per prompt of the step's upcoming prompts; the plan's G is G_b."""
+    sizes = self.propose_groups(None if context is None or self._pending else context())
+    return GroupPlan(self.base_g, sizes)
+
+  def check_process_count(self, processes: int) -> None:
+    if processes > 1:
+      # Each process's share of the rows would differ in length, and the host gathers
+      # take equal shares.
+      raise ValueError(f"controller.kind='per_prompt' runs on one process (this run has "
+                       f"{processes}); use 'prompt_aware' or 'sagc' on several processes")
 
   def propose_groups(self, context: BatchContext) -> np.ndarray:
     """G_i for the first k prompts of ``context`` (module docstring), as an int64

@@ -66,6 +66,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
+from sagc_jax.control.protocol import ContextSource, GroupPlan, StepGroups
 from sagc_jax.control.context import BatchContext, FeatureBuckets, PromptHistory, tail_scores
 from sagc_jax.control.sagc import SAGCController, check_range, straggler_flags, validated_lengths
 
@@ -202,6 +203,14 @@ class PromptAwareController(SAGCController):
       self._proposal.used = self.prompts_for(g, len(self._proposal.ids))
       self._proposal.predicted = self._predict(self._cell_means(), self._index)
     return g
+
+  def plan(self, context: ContextSource | None = None) -> GroupPlan:
+    """``propose`` on the step's upcoming prompts (read only here)."""
+    return GroupPlan(self.propose(None if context is None else context()))
+
+  def observe_step(self, groups: StepGroups) -> dict[str, float]:
+    return self.observe(groups.group_max, groups.group_median, prompt_ids=groups.prompt_ids,
+                        pass_rates=groups.pass_rates, group_sizes=groups.group_sizes)
 
   def cell_posterior_mean(self) -> np.ndarray:
     """Posterior mean straggler probability per (candidate, bucket), shape

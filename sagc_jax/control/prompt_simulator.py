@@ -57,6 +57,7 @@ from sagc_jax.config import checks
 from sagc_jax.control.budget import prompts_per_round
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import StaticController, controller_from_config
+from sagc_jax.control.protocol import StepGroups
 from sagc_jax.control.simulator import cost_model_from_config, validate_config
 
 __all__ = ["ARMS_CONTEXTUAL", "PromptPool", "format_prompt_table", "pool_from_config",
@@ -198,11 +199,10 @@ def _run_step(ctrl: Any, world: dict[str, np.ndarray], sim: Any) -> tuple[np.nda
   """One controller decision on the step's context: (sizes per used prompt, seconds)."""
   context = BatchContext(world["ids"], world["prompt_tokens"])
   start = time.perf_counter()
-  if ctrl.kind == "per_prompt":
-    sizes = ctrl.propose_groups(context)
-  else:
-    g = ctrl.propose(context) if ctrl.kind == "prompt_aware" else ctrl.propose()
-    sizes = np.full(prompts_per_round(sim, g), g)
+  plan = ctrl.plan(lambda: context)
+  sizes = plan.sizes
+  if sizes is None:
+    sizes = np.full(prompts_per_round(sim, plan.group_size), plan.group_size)
   return sizes, time.perf_counter() - start
 
 
@@ -240,11 +240,9 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
       k = sizes.size
       groups = _groups(world, sizes)
       start = time.perf_counter()
-      if ctrl.kind in ("prompt_aware", "per_prompt"):
-        metrics = ctrl.observe(groups["max"], groups["median"], prompt_ids=world["ids"][:k],
-                               pass_rates=groups["pass"], group_sizes=sizes)
-      else:
-        metrics = ctrl.observe(groups["max"], groups["median"])
+      metrics = ctrl.observe_step(StepGroups(groups["max"], groups["median"],
+                                             prompt_ids=world["ids"][:k],
+                                             pass_rates=groups["pass"], group_sizes=sizes))
       metrics["controller_s"] = seconds + time.perf_counter() - start
       p = world["pass_rate"][:k]
       metrics["signal"] = float(np.sum(4.0 * p * (1.0 - p) * np.log2(sizes)))

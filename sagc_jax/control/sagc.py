@@ -103,6 +103,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from sagc_jax.control.protocol import ContextSource, GroupPlan, StepGroups
+
 __all__ = [
     "EVENTS",
     "SAGCController",
@@ -291,6 +293,19 @@ class _GroupSizeController:
       self._index = self._choose()
       self._pending = True
     return self.g
+
+  # ------------------------------------------- the protocol (control.protocol)
+  def plan(self, context: ContextSource | None = None) -> GroupPlan:
+    """The step's plan: ``propose()``'s G for every prompt (no context needed)."""
+    return GroupPlan(self.propose())
+
+  def observe_step(self, groups: StepGroups) -> dict[str, float]:
+    """``observe`` of the step's groups (the other fields are for contextual kinds)."""
+    return self.observe(groups.group_max, groups.group_median)
+
+  def check_process_count(self, processes: int) -> None:
+    """Raises when the kind cannot run on ``processes`` processes (every size-per-step
+    kind can: all processes see the same gathered lengths and propose the same G)."""
 
   def observe(self, group_max: Any, group_median: Any) -> dict[str, float]:
     """Feeds back the per-group max/median response lengths of the step.

@@ -33,6 +33,7 @@ import numpy as np
 from sagc_jax.config import checks
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_per_round
 from sagc_jax.control.controller import SAGCController, StaticController, controller_from_config
+from sagc_jax.control.protocol import StepGroups
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,9 +219,9 @@ def simulate(config: Any) -> dict[str, Any]:
   for step in range(config.sim.steps):
     world = process.draw(step, max_prompts, max(candidates))
     for name, ctrl in arms:
-      g = ctrl.propose()
+      g = ctrl.plan().group_size
       lengths = world[:prompts_per_round(config.sim, g), :g]
-      metrics = ctrl.observe(lengths.max(axis=1), np.median(lengths, axis=1))
+      metrics = ctrl.observe_step(StepGroups(lengths.max(axis=1), np.median(lengths, axis=1)))
       metrics.update(cost.step(lengths, config.sim.prompt_len))
       traces[name].append(metrics)
   elapsed = time.perf_counter() - started

@@ -111,9 +111,7 @@ def arm_configs(config) -> dict[str, Any]:
       for key in PRESET_FIELDS:
         if not (key == "kl_coef" and algorithm == "grpo"):
           arm.learner[key] = None
-      arm.controller.kind = kind
-      if g is not None:
-        arm.controller.static_g = g
+      arm.controller.update(dict(kind=kind) if g is None else dict(kind=kind, static_g=g))
       arms[name] = arm
   return arms
 

@@ -55,7 +55,7 @@ def collect_informative_groups(sample_round: Callable[[int], tuple[RolloutBatch,
     ids = batch.group_ids[batch.row_valid]
     sampled += int(np.unique(ids).size)
     informative = list(dict.fromkeys(batch.group_ids[keep & batch.row_valid].tolist()))
-    # Groups may differ in size (controller.kind="per_prompt"): take those that still
+    # Groups may differ in size (a plan with a size per prompt): take those that still
     # fit the row bucket.
     take = []
     for group in informative:

@@ -33,7 +33,7 @@ class RolloutBatch:
   group_ids: np.ndarray          # [B] int32
   row_valid: np.ndarray          # [B] bool
   scores: np.ndarray             # [B] float32 rewards (0 for padding rows)
-  # The call's G (its base size when groups differ: controller.kind="per_prompt");
+  # The call's G (the plan's base size when groups differ in size);
   # the learner reads the groups from group_ids only.
   group_size: int
 

@@ -412,7 +412,7 @@ class Sampler:
     refill boundaries, after each sub-call) and is lent the host while the device
     decodes the rest: the caller's scoring of finished rows overlaps the tail.
 
-    ``group_sizes`` (``controller.kind="per_prompt"``): prompt i gets
+    ``group_sizes`` (a controller plan with a size per prompt): prompt i gets
     ``group_sizes[i]`` rows instead, consecutive in prompt order; ``group_size`` is
     then the step's base size, which picks the compiled programs (the fused or the
     segmented sampler in one call; group structure is data, so the programs are the

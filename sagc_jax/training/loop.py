@@ -146,11 +146,7 @@ class Trainer:
                                shard_index=jax.process_index(), num_shards=jax.process_count())
     self.controller = controller_from_config(config)
     processes = jax.process_count()
-    if config.controller.kind == "per_prompt" and processes > 1:
-      # Each process's share of the rows would differ in length, and the host gathers
-      # take equal shares.
-      raise ValueError(f"controller.kind='per_prompt' runs on one process (this run has "
-                       f"{processes}); use 'prompt_aware' or 'sagc' on several processes")
+    self.controller.check_process_count(processes)
     uneven = [g for g in candidate_group_sizes(config.controller)
               if prompts_per_round(config.rollout, g) % processes]
     if uneven:

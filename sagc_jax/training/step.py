@@ -1,6 +1,6 @@
 """One synchronous RL step with straggler-aware group control::
 
-    G = controller.propose(context)                          # context: prompt_aware only
+    plan = controller.plan(context)                         # G, or a size per prompt
     prompts = loader.next_batch(P(G))                       # P = prompts or rollouts / G
     samples = sampler.generate(policy, prompts, G)          # + per-group max / median, from
                                                             #   the in-jit host callback
@@ -8,12 +8,13 @@
                                                             #   the tail's decoding)
     batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
     learner.update(batch)                                   # advantages, loss, optax
-    controller.observe(max, median of every round's groups)   # + prompt ids, pass rates
+    controller.observe_step(max, median of every round's groups)   # + prompt ids, pass rates
 
-The contextual controllers (``controller.kind="prompt_aware"``, docs/controllers.md)
-get the step's upcoming prompts before they propose (``BatchContext``: the loader's
-next prompts, peeked without advancing it, their source indices as stable ids and
-their token lengths) and each group's prompt id and pass rate when they observe.
+Every controller kind is called through one protocol (``control.protocol``). The
+contextual kinds (docs/controllers.md) read the step's upcoming prompts when they
+plan (``BatchContext``: the loader's next prompts, peeked without advancing it,
+their source indices as stable ids and their token lengths) and each group's prompt
+id and pass rate when they observe.
 
 Each sampling round returns its batch together with its statistics (``RoundStats``):
 the controller's observations travel as an explicit value of the round, not through
@@ -38,9 +39,9 @@ from sagc_jax.runtime import distributed
 from sagc_jax.runtime.stop import StopRequested
 from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, rollout_batch
-from sagc_jax.control.controller import (BatchContext, PerPromptController,
-                                         PromptAwareController, SAGCController,
-                                         StaticController)
+from sagc_jax.control.context import BatchContext
+from sagc_jax.control.controller import Controller
+from sagc_jax.control.protocol import StepGroups
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
@@ -77,7 +78,7 @@ class RLStep:
   """propose -> sample -> reward -> advantages and update -> observe, as one call."""
 
   def __init__(self, inputs: RunInputs, components: RLComponents,
-               controller: SAGCController | StaticController, loader: PromptLoader):
+               controller: Controller, loader: PromptLoader):
     self.inputs = inputs
     self.config = inputs.config
     self.components = components
@@ -197,19 +198,13 @@ class RLStep:
   def _rollout(self, step: int, log) -> tuple[RolloutBatch | None, list[RoundStats], int, int]:
     """(batch, its rounds' statistics, G, row bucket) of the step after ``step``."""
     learner = self.components.learner
-    sizes = None
-    if isinstance(self.controller, PerPromptController):
-      # G_i per prompt of the context (interleaved over processes): in the step's
-      # process-major prompt order; the base size G_b sets the prompts and row bucket.
-      chosen = self.controller.propose_groups(self._batch_context())
-      sizes = chosen.reshape(-1, jax.process_count()).T.reshape(-1)
-      g = self.controller.base_g
+    plan = self.controller.plan(self._batch_context)
+    g, sizes = plan.group_size, plan.sizes
+    if sizes is not None:
+      # Sizes per prompt of the context (in the step's prompt order; such a plan runs
+      # on one process, ``check_process_count``).
       distributed.assert_same_on_all(int(sizes @ np.arange(1, sizes.size + 1)),
                                      f"the group sizes of step {step + 1}")
-    elif isinstance(self.controller, PromptAwareController):
-      g = self.controller.propose(self._batch_context())
-    else:
-      g = self.controller.propose()
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
     rows = self.components.sampler.row_bucket_for(prompts_per_round(self.config.rollout, g) * g)
     lc = learner.config
@@ -249,15 +244,12 @@ class RLStep:
     """Observes the step's group statistics and returns its metrics row."""
     group_max = np.concatenate([r.group_max for r in rounds])
     group_median = np.concatenate([r.group_median for r in rounds])
-    if isinstance(self.controller, PromptAwareController):
-      sizes = np.concatenate([r.group_sizes for r in rounds])
-      correct = np.concatenate([r.correct for r in rounds]).astype(np.float64)
-      ctrl = self.controller.observe(
-          group_max, group_median, prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
-          pass_rates=np.add.reduceat(correct, np.cumsum(sizes) - sizes) / sizes,
-          group_sizes=sizes)
-    else:
-      ctrl = self.controller.observe(group_max, group_median)
+    sizes = np.concatenate([r.group_sizes for r in rounds])
+    correct = np.concatenate([r.correct for r in rounds]).astype(np.float64)
+    ctrl = self.controller.observe_step(StepGroups(
+        group_max, group_median, prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
+        pass_rates=np.add.reduceat(correct, np.cumsum(sizes) - sizes) / sizes,
+        group_sizes=sizes))
 
     compiled = {name: n - compiles_before.get(name, 0)
                 for name, n in compilation.counts_by_function().items()
