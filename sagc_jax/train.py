@@ -91,6 +91,7 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.runtime.metrics import MetricsWriteError
   from sagc_jax.runtime.stop import StopRequested
   from sagc_jax.experiments.plots import plot_run
+  from sagc_jax.config import run_config
   from sagc_jax.training.loop import Trainer
 
   # Keep the console to our own progress lines (library INFO logs go to absl's log file).
@@ -98,7 +99,7 @@ def main(argv: Sequence[str], flags) -> None:
   tfds.disable_progress_bar()
 
   try:
-    trainer = Trainer(flags.config, flags.workdir, stop_deadline=True)
+    trainer = Trainer(run_config(flags.config), flags.workdir, stop_deadline=True)
   except StopRequested as stopped:
     # Data preparation, the warm start, restoring: redone by the next start.
     _exit_now(f"stopped during {stopped.phase}: nothing new to checkpoint; rerun the same "
@@ -142,7 +143,7 @@ def main(argv: Sequence[str], flags) -> None:
     if trainer.history:
       path = trainer.workdir / "run.png"
       plot_run(trainer.history, trainer.eval_history, path,
-               title=f"{trainer.config.learner.algorithm} + {trainer.config.controller.kind}")
+               title=trainer.config.label)
       print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.aot.compile_report import compile_report
-from sagc_jax.config import tiny_cpu_config
+from sagc_jax.config import tiny_cpu_config, validate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,9 @@ def test_decode_step_updates_the_cache_in_place_at_qwen_layout(tmp_path):
   cfg = ModelConfig.from_hf_dict(hf)
   mesh, _ = topology_mesh("v5e:4x4", config.mesh.shape, config.mesh.axes)
   model = abstract_model(cfg, jnp.bfloat16, mesh=mesh)
-  sampler = build_components(config, model, mesh, stop_ids=cfg.eos_token_ids,
+  config.model.require_path = False         # sized from config_json, no weights or data
+  config.data.manual_dir = "(not read)"
+  sampler = build_components(validate(config), model, mesh, stop_ids=cfg.eos_token_ids,
                              pad_id=0).sampler
   rows, prompt = sampler.call_rows(sampler.row_buckets[-1]), sampler.prompt_buckets[-1]
   compiled = sampler.compile_decode_step(model, rows, prompt)

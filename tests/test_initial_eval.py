@@ -26,7 +26,7 @@ def weights(value=0.0):
 
 def key(config=None, variables=None, mesh=MESH, examples=EXAMPLES, prompt_ids=PROMPT_IDS,
         stop_ids=(2,), pad_id=0):
-  return initial_eval_key(config or preset("grpo", "sagc"), variables or weights(), mesh,
+  return initial_eval_key(validate(config or preset("grpo", "sagc")), variables or weights(), mesh,
                           examples, prompt_ids, stop_ids, pad_id)
 
 

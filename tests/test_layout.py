@@ -3,7 +3,10 @@
 Imports flow one way, from the host-side pieces at the bottom to the command-line
 tools at the top; a module may import only from its own layer or below, and no
 group of modules imports itself round in a cycle (function-level imports count:
-a lazy import is still a dependency). The package root holds only the CLIs.
+a lazy import is still a dependency). Importing ``a.b.c`` runs ``a/__init__`` and
+``a/b/__init__`` first, so those packages count as dependencies too. The package
+root holds only the CLIs, and only the CLIs and the config schema (what users
+write) import ml_collections: everything below reads typed config sections.
 """
 
 from __future__ import annotations
@@ -19,13 +22,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "sagc_jax"
 LAYERS = {
     "control": 0,          # SAGC controller, rollout budget, simulator: numpy only
     "runtime": 0,          # processes, compilation, checkpoints, storage, metrics
-    "config.checks": 0,    # the validation helpers every section's check uses
     "rewards": 0,          # verifiers and the reward mix
     "models": 1,
     "data": 1,
     "sampling": 2,
     "rl": 2,
-    "config": 3,           # schema, presets, validation of a whole training config
+    "config": 3,           # schema, presets, the typed sections and their checks (no JAX)
     "training": 4,
     "experiments": 5,
     "aot": 5,
@@ -83,11 +85,38 @@ def layer(module: str) -> int:
   return LAYERS[best]
 
 
+def with_parent_packages(modules: set[str]) -> set[str]:
+  """``modules`` and every package whose ``__init__`` importing them runs."""
+  out = set(modules)
+  for module in modules:
+    parts = module.split(".")
+    out.update(".".join(parts[:i]) for i in range(1, len(parts)))
+  return out
+
+
 def graph() -> dict[str, set[str]]:
   files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
   modules = set(files)
-  return {name: {resolve(t, modules) for t in imports_of(path)} - {name, ""}
-          for name, path in files.items()}
+  return {name: with_parent_packages({resolve(t, modules) for t in imports_of(path)})
+          - {name, ""} for name, path in files.items()}
+
+
+# What may import ml_collections: the config schema and presets (users' config files
+# build on them) and the command-line tools that parse --config.
+ML_COLLECTIONS_ALLOWED = {"config.schema", "config.presets", "cli", "train", "compare",
+                          "simulate", "aot.__main__"}
+
+
+def test_only_the_command_line_and_the_schema_import_ml_collections():
+  found = set()
+  for path in PACKAGE.rglob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      if any(n == "ml_collections" or n.startswith("ml_collections.") for n in names):
+        found.add(module_name(path))
+  assert found <= ML_COLLECTIONS_ALLOWED, (
+      f"ml_collections imported below the command line: {sorted(found - ML_COLLECTIONS_ALLOWED)}")
 
 
 def test_imports_flow_one_way():

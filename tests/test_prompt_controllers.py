@@ -180,7 +180,7 @@ def test_prompt_aware_decisions_and_cells_match_a_numpy_rederivation(event):
   cells' update re-derived from the observed groups."""
   kappa, gamma = 3.0, 0.9
   ctrl = PromptAwareController(CANDIDATES, delta=0.2 if event == "group" else 0.6,
-                               prompts_per_g=HOLD_ROLLOUTS, cell_prior_strength=kappa,
+                               prompts_for=HOLD_ROLLOUTS, cell_prior_strength=kappa,
                                forgetting=gamma, seed=4, event=event, eta=2.0)
   world = World(seed=1, per_step=16)
   s_cells = np.zeros((3, 8))
@@ -300,7 +300,7 @@ def test_per_prompt_allocation_matches_brute_force_from_the_state():
   world = World(seed=4, pool=6, per_step=6, tail_lo=0.0, tail_hi=0.0)
   world.pass_rate[:] = [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]
   world.tail[:] = [0.0, 0.0, 0.0, 0.0, 0.4, 0.4]
-  ctrl = PerPromptController(CANDIDATES, delta=0.3, prompts_per_g={4: 6, 8: 6, 16: 6},
+  ctrl = PerPromptController(CANDIDATES, delta=0.3, prompts_for={4: 6, 8: 6, 16: 6},
                              seed=5, cell_prior_strength=2.0)
   checked = mixed = 0
   for t in range(150):
@@ -364,7 +364,7 @@ def test_per_prompt_budget_never_exceeded_and_interface():
 def test_resume_through_json_continues_exactly(cls, cut_between_propose_and_observe):
   """Mid-run resume, with a history small enough to evict (the LRU order matters)."""
   world = World(seed=7, pool=90, per_step=16)
-  make = lambda seed: cls(CANDIDATES, delta=0.2, prompts_per_g=HOLD_ROLLOUTS, seed=seed,
+  make = lambda seed: cls(CANDIDATES, delta=0.2, prompts_for=HOLD_ROLLOUTS, seed=seed,
                           history_size=40, forgetting=0.95)
   reference = run(make(3), world, 300)
   first = make(3)
@@ -383,7 +383,7 @@ def test_resume_through_json_continues_exactly(cls, cut_between_propose_and_obse
     np.testing.assert_array_equal(s1, s2)
     assert m1 == m2
   with pytest.raises(ValueError, match="feature buckets"):
-    cls(CANDIDATES, prompts_per_g=HOLD_ROLLOUTS, tail_edges=(0.3,)).load_state_dict(state)
+    cls(CANDIDATES, prompts_for=HOLD_ROLLOUTS, tail_edges=(0.3,)).load_state_dict(state)
   with pytest.raises(ValueError, match="state is for a 'sagc' controller"):
     make(0).load_state_dict(SAGCController(CANDIDATES).state_dict())
 
@@ -398,7 +398,7 @@ def test_infeasible_regime_settles_at_the_smallest_size(cls):
     static = run(StaticController(4), world, 600)
     own = np.mean([m["straggler_rate"] for _, m in static[100:]])
     assert own > 0.25 + 0.02
-    out = run(cls(CANDIDATES, delta=0.25, prompts_per_g={4: 16, 8: 16, 16: 16}, seed=seed),
+    out = run(cls(CANDIDATES, delta=0.25, prompts_for={4: 16, 8: 16, 16: 16}, seed=seed),
               world, 600)
     at_4 = np.mean([np.mean(s == 4) for s, _ in out[100:]])
     rate = np.mean([m["straggler_rate"] for _, m in out[100:]])
@@ -412,7 +412,7 @@ def test_prompt_aware_feasible_regime_holds_the_rate_at_delta():
            for g in CANDIDATES]
   assert rates[0] < 0.2 < rates[2], rates
   for cls in (PromptAwareController, PerPromptController):
-    out = run(cls(CANDIDATES, delta=0.2, prompts_per_g={4: 16, 8: 16, 16: 16}, seed=0),
+    out = run(cls(CANDIDATES, delta=0.2, prompts_for={4: 16, 8: 16, 16: 16}, seed=0),
               world, 1500)
     rate = np.mean([m["straggler_rate"] for _, m in out[300:]])
     assert abs(rate - 0.2) < 0.03, (cls.kind, rate, rates)
@@ -420,7 +420,7 @@ def test_prompt_aware_feasible_regime_holds_the_rate_at_delta():
 
 # ------------------------------------------------------------ observe, config
 def test_observe_metrics_and_rejected_steps_change_nothing():
-  ctrl = PromptAwareController(CANDIDATES, prompts_per_g=HOLD_ROLLOUTS, seed=0)
+  ctrl = PromptAwareController(CANDIDATES, prompts_for=HOLD_ROLLOUTS, seed=0)
   world = World(seed=8)
   _, metrics = run(ctrl, world, 5)[-1]
   sagc_keys = set(run(SAGCController(CANDIDATES), world, 1)[0][1])
@@ -481,7 +481,7 @@ def test_config_builds_every_kind_from_the_schema():
     assert candidate_group_sizes(config.controller) == ((8,) if kind == "static" else CANDIDATES)
   assert ctrl.prompts_for(16, 99) == config.rollout.prompts_per_step      # hold_prompts
   assert ctrl.features.tail_edges == (0.8, 1.25) and ctrl.cell_prior_strength == 2.0
-  ctrl = controller_from_config(config, prompts_per_g=lambda g: 64 // g)
+  ctrl = controller_from_config(config, prompts_for=lambda g: 64 // g)
   assert ctrl.prompts_for(16, 99) == 4
-  with pytest.raises(ValueError, match="prompts_per_g gives P\\(4\\)=0"):
-    controller_from_config(config, prompts_per_g={4: 0, 8: 1, 16: 1})
+  with pytest.raises(ValueError, match="prompts_for gives P\\(4\\)=0"):
+    controller_from_config(config, prompts_for={4: 0, 8: 1, 16: 1})

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.control import simulator as simulate
-from sagc_jax.control.budget import ROLLOUT_MODES, prompts_per_round
+from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
 from sagc_jax.experiments.claims import simulate_claims
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_simulation_arms_share_random_streams(mode):
   # Re-derive static G=8's straggler rate directly from the length process.
   rates = []
   for t in range(60):
-    block = process.draw(t, prompts_per_round(config.sim, 4), 16)[:prompts_per_round(config.sim, 8), :8]
+    block = process.draw(t, prompts_for(config.sim, 4), 16)[:prompts_for(config.sim, 8), :8]
     rates.append(np.mean(block.max(1) > 2.0 * np.median(block, 1)))
   assert result["summary"]["static_G8"]["straggler_rate"] == pytest.approx(np.mean(rates))
   assert result["summary"]["static_G16"]["speedup_vs_largest_static"] == 1.0

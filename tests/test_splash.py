@@ -103,7 +103,7 @@ def test_kernel_cost_counts_the_tiles_the_kernel_visits():
 
 def test_a_run_off_tpu_refuses_splash_and_names_the_alternative():
   from sagc_jax.training.build import build_components
-  from sagc_jax.config import tiny_cpu_config
+  from sagc_jax.config import tiny_cpu_config, validate
   from sagc_jax.runtime.mesh import make_mesh
   from sagc_jax.models import init_model, tiny_config
 
@@ -113,5 +113,5 @@ def test_a_run_off_tpu_refuses_splash_and_names_the_alternative():
   model = init_model(tiny_config(), seed=0)
   with pytest.raises(ValueError, match="splash' is a TPU kernel and this run's devices are cpu;"
                                        " use learner.attention='blocked'"):
-    build_components(config, model, make_mesh((1, 1), ("data", "model")), stop_ids=(2,),
+    build_components(validate(config), model, make_mesh((1, 1), ("data", "model")), stop_ids=(2,),
                      pad_id=0)

@@ -37,7 +37,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -46,9 +45,8 @@ from sagc_jax.aot.chips import ChipSpec, generation_of
 from sagc_jax.aot.hbm_traffic import hbm_traffic
 from sagc_jax.aot.refill_report import refill_projection, refill_rows, search_slots
 from sagc_jax.aot.refill_report import summary as refill_summary
-from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, build_components
-from sagc_jax.config import validate
+from sagc_jax.config import RunConfig, run_config
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.splash import head_layout, kernel_cost
 from sagc_jax.models.transformer import abstract_model
@@ -89,11 +87,11 @@ def topology_mesh(topology: str, mesh_shape, axes) -> tuple[Mesh, ChipSpec]:
   return mesh, chip.per_device(per_chip)
 
 
-def model_config_path(config: ml_collections.ConfigDict, override: str | None) -> Path:
+def model_config_path(config: RunConfig, override: str | None) -> Path:
   """The HF config.json to size: ``--model_config``, else ``model.config_json``, else
   ``model.path``/config.json. Relative paths also resolve against the repository."""
   candidates = [override] if override else []
-  candidates += [config.model.get("config_json", "")]
+  candidates += [config.model.config_json]
   if config.model.path:
     candidates.append(str(Path(config.model.path) / "config.json"))
   for c in candidates:
@@ -262,7 +260,7 @@ def _sampler_kinds(parts: RLComponents, largest_only: bool):
         yield kind, sampler, r, p
 
 
-def compile_report(config: ml_collections.ConfigDict, topology: str, *,
+def compile_report(config: Any, topology: str, *,
                    model_config: str | None = None, largest_only: bool = False,
                    only: str | None = None, refill_slots_search: Sequence[int] = (),
                    log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -292,11 +290,11 @@ def compile_report(config: ml_collections.ConfigDict, topology: str, *,
     if bad:
       raise ValueError(f"refill_slots_search={tuple(refill_slots_search)}: {bad} are not "
                        "positive ints")
-  config = ml_collections.ConfigDict(config.to_dict())   # unlocked copy
-  config.model.require_path = False      # sizing needs the config.json, not the weights
-  if not config.data.manual_dir:         # ... and no data
-    config.data.manual_dir = "(not read by the AOT tool)"
-  validate(config)
+  values = config.to_dict()              # a ConfigDict or a RunConfig
+  values["model"]["require_path"] = False     # sizing needs the config.json, not the weights
+  if not values["data"]["manual_dir"]:        # ... and no data
+    values["data"]["manual_dir"] = "(not read by the AOT tool)"
+  config = run_config(values)
   path = model_config_path(config, model_config)
   cfg = ModelConfig.from_hf_dict(json.loads(path.read_text()))
   mesh, chip = topology_mesh(topology, config.mesh.shape, config.mesh.axes)
@@ -409,11 +407,11 @@ def _dense_rollout(config, sampler, gen: dict[str, Any], step: dict[str, Any]
   counts on-chip reads of prefetched data: ``hbm_traffic``; None without it)."""
   r = config.rollout
   calls = 1
-  for g in candidate_group_sizes(config.controller):         # generate's own split, worst G
-    bucket = sampler.row_bucket_for(prompts_per_round(r, g) * g)
+  for g in config.group_sizes():         # generate's own split, worst G
+    bucket = sampler.row_bucket_for(r.prompts_for(g) * g)
     call_rows = sampler.call_rows(bucket)
     per_call = bucket if call_rows == bucket else (call_rows // g) * g
-    calls = max(calls, -(-prompts_per_round(r, g) * g // per_call))
+    calls = max(calls, -(-r.prompts_for(g) * g // per_call))
 
   def seconds(decode_step_ms: float) -> float:
     return calls * (gen["roofline_ms"] + (r.max_new_tokens - 1) * decode_step_ms) / 1e3

@@ -37,7 +37,6 @@ from typing import Any, Callable
 import numpy as np
 from flax import nnx
 
-from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.control.simulator import LengthProcess
 from sagc_jax.sampling.refill_schedule import simulate_refill
 
@@ -152,8 +151,8 @@ def project_refill(config, refill, segment_ms: float, prefill_ms: float,
   by_model: dict[str, dict[str, Any]] = {}
   for name in LENGTH_MODELS:
     worst = None
-    for g in candidate_group_sizes(config.controller):
-      prompts = prompts_per_round(r, g)
+    for g in config.group_sizes():
+      prompts = r.prompts_for(g)
       lengths = draw_lengths(name, r.max_new_tokens, prompts, g, seed)
       sim = simulate_refill([prompt_len] * prompts, lengths, lanes=refill.lanes,
                             slots_per_lane=refill.slots_per_lane,

@@ -1,10 +1,11 @@
-"""Host-side cost of the group-size controllers (one propose + observe pair).
+"""Host-side cost of the group-size controllers (one decision and its observation).
 
 SAGC runs on the host between jitted sampler/learner calls, so its overhead is
 pure idle time for the accelerator mesh. This measures the wall-clock of one
-``propose()`` + ``observe(group_max, group_median)`` pair, per group count,
-on length arrays drawn from the simulator's heavy-tailed process (so the
-controller moves between sizes as it would in training).
+``propose()`` + ``observe(group_max, group_median)`` pair (the public API), and of
+one ``plan()`` + ``observe_step(StepGroups)`` pair (the protocol the trainer calls),
+per group count, on length arrays drawn from the simulator's heavy-tailed process
+(so the controller moves between sizes as it would in training).
 """
 
 from __future__ import annotations
@@ -15,15 +16,26 @@ from typing import Any
 import numpy as np
 
 from sagc_jax.control.controller import SAGCController, StaticController
+from sagc_jax.control.protocol import StepGroups
 
 
-def _time_pairs(ctrl, group_max: np.ndarray, group_median: np.ndarray) -> np.ndarray:
+def _public_api(ctrl, group_max, group_median) -> None:
+  ctrl.propose()
+  ctrl.observe(group_max, group_median)
+
+
+def _protocol(ctrl, group_max, group_median) -> None:
+  ctrl.plan()
+  ctrl.observe_step(StepGroups(group_max, group_median))
+
+
+def _time_pairs(ctrl, group_max: np.ndarray, group_median: np.ndarray,
+                step=_public_api) -> np.ndarray:
   seconds = np.empty(len(group_max))
   clock = time.perf_counter
   for i in range(len(group_max)):
     start = clock()
-    ctrl.propose()
-    ctrl.observe(group_max[i], group_median[i])
+    step(ctrl, group_max[i], group_median[i])
     seconds[i] = clock() - start
   return seconds
 
@@ -38,10 +50,11 @@ def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
     lengths *= np.where(rng.random(lengths.shape) < 0.03, rng.uniform(2, 5, lengths.shape), 1)
     group_max = lengths.max(axis=2).round()
     group_median = np.median(lengths, axis=2).round()
-    for name, ctrl in (("sagc", SAGCController(seed=seed)),
-                       ("static", StaticController(8))):
-      _time_pairs(ctrl, group_max[:200], group_median[:200])        # warm-up
-      us = _time_pairs(ctrl, group_max, group_median) * 1e6
+    for name, ctrl, step in (("sagc", SAGCController(seed=seed), _public_api),
+                             ("static", StaticController(8), _public_api),
+                             ("sagc plan", SAGCController(seed=seed), _protocol)):
+      _time_pairs(ctrl, group_max[:200], group_median[:200], step)        # warm-up
+      us = _time_pairs(ctrl, group_max, group_median, step) * 1e6
       results["cases"].append({
           "controller": name, "n_groups": n_groups,
           "median_us": float(np.median(us)), "p90_us": float(np.percentile(us, 90)),
@@ -51,7 +64,8 @@ def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
 
 
 def report(results: dict[str, Any]) -> str:
-  lines = [f"controller propose+observe, {results['steps']} steps per case",
+  lines = [f"controller propose+observe (sagc plan: plan+observe_step), "
+           f"{results['steps']} steps per case",
            f"{'controller':<10} {'groups':>6} {'median_us':>10} {'p90_us':>8} {'p99_us':>8}"]
   for case in results["cases"]:
     lines.append(f"{case['controller']:<10} {case['n_groups']:>6} {case['median_us']:>10.1f} "

@@ -1,16 +1,32 @@
-"""Training configs: the schema (every key and its default), the presets, start-up
-validation and the checks every config section uses. Imports no JAX.
+"""Training configs: what users write (an ml_collections ``ConfigDict``: the schema of
+every key and its default, and the presets) and what the code below the command
+line reads (``RunConfig``, frozen typed sections checked when built). Imports no JAX.
 
-``from sagc_jax.config import base_config, preset, validate`` is all a config file
+``from sagc_jax.config import base_config, preset, run_config`` is all a config file
 or a tool needs.
 """
 
 from sagc_jax.config.presets import (preset, smollm2_cpu_config, tiny_cpu_config,
                                      tpu_pod_16k_preset, tpu_pod_preset)
-from sagc_jax.config.schema import (DATASETS, DTYPES, FILE_DATASETS, REWARDS, base_config,
-                                    learner_section)
-from sagc_jax.config.validate import learner_config, validate
+from sagc_jax.config.run import RunConfig, check_run, run_config
+from sagc_jax.config.schema import base_config, learner_section
+from sagc_jax.config.sections import DATASETS, DTYPES, FILE_DATASETS, REWARDS
+from sagc_jax.rl.config import LearnerConfig
 
-__all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "REWARDS", "base_config", "learner_config",
-           "learner_section", "preset", "smollm2_cpu_config", "tiny_cpu_config",
-           "tpu_pod_16k_preset", "tpu_pod_preset", "validate"]
+
+def validate(config) -> RunConfig:
+  """Checks a whole config before any work; the first problem raises ``ValueError``
+  naming its dotted key. Returns the typed config (``run_config``)."""
+  return run_config(config)
+
+
+def learner_config(config) -> LearnerConfig:
+  """The resolved ``LearnerConfig`` of a training config (its algorithm preset filled
+  in, the derived fields set from the rollout and train sections)."""
+  return run_config(config).learner
+
+
+__all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "REWARDS", "RunConfig", "base_config",
+           "check_run", "learner_config", "learner_section", "preset", "run_config",
+           "smollm2_cpu_config", "tiny_cpu_config", "tpu_pod_16k_preset", "tpu_pod_preset",
+           "validate"]

@@ -5,7 +5,7 @@ The two ways of changing G (SAGC paper, Sec. 3): ``hold_rollouts`` keeps the row
 per step fixed (P = rollouts_per_step / G) and ``hold_prompts`` keeps the prompts
 fixed (P = prompts_per_step, rows = P * G). This module is the one place that rule
 is written: the trainer, the sampler's row buckets, the AOT sizing and the
-simulator all call ``prompts_per_round``.
+simulator all call ``prompts_for``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 ROLLOUT_MODES = ("hold_prompts", "hold_rollouts")
 
 
-def prompts_per_round(section: Any, g: int) -> int:
+def prompts_for(section: Any, g: int) -> int:
   """P(G): prompts per sampling round at group size ``g``.
 
   ``section`` is a rollout (or simulator ``sim``) config section with ``mode``,
-  ``rollouts_per_step`` and ``prompts_per_step``; ``config.checks.group_budget``
+  ``rollouts_per_step`` and ``prompts_per_step``; ``runtime.checks.group_budget``
   validates it at start-up.
   """
   if section.mode == "hold_rollouts":

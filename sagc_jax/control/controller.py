@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sagc_jax.control.budget import prompts_per_round
+from sagc_jax.control import budget
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.per_prompt import PerPromptController
-from sagc_jax.control.prompt_aware import PromptAwareController, PromptsPerG
+from sagc_jax.control.prompt_aware import PromptAwareController, PromptsFor
 from sagc_jax.control.sagc import EVENTS, SAGCController, StaticController, straggler_flags
 
 __all__ = [
@@ -55,16 +55,16 @@ _KEYS = {"sagc": _SAGC_KEYS, "static": _STATIC_KEYS, "prompt_aware": _CONTEXT_KE
 Controller = SAGCController | StaticController | PromptAwareController | PerPromptController
 
 
-def _budget_rule(config: Any) -> PromptsPerG:
+def _prompts_for_of(config: Any) -> PromptsFor:
   """P(G) from the config's rollout (training) or sim (simulator) section, if any."""
   for name in ("rollout", "sim"):
     if name in config and "mode" in config[name]:
       section = config[name]
-      return lambda g: prompts_per_round(section, g)
+      return lambda g: budget.prompts_for(section, g)
   return None
 
 
-def controller_from_config(config: Any, *, prompts_per_g: PromptsPerG = None) -> Controller:
+def controller_from_config(config: Any, *, prompts_for: PromptsFor = None) -> Controller:
   """Builds the controller described by ``config.controller`` (or a bare section).
 
   Keys: ``kind`` (``CONTROLLER_KINDS``), ``candidates``, ``tau``, ``delta``,
@@ -76,8 +76,8 @@ def controller_from_config(config: Any, *, prompts_per_g: PromptsPerG = None) ->
   errors. Missing optional keys take the class defaults. Errors name the
   offending ``controller.<key>``.
 
-  The contextual kinds need the caller's prompts per step P(G): ``prompts_per_g``
-  when given, else ``prompts_per_round`` of the config's ``rollout`` section (or
+  The contextual kinds need the caller's prompts per step P(G): ``prompts_for``
+  when given, else ``prompts_for`` of the config's ``rollout`` section (or
   the simulator's ``sim``), else every prompt of the context (a bare section).
   """
   section = config["controller"] if "controller" in config else config
@@ -108,7 +108,7 @@ def controller_from_config(config: Any, *, prompts_per_g: PromptsPerG = None) ->
         raise ValueError("static_g is required for a 'static' controller (e.g. 8)")
       return StaticController(g, **values)
     cls = PromptAwareController if kind == "prompt_aware" else PerPromptController
-    rule = prompts_per_g if prompts_per_g is not None else _budget_rule(config)
-    return cls(prompts_per_g=rule, **values)
+    rule = prompts_for if prompts_for is not None else _prompts_for_of(config)
+    return cls(prompts_for=rule, **values)
   except ValueError as err:
     raise ValueError(f"controller: {err}") from None

@@ -70,11 +70,11 @@ from sagc_jax.control.protocol import ContextSource, GroupPlan, StepGroups
 from sagc_jax.control.context import BatchContext, FeatureBuckets, PromptHistory, tail_scores
 from sagc_jax.control.sagc import SAGCController, check_range, straggler_flags, validated_lengths
 
-__all__ = ["PromptAwareController", "PromptsPerG", "per_group_array"]
+__all__ = ["PromptAwareController", "PromptsFor", "per_group_array"]
 
 # The caller's rule: prompts a step samples at candidate G (hold_prompts: a constant;
 # hold_rollouts: rollouts_per_step // G). None: every prompt of the context.
-PromptsPerG = Union[Callable[[int], int], Mapping[int, int], None]
+PromptsFor = Union[Callable[[int], int], Mapping[int, int], None]
 
 
 @dataclasses.dataclass
@@ -107,18 +107,18 @@ class _Proposal:
                predicted=float(state["predicted"]))
 
 
-def _prompts_rule(prompts_per_g: PromptsPerG,
+def _prompts_table(prompts_for: PromptsFor,
                   candidates: Sequence[int]) -> tuple[int, ...] | None:
-  if prompts_per_g is None:
+  if prompts_for is None:
     return None
   counts = []
   for g in candidates:
     try:
-      p = prompts_per_g[g] if isinstance(prompts_per_g, Mapping) else prompts_per_g(g)
+      p = prompts_for[g] if isinstance(prompts_for, Mapping) else prompts_for(g)
     except KeyError:
-      raise ValueError(f"prompts_per_g has no entry for candidate G={g}") from None
+      raise ValueError(f"prompts_for has no entry for candidate G={g}") from None
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
-      raise ValueError(f"prompts_per_g gives P({g})={p!r}: must be a positive int")
+      raise ValueError(f"prompts_for gives P({g})={p!r}: must be a positive int")
     counts.append(int(p))
   return tuple(counts)
 
@@ -143,7 +143,7 @@ class PromptAwareController(SAGCController):
   """SAGC with a contextual risk model (module docstring).
 
   Args (beyond ``SAGCController``'s, which keep their meaning and defaults):
-    prompts_per_g: P(G), the caller's prompts per step at each candidate: a
+    prompts_for: P(G), the caller's prompts per step at each candidate: a
       callable ``G -> int``, a dict ``{G: int}``, or None (every prompt of the
       context at every G).
     tail_edges: edges of the tail classes on the prompt's tail score (a group's
@@ -160,7 +160,7 @@ class PromptAwareController(SAGCController):
   kind = "prompt_aware"
 
   def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
-               delta: float = 0.25, *, prompts_per_g: PromptsPerG = None, eta: float = 1.0,
+               delta: float = 0.25, *, prompts_for: PromptsFor = None, eta: float = 1.0,
                lambda_max: float = 50.0, forgetting: float = 0.99, prior_alpha: float = 1.0,
                prior_beta: float = 1.0, initial_g: int | None = None, seed: int = 0,
                event: str = "group", tail_edges: Sequence[float] = (0.8, 1.25),
@@ -172,7 +172,7 @@ class PromptAwareController(SAGCController):
     self.features = FeatureBuckets(tuple(tail_edges), tuple(length_edges))
     self.cell_prior_strength = check_range("cell_prior_strength", cell_prior_strength,
                                            0.0, math.inf, True, True)
-    self._prompts = _prompts_rule(prompts_per_g, self.candidates)
+    self._prompts = _prompts_table(prompts_for, self.candidates)
     self._history = PromptHistory(history_size, history_forgetting)
     shape = (len(self.candidates), self.features.count)
     self._cell_straggle = np.zeros(shape)

@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.config import checks
-from sagc_jax.control.budget import prompts_per_round
+from sagc_jax.runtime import checks
+from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import StaticController, controller_from_config
 from sagc_jax.control.protocol import StepGroups
@@ -175,7 +175,7 @@ def pool_from_config(config: Any) -> PromptPool:
   sim, pool = config.sim, config.pool
   candidates = tuple(config.controller.candidates)
   return PromptPool(
-      steps=sim.steps, per_step=max(prompts_per_round(sim, g) for g in candidates),
+      steps=sim.steps, per_step=max(prompts_for(sim, g) for g in candidates),
       max_g=max(candidates), max_len=sim.max_len,
       median=(sim.median_start, sim.median_end), sigma=(sim.sigma_start, sim.sigma_end),
       tail_prob=(sim.tail_prob_start, sim.tail_prob_end),
@@ -202,7 +202,7 @@ def _run_step(ctrl: Any, world: dict[str, np.ndarray], sim: Any) -> tuple[np.nda
   plan = ctrl.plan(lambda: context)
   sizes = plan.sizes
   if sizes is None:
-    sizes = np.full(prompts_per_round(sim, plan.group_size), plan.group_size)
+    sizes = np.full(prompts_for(sim, plan.group_size), plan.group_size)
   return sizes, time.perf_counter() - start
 
 

@@ -30,8 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sagc_jax.config import checks
-from sagc_jax.control.budget import ROLLOUT_MODES, prompts_per_round
+from sagc_jax.runtime import checks
+from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
 from sagc_jax.control.controller import SAGCController, StaticController, controller_from_config
 from sagc_jax.control.protocol import StepGroups
 
@@ -213,14 +213,14 @@ def simulate(config: Any) -> dict[str, Any]:
   cost = cost_model_from_config(config)
   arms = _arms(config)
   candidates = arms[-1][1].candidates
-  max_prompts = max(prompts_per_round(config.sim, g) for g in candidates)
+  max_prompts = max(prompts_for(config.sim, g) for g in candidates)
   traces = {name: [] for name, _ in arms}
   started = time.perf_counter()
   for step in range(config.sim.steps):
     world = process.draw(step, max_prompts, max(candidates))
     for name, ctrl in arms:
       g = ctrl.plan().group_size
-      lengths = world[:prompts_per_round(config.sim, g), :g]
+      lengths = world[:prompts_for(config.sim, g), :g]
       metrics = ctrl.observe_step(StepGroups(lengths.max(axis=1), np.median(lengths, axis=1)))
       metrics.update(cost.step(lengths, config.sim.prompt_len))
       traces[name].append(metrics)

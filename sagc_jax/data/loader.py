@@ -107,9 +107,9 @@ def _synthetic_config(kwargs: dict[str, Any]) -> SyntheticConfig:
 def builder_options(data: Any) -> dict[str, Any]:
   """The ``load_split`` builder options of a run's ``config.data`` section."""
   if data.name == "synthetic":
-    return {"config": data.synthetic.to_dict()}
+    return {"config": dict(data.synthetic)}
   if data.name in FILE_FORMATS:
-    return {key: data[key] for key in FilesSpec.option_names()}
+    return {key: getattr(data, key) for key in FilesSpec.option_names()}
   return {}
 
 

@@ -1,5 +1,8 @@
 """Learner settings (``LearnerConfig``) and the published GRPO / DAPO presets.
 
+Settings only: this module imports no JAX or optax (the training config's typed
+sections hold a ``LearnerConfig``); ``rl.optimizer`` builds the optax optimizer.
+
 ``learner.algorithm`` names a preset of ``ALGORITHM_PRESETS``; a variant is its
 objective settings, in the spirit of Tunix's ``DAPOConfig(GRPOConfig)``, with any key
 the user sets winning over the preset.
@@ -14,19 +17,19 @@ import dataclasses
 import math
 from typing import Any
 
-import optax
-
-from sagc_jax.models.transformer import ForwardOptions
-from sagc_jax.rl import losses
-
-__all__ = ["ALGORITHM_PRESETS", "DERIVED_FIELDS", "LearnerConfig", "PRESET_FIELDS", "SCHEDULES"]
+__all__ = ["AGG_MODES", "ALGORITHM_PRESETS", "DERIVED_FIELDS", "KL_KINDS", "LearnerConfig",
+           "PRESET_FIELDS", "SCHEDULES"]
 
 SCHEDULES = ("constant", "cosine")
+# KL estimators (Schulman's k1 / k2 / k3, and |k1|) and loss aggregations
+# (``rl.losses`` implements them; Dr. GRPO's seq-mean-token-sum-norm).
+KL_KINDS = ("k1", "abs", "k2", "k3")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean",
+             "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 # What ``algorithm`` stands for: the objective settings of the published recipes. The
-# one source of truth: ``LearnerConfig.grpo/dapo/from_dict`` and the training config's
-# ``config.validate.learner_config`` (which adds DAPO's overlong buffer, sized from the
-# response budget) read it.
+# one source of truth, read by ``LearnerConfig.grpo/dapo/from_dict`` (which also sizes
+# DAPO's overlong buffer from a training config's response budget).
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # GRPO (DeepSeekMath): symmetric clip, k3 KL to a frozen reference (beta 0.04),
     # per-sequence mean of the token means, std-normalised advantages.
@@ -167,13 +170,13 @@ class LearnerConfig:
       fail("schedule", f"is not one of {SCHEDULES}")
     if not 0 <= self.min_lr_ratio <= 1:
       fail("min_lr_ratio", "must be in [0, 1]")
-    if self.agg not in losses.AGG_MODES:
-      fail("agg", f"is not one of {losses.AGG_MODES}")
+    if self.agg not in AGG_MODES:
+      fail("agg", f"is not one of {AGG_MODES}")
     if self.agg_scale is not None and (self.agg != "seq-mean-token-sum-norm"
                                        or not self.agg_scale > 0):
       fail("agg_scale", "is only valid (> 0) with agg='seq-mean-token-sum-norm'")
-    if self.kl_kind not in losses.KL_KINDS:
-      fail("kl_kind", f"is not one of {losses.KL_KINDS}")
+    if self.kl_kind not in KL_KINDS:
+      fail("kl_kind", f"is not one of {KL_KINDS}")
     if isinstance(self.logits_chunk, bool) or not isinstance(self.logits_chunk, int) \
         or self.logits_chunk < 1:
       fail("logits_chunk", "must be a positive int")
@@ -189,9 +192,26 @@ class LearnerConfig:
            "max_response_len to the sampler's max_new_tokens)")
 
   @classmethod
-  def from_dict(cls, values: dict[str, Any]) -> "LearnerConfig":
-    """Builds from a config section: ``algorithm`` picks the preset, whose values fill
-    every key that is missing or ``None``; the section's own values win."""
+  def from_dict(cls, values: dict[str, Any], *, max_new_tokens: int | None = None,
+                temperature: float | None = None,
+                train_steps: int | None = None) -> "LearnerConfig":
+    """The one place the algorithm presets are resolved.
+
+    ``algorithm`` picks the preset, whose values fill every key that is missing or
+    ``None``; the section's own values win. A training config's learner section also
+    passes the sampler's ``max_new_tokens`` and ``temperature`` and the run's
+    ``train_steps``: they set ``DERIVED_FIELDS`` (the schedule counts optimizer
+    updates, mini_batches x epochs per RL step), and DAPO's soft overlong buffer
+    defaults to a quarter of the response budget.
+    """
+    values = dict(values)
+    if max_new_tokens is not None:
+      if values.get("overlong_buffer") is None and values.get("algorithm") == "dapo":
+        values["overlong_buffer"] = max(max_new_tokens // 4, 1)
+      values["max_response_len"] = max_new_tokens
+      values["temperature"] = temperature or 1.0
+      values.setdefault("total_steps", train_steps * values.get("mini_batches", 1)
+                        * values.get("epochs", 1))
     values = {k: v for k, v in values.items() if not (k in PRESET_FIELDS and v is None)}
     algorithm = values.get("algorithm", "grpo")
     presets = {"grpo": cls.grpo, "dapo": cls.dapo}
@@ -216,24 +236,10 @@ class LearnerConfig:
           f"{what} does not split into learner.mini_batches={self.mini_batches} x "
           f"learner.grad_accum={self.grad_accum} equal microbatches{rows_of}")
 
-  def forward_options(self) -> ForwardOptions:
-    """How the learner's forward passes are computed (remat, scan, attention)."""
+  def forward_options(self):
+    """How the learner's forward passes are computed (remat, scan, attention): a
+    ``models.transformer.ForwardOptions``, imported here so that the settings
+    themselves import no JAX."""
+    from sagc_jax.models.transformer import ForwardOptions
     return ForwardOptions(attention=self.attention, attention_block=self.attention_block,
                           remat=self.remat, scan_layers=self.scan_layers)
-
-  def learning_rate_schedule(self) -> optax.Schedule:
-    """Learning rate as a function of the number of applied optimizer updates."""
-    if self.schedule == "cosine":
-      decay = optax.cosine_decay_schedule(self.lr, max(self.total_steps - self.warmup_steps, 1),
-                                          alpha=self.min_lr_ratio)
-    else:
-      decay = optax.constant_schedule(self.lr)
-    if not self.warmup_steps:
-      return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, self.lr, self.warmup_steps), decay],
-                                [self.warmup_steps])
-
-  def optimizer(self) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(self.max_grad_norm),
-                       optax.adamw(self.learning_rate_schedule(), b1=self.b1, b2=self.b2,
-                                   eps=self.eps, weight_decay=self.weight_decay))

@@ -65,6 +65,7 @@ from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 from sagc_jax.runtime.shapes import row_ladder, smallest_bucket
 from sagc_jax.rl import step_fns, weights
 from sagc_jax.rl.config import LearnerConfig
+from sagc_jax.rl.optimizer import learning_rate_schedule, optimizer
 from sagc_jax.rl.packing import LearnerBatch, StepSequences, pack_minibatch, pad_minibatch
 from sagc_jax.rl.rollout import RolloutBatch
 
@@ -128,8 +129,8 @@ class Learner:
     graphdef, model_params, rest = nnx.split(model, nnx.Param, ...)
     self.abstract = weights.is_abstract(model_params)
     self.compute_dtype = jax.tree.leaves(model_params)[0].dtype
-    self.tx = config.optimizer()
-    self._schedule = config.learning_rate_schedule()
+    self.tx = optimizer(config)
+    self._schedule = learning_rate_schedule(config)
 
     self._model_shardings = (None if mesh is None else
                              jax.tree.map(lambda x: x.sharding, model_params))

@@ -50,6 +50,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from sagc_jax.rl.config import AGG_MODES, KL_KINDS
+
 __all__ = [
     "AGG_MODES",
     "KL_KINDS",
@@ -65,9 +67,6 @@ __all__ = [
     "token_logprobs",
 ]
 
-KL_KINDS = ("k1", "abs", "k2", "k3")
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean",
-             "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 # Log-ratio clamp of the importance ratio and of the k3 estimator: exp(20) is
 # ~5e8, far past any clip range, and still finite in float32.

@@ -46,6 +46,7 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.rl import losses
 from sagc_jax.rl.chunked_logprobs import chunked_logprobs_entropy
 from sagc_jax.rl.config import LearnerConfig
+from sagc_jax.rl.optimizer import optimizer
 from sagc_jax.rl.packing import LearnerBatch
 
 __all__ = ["EXACT_SUMS", "MAX_SUMS", "PolicySpec", "cast_params", "forward_logprobs",
@@ -212,12 +213,12 @@ def learner_grad(params, grads, sums, batch: LearnerBatch, config: LearnerConfig
 
 
 def learner_apply(params, opt_state, grads, loss, config: LearnerConfig):
-  """(params, optimizer state, info) after one update of ``config.optimizer()``.
+  """(params, optimizer state, info) after one update of ``rl.optimizer.optimizer(config)``.
 
   The update is applied only if the loss and the gradient norm are finite; otherwise the
   parameters and the optimizer state come back unchanged (``info["skipped"]`` = 1).
   """
-  tx = config.optimizer()
+  tx = optimizer(config)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 

@@ -16,7 +16,7 @@ Log-probabilities. ``logprobs[r, t]`` is the log-probability of the sampled toke
 under the sampling distribution before top-k/top-p truncation, i.e.
 ``log_softmax(logits / temperature)`` (``temperature = 0``: plain
 ``log_softmax(logits)``). The learner recomputes exactly this quantity, so it serves
-as the PPO "old" log-prob (the ratio of PPO / GRPO, DESIGN.md "One training step").
+as the PPO "old" log-prob (the ratio of PPO / GRPO, docs/architecture.md, "One training step").
 
 The decode state (*carry*) is a dict: ``t`` (the next token index) and the cache are
 shared, every other leaf (``ROW_LEAVES``) has one entry per row, which is what lets
@@ -48,7 +48,7 @@ def sharded_spec(mesh: Mesh | None, shape: Sequence[int], dtype: Any,
                  names: Sequence[str | None]) -> jax.ShapeDtypeStruct:
   """An abstract input laid out by mesh axis ``names`` (unsharded without a mesh).
 
-  The samplers compile ahead of time (DESIGN.md "Shapes and compilation"), so each
+  The samplers compile ahead of time (docs/architecture.md, "Shapes and compilation"), so each
   input is described once, with its sharding, and lowered from that description.
   """
   sharding = None if mesh is None else NamedSharding(mesh, P(*names))
@@ -188,8 +188,7 @@ def decode_until(model: Transformer, carry: dict[str, Any], seed: jax.Array,
   """Decodes one token per running row until token ``t_end`` or every row is done.
 
   The loop exits as soon as every real row has stopped: a call costs as much as its
-  longest response, the straggler effect SAGC manages (DESIGN.md "What the system
-  does").
+  longest response, the straggler effect SAGC manages (docs/controllers.md).
   """
   def keep_going(c):
     return (c["t"] < t_end) & jnp.any(~c["done"])

@@ -111,9 +111,9 @@ def row_buckets_for(candidates: Sequence[int], prompts_for: Callable[[int], int]
   """One padded row count per candidate G: ``prompts_for(G) * G`` rounded up.
 
   ``prompts_for`` is the trainer's P(G), the prompts per sampling round at group
-  size G (``sagc_jax.control.budget.prompts_per_round``). Rounding up to
+  size G (``sagc_jax.control.budget.prompts_for``). Rounding up to
   ``multiple_of`` (the data-axis size) lets the rows shard evenly. Several G with
-  the same count share one bucket (DESIGN.md "Shapes and compilation").
+  the same count share one bucket (docs/architecture.md, "Shapes and compilation").
   """
   buckets = set()
   for g in candidates:
@@ -161,7 +161,7 @@ class Sampler:
     group_sizes: the group sizes ``warmup`` compiles a shared prefill for (the
       controller's candidates; other sizes compile on first use).
     prompts_for: optional callable giving the prompts per ``generate`` call at each
-      group size (the trainer's P(G), ``control.budget.prompts_per_round``). With it
+      group size (the trainer's P(G), ``control.budget.prompts_for``). With it
       ``warmup`` compiles a group size's shared prefill only for the call rows of
       ``P(G) * G`` prompts (in ``hold_prompts`` mode one G per row bucket, not every
       G in every bucket); a call with another prompt count compiles its prefill on
@@ -237,7 +237,7 @@ class Sampler:
       raise ValueError(f"group_sizes={tuple(group_sizes)} must be positive ints")
     if prompts_for is not None and not callable(prompts_for):
       raise TypeError(f"prompts_for={prompts_for!r} must be a callable G -> P(G) "
-                      "(e.g. lambda g: prompts_per_round(config.rollout, g)) or None")
+                      "(e.g. lambda g: prompts_for(config.rollout, g)) or None")
     self.prompts_for = prompts_for
     if decode_segment is None:
       decode_segment = auto_segment(params.max_new_tokens)

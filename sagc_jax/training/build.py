@@ -12,12 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
-from sagc_jax.config import learner_config
+from sagc_jax.config import RunConfig
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
@@ -45,22 +43,24 @@ class RLComponents:
                 log=log)
 
 
-def _sampler_options(config: ml_collections.ConfigDict, mesh: Mesh) -> dict:
+def _sampler_options(config: RunConfig, mesh: Mesh) -> dict:
   """Sampler keyword arguments every sampler of a run shares."""
   r = config.rollout
   data_axis = mesh.shape["data"]
-  limit = r.get("max_rows_per_call", 0) or None
+  limit = r.max_rows_per_call or None
   if limit and limit % data_axis:
     raise ValueError(f"rollout.max_rows_per_call={limit} does not divide evenly over the "
                      f"mesh 'data' axis of size {data_axis}")
-  segment = r.get("decode_segment", -1)
+  if r.refill_slots and r.refill_slots % data_axis:
+    raise ValueError(f"rollout.refill_slots={r.refill_slots} must be a multiple of the mesh's "
+                     f"'data' axis ({data_axis}, mesh.shape={tuple(config.mesh.shape)}): each "
+                     "data shard decodes its own slots")
   return dict(mesh=mesh, max_rows_per_call=limit,
-              decode_segment=None if segment < 0 else segment,
-              compaction=r.get("compaction", True),
-              min_compact_rows=r.get("min_compact_rows", 8))
+              decode_segment=None if r.decode_segment < 0 else r.decode_segment,
+              compaction=r.compaction, min_compact_rows=r.min_compact_rows)
 
 
-def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, *,
+def build_eval_samplers(config: RunConfig, model: Transformer, mesh: Mesh, *,
                         stop_ids: Sequence[int], pad_id: int) -> tuple[Sampler, Sampler]:
   """The greedy and the sampled held-out evaluation samplers (all ``eval`` needs)."""
   r = config.rollout
@@ -70,7 +70,7 @@ def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, m
   eval_params = dict(stop_ids=stop_ids, pad_id=pad_id)
   # Evaluation runs a few times per run: by default it uses the fused sampler, whose
   # one executable per shape compiles far faster than the segmented set.
-  if not r.get("segmented_eval", False):
+  if not r.segmented_eval:
     common = dict(common, decode_segment=0)
   greedy = Sampler(model, SamplingParams(r.max_new_tokens, temperature=0.0, **eval_params),
                    (eval_rows,), r.prompt_buckets, **common)
@@ -78,7 +78,7 @@ def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, m
   # depend on the G buckets: every arm of a comparison draws the same ones.
   # Its groups are 1 sample per example, or train.eval_k for pass@k (the segmented
   # sampler compiles per group size).
-  k = config.train.get("eval_k", 0)
+  k = config.train.eval_k
   sampled = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       **eval_params), (eval_rows,), r.prompt_buckets,
@@ -86,28 +86,24 @@ def build_eval_samplers(config: ml_collections.ConfigDict, model: Transformer, m
   return greedy, sampled
 
 
-def build_components(config: ml_collections.ConfigDict, model: Transformer, mesh: Mesh, *,
+def build_components(config: RunConfig, model: Transformer, mesh: Mesh, *,
                      stop_ids: Sequence[int], pad_id: int) -> RLComponents:
   """Samplers and learner for ``config`` (validated) around ``model`` on ``mesh``."""
   r = config.rollout
   data_axis = mesh.shape["data"]
-  row_buckets = row_buckets_for(candidate_group_sizes(config.controller),
-                                lambda g: prompts_per_round(config.rollout, g),
-                                multiple_of=data_axis)
+  row_buckets = row_buckets_for(config.group_sizes(), r.prompts_for, multiple_of=data_axis)
   common = _sampler_options(config, mesh)
   sampler = Sampler(model, SamplingParams(
       r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       stop_ids=stop_ids, pad_id=pad_id), row_buckets, r.prompt_buckets,
-      group_sizes=candidate_group_sizes(config.controller),
-      prompts_for=lambda g: prompts_per_round(config.rollout, g),
-      refill_slots=r.get("refill_slots", 0), page_size=r.get("page_size", 16),
-      kv_pages=r.get("kv_pages", 0) or None, refill_segment=r.get("refill_segment", 0) or None,
-      paged_kernel=r.get("paged_kernel", "xla"), **common)
+      group_sizes=config.group_sizes(), prompts_for=r.prompts_for,
+      refill_slots=r.refill_slots, page_size=r.page_size, kv_pages=r.kv_pages or None,
+      refill_segment=r.refill_segment or None, paged_kernel=r.paged_kernel, **common)
   eval_sampler, eval_sampled_sampler = build_eval_samplers(config, model, mesh,
                                                            stop_ids=stop_ids, pad_id=pad_id)
-  learner_cfg = learner_config(config)
+  learner_cfg = config.learner
   platform = mesh.devices.flat[0].platform
-  if r.get("refill_slots", 0) and r.get("paged_kernel", "xla") == "pallas" and platform != "tpu":
+  if r.refill_slots and r.paged_kernel == "pallas" and platform != "tpu":
     raise ValueError(f"rollout.paged_kernel='pallas' is a TPU kernel and this run's devices "
                      f"are {platform}; use rollout.paged_kernel='xla' (same tokens) off TPU")
   if learner_cfg.attention == "splash" and platform != "tpu":

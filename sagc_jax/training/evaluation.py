@@ -6,14 +6,13 @@ Used by the training loop (before RL and every ``train.eval_every`` steps) and b
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from sagc_jax.control.budget import candidate_group_sizes
+from sagc_jax.config import RunConfig, run_config
 from sagc_jax.control.controller import straggler_flags
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.sampling import Sampler
@@ -41,7 +40,7 @@ class Evaluator:
     self.greedy = greedy
     self.sampled = sampled
     self.log = log
-    self.run_greedy = inputs.config.train.get("eval_greedy", True)   # train.eval_greedy
+    self.run_greedy = inputs.config.train.eval_greedy
     self.sampled_correct: np.ndarray | None = None   # per example, of the last evaluate()
     wanted, available = inputs.config.data.eval_examples, len(inputs.eval_source)
     if wanted > available:           # once per run, not at every evaluation
@@ -99,7 +98,7 @@ class Evaluator:
     out.update({"eval_sampled_accuracy": float(sampled.mean()),
                 **length_stats("eval_sampled_response_len", sampled_lengths),
                 "eval_examples": float(n)})
-    k = self.inputs.config.train.get("eval_k", 0)
+    k = self.inputs.config.train.eval_k
     if k > 1:
       correct, k_lengths = self._pass(model, self.sampled, n, k=k, label=f"{k} samples",
                                       seed=seed_for(self.inputs.config.seed, k))
@@ -109,7 +108,7 @@ class Evaluator:
       config = self.inputs.config
       out.update(straggler_profile(k_lengths, config.controller.tau,
                                    config.rollout.rollouts_per_step,
-                                   candidate_group_sizes(config.controller)))
+                                   config.group_sizes()))
     out["eval_seconds"] = time.perf_counter() - start
     return out
 
@@ -219,6 +218,16 @@ def load_run_config(workdir: Any):
   return config
 
 
+def reader_config(config: Any) -> RunConfig:
+  """The typed config of a tool that reads a run (eval, export): accuracy is measured
+  with the task verifier only, so the training reward's user functions (maybe not
+  importable here) and W&B are left out before the config is checked."""
+  values = config.to_dict()
+  values["reward"].update(fns=(), weights=())
+  values["train"]["wandb_project"] = ""
+  return run_config(values)
+
+
 def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
                  limit: int | None = None, log=print) -> dict[str, Any]:
   """Held-out evaluation of a run's policy, building only what evaluation needs.
@@ -228,19 +237,13 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
   the result; 0 when the starting policy is evaluated). No learner, optimizer state
   or controller is built, and nothing in ``workdir`` is written.
   """
-  from sagc_jax.config import validate
   from sagc_jax.runtime import compilation
   from sagc_jax.runtime.storage import cache_root, local_mirror
   from sagc_jax.training.build import build_eval_samplers
   from sagc_jax.training.inputs import (build_run_inputs, configure_compilation_cache,
                                         load_checkpoint_weights)
 
-  # Evaluation measures accuracy with the task verifier only: the training reward's
-  # user functions (maybe not importable here) and W&B are not needed.
-  config = copy.deepcopy(config)
-  config.reward.update(dict(fns=(), weights=()))
-  config.train.wandb_project = ""
-  validate(config)
+  config = reader_config(config)
   root = cache_root(config.train.local_cache_dir)
   compilation.install()
   configure_compilation_cache(config, workdir, root, read_only=True)

@@ -44,7 +44,7 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   """Writes the export; returns ``{"step", "out", "files"}``."""
   import jax.numpy as jnp
 
-  from sagc_jax.training.evaluation import load_run_config
+  from sagc_jax.training.evaluation import load_run_config, reader_config
   from sagc_jax.models import from_pretrained
   from sagc_jax.training.inputs import load_checkpoint_weights
   from sagc_jax.runtime.storage import run_path
@@ -52,7 +52,7 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   if run_path(out).exists():
     raise ValueError(f"--out {out} exists already; pick a new folder (nothing is overwritten)")
   run = run_path(workdir)
-  config = load_run_config(run)
+  config = reader_config(load_run_config(run))
   folder = base_folder(config, workdir, base)
   dtype = dtype or config.model.dtype
   target = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32

@@ -43,7 +43,6 @@ import jax
 import jaxlib
 import numpy as np
 
-from sagc_jax.control.budget import candidate_group_sizes
 
 __all__ = ["InitialEvaluationStore", "initial_eval_key", "reuse_or_evaluate"]
 
@@ -108,12 +107,11 @@ def initial_eval_key(config: Any, variables: Any, mesh_shape: dict[str, int],
   ``answer``) and ``prompt_ids`` their encoded prompts."""
   devices = jax.devices()
   settings = {"seed": config.seed,
-              **{name: config[name].to_dict() for name in _EVALUATION_SETTINGS},
-              "eval_greedy": config.train.get("eval_greedy", True),
-              "eval_k": config.train.get("eval_k", 0)}
+              **{name: getattr(config, name).to_dict() for name in _EVALUATION_SETTINGS},
+              "eval_greedy": config.train.eval_greedy, "eval_k": config.train.eval_k}
   if settings["eval_k"] > 1:        # the straggler profile of the k samples
     settings["controller"] = {"tau": config.controller.tau,
-                              "sizes": list(candidate_group_sizes(config.controller))}
+                              "sizes": list(config.group_sizes())}
   evaluated = hashlib.sha256(json.dumps(
       [[ex["prompt"], ex["answer"], list(map(int, ids))]
        for ex, ids in zip(examples, prompt_ids)]).encode()).hexdigest()

@@ -20,12 +20,12 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.config.schema import FILE_DATASETS
+from sagc_jax.config import RunConfig
+from sagc_jax.config.sections import FILE_DATASETS
 from sagc_jax.data import builder_options, example_location, load_split
 from sagc_jax.models import encode_prompts, from_pretrained, load_tokenizer
 from sagc_jax.models.gguf_import import cached_import, is_gguf_source
@@ -46,7 +46,7 @@ __all__ = ["RunInputs", "build_run_inputs", "check_prompt_lengths", "configure_c
 @dataclasses.dataclass
 class RunInputs:
   """The policy and its data: everything a run's config names before RL starts."""
-  config: ml_collections.ConfigDict
+  config: RunConfig
   mesh: Mesh
   train_source: Any                # random-access sources (``sagc_jax.data.load_split``)
   eval_source: Any
@@ -77,7 +77,7 @@ class RunInputs:
       close()
 
 
-def configure_compilation_cache(config: ml_collections.ConfigDict, workdir: Any,
+def configure_compilation_cache(config: RunConfig, workdir: Any,
                                 cache_root: Path, read_only: bool) -> None:
   """Points JAX's persistent compilation cache at the run (a reader: the local cache).
 
@@ -93,7 +93,7 @@ def configure_compilation_cache(config: ml_collections.ConfigDict, workdir: Any,
                     config.train.compilation_cache_dir or str(default))
 
 
-def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
+def check_prompt_lengths(config: RunConfig, tokenizer: Any,
                          sources: Sequence[tuple[str, Any]], limit: int = 200_000,
                          locate: Callable[[str, int], str | None] = lambda split, i: None,
                          log: Callable[[str], None] = print) -> None:
@@ -107,8 +107,7 @@ def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
   largest = max(config.rollout.prompt_buckets)
   template = config.data.use_chat_template or None
   char_bound = largest * max_token_chars(tokenizer)
-  field = (config.data.prompt_field if config.data.name in FILE_DATASETS
-           and "prompt_field" in config.data else "prompt")
+  field = config.data.prompt_field if config.data.name in FILE_DATASETS else "prompt"
   buckets = f"rollout.prompt_buckets={tuple(config.rollout.prompt_buckets)}"
 
   def where(split: str, example: dict, index: int) -> str:
@@ -142,7 +141,7 @@ def check_prompt_lengths(config: ml_collections.ConfigDict, tokenizer: Any,
             f"({last_line - start:.0f} s)")
 
 
-def policy_source(config: ml_collections.ConfigDict, cache_root: Path,
+def policy_source(config: RunConfig, cache_root: Path,
                   log: Callable[[str], None] = print, *, convert: bool = True) -> str:
   """The local HF folder ``model.path`` names ('' for the built-in tiny model).
 
@@ -159,7 +158,7 @@ def policy_source(config: ml_collections.ConfigDict, cache_root: Path,
   return path
 
 
-def build_run_inputs(config: ml_collections.ConfigDict, local_dir: Path, cache_root: Path,
+def build_run_inputs(config: RunConfig, local_dir: Path, cache_root: Path,
                      log: Callable[[str], None]) -> RunInputs:
   """Mesh, data splits, starting policy (building the tiny model and its warm start
   when the config asks and they are not cached in ``local_dir``), tokenizer, rewards.

@@ -30,7 +30,6 @@ import time
 from typing import Any, Callable
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -38,10 +37,8 @@ from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
 from sagc_jax.runtime.stop import StopGuard, StopRequested, write_now
 from sagc_jax.runtime.checkpoint import Checkpointer, prepare_checksums
-from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import build_components
-from sagc_jax.config import FILE_DATASETS, validate
-from sagc_jax.control.controller import controller_from_config
+from sagc_jax.config import RunConfig, run_config
 from sagc_jax.data import PromptLoader
 from sagc_jax.training.evaluation import Evaluator, paired_gain
 from sagc_jax.training.initial_eval import (InitialEvaluationStore, initial_eval_key,
@@ -74,7 +71,7 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
 class Trainer:
   """Builds every component from a validated config and runs the step loop."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+  def __init__(self, config: RunConfig, workdir: str | os.PathLike, *,
                log: Callable[[str], None] | None = None, read_only: bool = False,
                restore: bool = True, stop_deadline: bool = False):
     """``read_only``: a reader of the run (eval): nothing in ``workdir`` is created,
@@ -86,11 +83,7 @@ class Trainer:
     thread); a signal during start-up raises ``StopRequested``. ``stop_deadline``
     (the command line): end the process ``train.stop_grace_s`` after the first
     signal whatever it is doing (``runtime.stop``)."""
-    validate(config)
-    if config.data.name in FILE_DATASETS and not config.data.manual_dir:
-      # Relative file patterns mean the directory the run starts in: recorded in
-      # config.json, so that eval / export / a resume from elsewhere find the same files.
-      config.data.manual_dir = os.path.abspath(os.curdir)
+    config = run_config(config)     # the command line built it; a ConfigDict is checked here
     self.read_only = read_only
     self.config = config
     # The workdir may be a bucket (gs://): every run file goes through storage.run_path.
@@ -128,7 +121,7 @@ class Trainer:
         self._lock.release()
       raise
 
-  def _build(self, config: ml_collections.ConfigDict, log: Callable[[str], None] | None,
+  def _build(self, config: RunConfig, log: Callable[[str], None] | None,
              read_only: bool, restore: bool) -> None:
     """The rest of ``__init__``, once the run directory is this trainer's."""
     if config.train.export_every and self.is_primary and not read_only:
@@ -144,11 +137,10 @@ class Trainer:
     self.model = self.inputs.model
     self.loader = PromptLoader(self.inputs.train_source, seed=config.seed,
                                shard_index=jax.process_index(), num_shards=jax.process_count())
-    self.controller = controller_from_config(config)
+    self.controller = config.build_controller()
     processes = jax.process_count()
     self.controller.check_process_count(processes)
-    uneven = [g for g in candidate_group_sizes(config.controller)
-              if prompts_per_round(config.rollout, g) % processes]
+    uneven = [g for g in config.group_sizes() if config.rollout.prompts_for(g) % processes]
     if uneven:
       raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
                        "processes (each process reads an equal share of the prompts)")
@@ -202,7 +194,7 @@ class Trainer:
     if not self.is_primary or self.read_only:
       return
     path = self.workdir / "config.json"
-    new = self.config.to_json_best_effort(indent=1)
+    new = json.dumps(self.config.to_dict(), indent=1)
     if path.exists():
       try:
         old = json.loads(path.read_text())
@@ -327,7 +319,7 @@ class Trainer:
     """The evaluation before RL, or the same evaluation kept by an earlier run in
     ``train.initial_eval_dir`` (``training.initial_eval``: the runs of a comparison
     that share a seed would each repeat it)."""
-    directory = self.config.train.get("initial_eval_dir", "")
+    directory = self.config.train.initial_eval_dir
     examples = self.evaluator.examples()
     store = None
     if directory and jax.process_count() == 1:
@@ -365,8 +357,8 @@ class Trainer:
     stats of one round, or a [rows, sequence] int32/float32 array fetched from the
     devices (sampler tokens, learner log-probs)."""
     r = self.config.rollout
-    sizes = candidate_group_sizes(self.config.controller)
-    prompts = max(prompts_per_round(self.config.rollout, g) for g in sizes)
+    sizes = self.config.group_sizes()
+    prompts = max(self.config.rollout.prompts_for(g) for g in sizes)
     local = -(-prompts // jax.process_count())
     sequence = max(r.prompt_buckets) + max(r.response_buckets)
     per_row = max(8, 4 * len(self.inputs.reward_fn.term_names))   # the reward terms

@@ -37,7 +37,6 @@ import numpy as np
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
 from sagc_jax.runtime.stop import StopRequested
-from sagc_jax.control.budget import candidate_group_sizes, prompts_per_round
 from sagc_jax.training.build import RLComponents, rollout_batch
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import Controller
@@ -99,7 +98,7 @@ class RLStep:
     inputs = self.inputs
     t0 = time.perf_counter()
     processes, me = jax.process_count(), jax.process_index()
-    share = prompts_per_round(self.config.rollout, g) // processes
+    share = self.config.rollout.prompts_for(g) // processes
     indices = self.loader.next_indices(share)
     local = [self.loader.source[i] for i in indices]
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
@@ -206,14 +205,14 @@ class RLStep:
       distributed.assert_same_on_all(int(sizes @ np.arange(1, sizes.size + 1)),
                                      f"the group sizes of step {step + 1}")
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
-    rows = self.components.sampler.row_bucket_for(prompts_per_round(self.config.rollout, g) * g)
+    rows = self.components.sampler.row_bucket_for(self.config.rollout.prompts_for(g) * g)
     lc = learner.config
     if lc.dynamic_sampling:
       # Extra rounds (prompts past the proposal's context) take the base size.
       result = collect_informative_groups(
           lambda i: self.sample_round(step, g, i, sizes if i == 0 else None),
           lambda b: learner.prepare(b)[1],
-          target_groups=prompts_per_round(self.config.rollout, g), rows=rows,
+          target_groups=self.config.rollout.prompts_for(g), rows=rows,
           max_rounds=lc.dynamic_max_rounds)
       batch, rounds = result.batch, result.round_stats
       if result.message:
@@ -229,8 +228,7 @@ class RLStep:
     interleaved (each process's first, then each one's second, ...), so that the first
     P(G) are exactly the prompts a step at size G samples (each process its first
     P(G) / processes)."""
-    most = max(prompts_per_round(self.config.rollout, g)
-               for g in candidate_group_sizes(self.config.controller))
+    most = max(self.config.rollout.prompts_for(g) for g in self.config.group_sizes())
     processes = jax.process_count()
     ids = np.asarray(self.loader.peek_indices(most // processes), np.int64)
     tokens = self.inputs.encode([self.loader.source[i] for i in ids])
@@ -277,7 +275,7 @@ class RLStep:
         # The straggler statistic itself (the event is ratio > tau), averaged over groups.
         group_max_over_median=float(np.mean(group_max / np.maximum(group_median, 1.0))),
         sampling_rounds=float(len(rounds)),
-        prompts=float(prompts_per_round(self.config.rollout, g)), rows=float(rows),
+        prompts=float(self.config.rollout.prompts_for(g)), rows=float(rows),
         rollouts=float(lengths.size),
         new_compilations=float(sum(compiled.values())),
         update_skipped=float(batch is None))

@@ -1,4 +1,4 @@
-"""Start-up validation helpers for ml_collections configs.
+"""Start-up validation helpers of config values (typed sections, simulator configs).
 
 Every check raises ``ValueError`` naming the dotted key, the bad value and what
 is allowed, so a bad command-line override fails before any work is done.
@@ -7,15 +7,16 @@ is allowed, so a bad command-line override fails before any work is done.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 
 def lookup(config: Any, key: str) -> Any:
-  """Value at a dotted key (``'sim.steps'``); a missing key is an error naming it."""
+  """Value at a dotted key (``'sim.steps'``) of nested mappings or objects (a
+  ConfigDict, a typed section); a missing key is an error naming it."""
   node = config
   for part in key.split("."):
     try:
-      node = node[part]
+      node = node[part] if isinstance(node, Mapping) else getattr(node, part)
     except (KeyError, AttributeError, TypeError):
       raise ValueError(f"config key {key!r} is missing") from None
   return node
