@@ -2,8 +2,9 @@
 
 A command-line test that only checks an early exit (a bad flag, ``--help``, a finished
 run) spends most of its second in interpreter start-up and imports. This server starts
-once, imports the third-party libraries every command imports (jax, absl,
-ml_collections, flax, optax; no ``sagc_jax`` module), and forks a child per command line:
+once, imports the third-party libraries the commands import (jax, absl, ml_collections,
+flax, optax, matplotlib, and the TFDS and orbax that train, eval, compare and aot import
+before they check their settings; no ``sagc_jax`` module), and forks a child per command line:
 the child runs the module as ``-m`` would (``runpy``, ``__main__``), with its own
 ``sys.argv``, working directory, standard output and error (files) and exit status.
 
@@ -27,7 +28,8 @@ import tempfile
 import types
 
 PRELOADED = ("jax", "numpy", "absl.app", "absl.flags", "ml_collections",
-             "ml_collections.config_flags", "flax.nnx", "optax", "matplotlib")
+             "ml_collections.config_flags", "flax.nnx", "optax", "matplotlib",
+             "tensorflow_datasets", "orbax.checkpoint")
 
 
 def _serve() -> None:
