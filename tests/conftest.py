@@ -79,8 +79,8 @@ import pytest  # noqa: E402
 # quick suite, ``pytest -m slow`` the rest (docs/testing.md).
 SLOW_MODULES = frozenset({
     "test_aot", "test_compare", "test_completion_log", "test_export", "test_import_model",
-    "test_launch", "test_multihost", "test_process_faults", "test_reward_mix",
-    "test_stop_phases", "test_storage", "test_trainer"})
+    "test_launch", "test_multihost", "test_process_faults", "test_resume_fixture",
+    "test_reward_mix", "test_stop_phases", "test_storage", "test_trainer"})
 
 # Single tests of quick modules that take half a minute or more on 2 cores and repeat
 # what a quicker sibling in the quick suite checks (another parameter, a mesh, a
