@@ -157,7 +157,11 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
                                         "--config.controller.history_size=0")),
     ("controller.history_forgetting", TRAIN, (*T, "--config.controller.kind=prompt_aware",
                                               "--config.controller.history_forgetting=0")),
-    ("controller.prompts_per_g", TRAIN, (*T, "--config.controller.kind=prompt_aware",
+    # The one message that changed with the typed config: a contextual controller's
+    # P(G) of 0 was reported as "controller: prompts_per_g gives P(4)=0: must be a
+    # positive int" (an argument name the user never set); the budget rule that
+    # names the key now runs first.
+    ("controller.contextual_budget", TRAIN, (*T, "--config.controller.kind=prompt_aware",
                                          "--config.rollout.mode=hold_rollouts",
                                          "--config.rollout.rollouts_per_step=2")),
     ("controller.per_prompt_refill", TRAIN, (*T, "--config.controller.kind=per_prompt",

@@ -145,6 +145,13 @@ def check_run(run: RunConfig) -> None:
   if 0 < limit < train.eval_k:
     raise ValueError(f"train.eval_k={train.eval_k} must be <= rollout.max_rows_per_call="
                      f"{limit} (a group is never split over sampler calls)")
+  if rollout.refill_slots:
+    import jax          # the size of the mesh's 'data' axis needs the device count
+    data = run.mesh.data_ways(jax.device_count())
+    if data and rollout.refill_slots % data:
+      raise ValueError(f"rollout.refill_slots={rollout.refill_slots} must be a multiple of "
+                       f"the mesh's 'data' axis ({data}, mesh.shape={run.mesh.shape}): each "
+                       "data shard decodes its own slots")
   for g in candidates:
     rows = rollout.prompts_for(g) * g
     run.learner.check_split(rows, f"the {rows} rollouts of a G={g} step")

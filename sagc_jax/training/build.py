@@ -51,10 +51,6 @@ def _sampler_options(config: RunConfig, mesh: Mesh) -> dict:
   if limit and limit % data_axis:
     raise ValueError(f"rollout.max_rows_per_call={limit} does not divide evenly over the "
                      f"mesh 'data' axis of size {data_axis}")
-  if r.refill_slots and r.refill_slots % data_axis:
-    raise ValueError(f"rollout.refill_slots={r.refill_slots} must be a multiple of the mesh's "
-                     f"'data' axis ({data_axis}, mesh.shape={tuple(config.mesh.shape)}): each "
-                     "data shard decodes its own slots")
   return dict(mesh=mesh, max_rows_per_call=limit,
               decode_segment=None if r.decode_segment < 0 else r.decode_segment,
               compaction=r.compaction, min_compact_rows=r.min_compact_rows)
