@@ -50,10 +50,6 @@ class GroupPlan:
   group_size: int
   sizes: np.ndarray | None = None
 
-  @property
-  def uniform(self) -> bool:
-    return self.sizes is None
-
 
 @dataclasses.dataclass(frozen=True)
 class StepGroups:
