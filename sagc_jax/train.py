@@ -99,7 +99,12 @@ def main(argv: Sequence[str], flags) -> None:
   tfds.disable_progress_bar()
 
   try:
-    trainer = Trainer(run_config(flags.config), flags.workdir, stop_deadline=True)
+    config = run_config(flags.config)
+    before_rl = None
+    if config.train.initial_eval_dir:      # a comparison's runs of a seed share one
+      from sagc_jax.experiments.initial_eval import reuse_before_rl
+      before_rl = reuse_before_rl(config.train.initial_eval_dir)
+    trainer = Trainer(config, flags.workdir, stop_deadline=True, before_rl=before_rl)
   except StopRequested as stopped:
     # Data preparation, the warm start, restoring: redone by the next start.
     _exit_now(f"stopped during {stopped.phase}: nothing new to checkpoint; rerun the same "

@@ -1,5 +1,5 @@
 """The key and the folder that let runs reuse an evaluation before RL
-(``training.initial_eval``): what changes the key, what does not, damaged files and a
+(``experiments.initial_eval``): what changes the key, what does not, damaged files and a
 folder that cannot be written."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import preset, validate
-from sagc_jax.training.initial_eval import (InitialEvaluationStore, initial_eval_key,
+from sagc_jax.experiments.initial_eval import (InitialEvaluationStore, initial_eval_key,
                                             reuse_or_evaluate)
 
 MESH = {"data": 2, "model": 1}

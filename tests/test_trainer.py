@@ -49,8 +49,8 @@ def small_config(shared, algorithm="grpo", controller="sagc", steps=3):
   return c
 
 
-def run(config, workdir, max_steps=None, log=None):
-  trainer = Trainer(config, workdir, log=log or (lambda message: None))
+def run(config, workdir, max_steps=None, log=None, before_rl=None):
+  trainer = Trainer(config, workdir, log=log or (lambda message: None), before_rl=before_rl)
   try:
     summary = trainer.run(max_steps=max_steps)
     params = jax.tree.map(np.asarray, nnx.state(trainer.model, nnx.Param))
@@ -113,16 +113,19 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
 
 def test_a_run_reuses_the_evaluation_before_rl_of_a_run_with_the_same_weights(shared,
                                                                              tmp_path):
-  """train.initial_eval_dir: a run with another controller but the same weights and
-  evaluation settings reads the evaluation before RL that the first run kept, and what
-  it reads equals what it measures without the folder (an independent run)."""
+  """The before_rl hook of a comparison (``experiments.initial_eval.reuse_before_rl``,
+  what train.initial_eval_dir attaches): a run with another controller but the same
+  weights and evaluation settings reads the evaluation before RL that the first run
+  kept, and what it reads equals what it measures without it (an independent run)."""
+  from sagc_jax.experiments.initial_eval import reuse_before_rl
+
   folder = tmp_path / "initial_eval"
 
   def evaluation_before_rl(name, controller, initial_eval_dir):
     config = small_config(shared, controller=controller, steps=1)
-    config.train.initial_eval_dir = initial_eval_dir
     messages = []
-    summary, _, trainer = run(config, tmp_path / name, log=messages.append)
+    hook = reuse_before_rl(initial_eval_dir) if initial_eval_dir else None
+    summary, _, trainer = run(config, tmp_path / name, log=messages.append, before_rl=hook)
     return trainer.eval_history[0], summary, messages
 
   kept, _, kept_lines = evaluation_before_rl("sagc", "sagc", str(folder))

@@ -31,7 +31,6 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from flax import nnx
 
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime import distributed
@@ -41,8 +40,6 @@ from sagc_jax.training.build import build_components
 from sagc_jax.config import RunConfig, run_config
 from sagc_jax.data import PromptLoader
 from sagc_jax.training.evaluation import Evaluator, paired_gain
-from sagc_jax.training.initial_eval import (InitialEvaluationStore, initial_eval_key,
-                                            reuse_or_evaluate)
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.training.export import prepare_export_root
@@ -73,7 +70,8 @@ class Trainer:
 
   def __init__(self, config: RunConfig, workdir: str | os.PathLike, *,
                log: Callable[[str], None] | None = None, read_only: bool = False,
-               restore: bool = True, stop_deadline: bool = False):
+               restore: bool = True, stop_deadline: bool = False,
+               before_rl: Callable[["Trainer"], dict[str, float]] | None = None):
     """``read_only``: a reader of the run (eval): nothing in ``workdir`` is created,
     rewritten, truncated or moved (no config.json, metrics or compilation cache writes;
     damaged checkpoints are skipped in place). ``restore=False`` keeps the policy
@@ -82,9 +80,11 @@ class Trainer:
     A trainer handles SIGTERM / SIGINT from here to ``close()`` (a writer on the main
     thread); a signal during start-up raises ``StopRequested``. ``stop_deadline``
     (the command line): end the process ``train.stop_grace_s`` after the first
-    signal whatever it is doing (``runtime.stop``)."""
+    signal whatever it is doing (``runtime.stop``). ``before_rl(trainer)``: returns the
+    evaluation before RL in place of running it (a comparison reuses one per seed)."""
     config = run_config(config)     # the command line built it; a ConfigDict is checked here
     self.read_only = read_only
+    self.before_rl = before_rl
     self.config = config
     # The workdir may be a bucket (gs://): every run file goes through storage.run_path.
     # Rebuildable files that need a real filesystem (TFDS data, the tiny model's warm
@@ -301,41 +301,26 @@ class Trainer:
     """Held-out accuracy of the current policy (``evaluation.Evaluator``)."""
     return self.evaluator.evaluate(self.model, limit)
 
-  def _evaluate_with_lines(self, when: str) -> dict[str, float]:
+  def evaluate_with_lines(self, when: str) -> dict[str, float]:
     """``evaluate`` between a start line and a result line: on CPU an evaluation takes
     as long as several steps, and a user should see it run and what it measured."""
     self.log(f"eval {when} on {self.evaluator.examples()} held-out examples ...")
     evaluation = self.evaluate()
-    self._log_evaluation(when, evaluation)
+    self.log_evaluation(when, evaluation)
     return evaluation
 
-  def _log_evaluation(self, when: str, evaluation: dict[str, float]) -> None:
+  def log_evaluation(self, when: str, evaluation: dict[str, float]) -> None:
     greedy = (f"{evaluation['eval_accuracy']:.3f} greedy, "
               if "eval_accuracy" in evaluation else "")
     self.log(f"eval {when}: held-out accuracy {greedy}"
              f"{evaluation['eval_sampled_accuracy']:.3f} sampled")
 
   def _evaluate_before_rl(self) -> dict[str, float]:
-    """The evaluation before RL, or the same evaluation kept by an earlier run in
-    ``train.initial_eval_dir`` (``training.initial_eval``: the runs of a comparison
-    that share a seed would each repeat it)."""
-    directory = self.config.train.initial_eval_dir
-    examples = self.evaluator.examples()
-    store = None
-    if directory and jax.process_count() == 1:
-      evaluated = [self.inputs.eval_source[i] for i in range(examples)]
-      key = initial_eval_key(self.config, nnx.state(self.model, nnx.Param),
-                             dict(self.inputs.mesh.shape), evaluated,
-                             self.inputs.encode(evaluated), self.inputs.stop_ids,
-                             self.inputs.pad_id)
-      store = InitialEvaluationStore(directory, key)
-    evaluation, correct = reuse_or_evaluate(
-        store, lambda: self._evaluate_with_lines("before RL"),
-        lambda: self.evaluator.sampled_correct, examples, str(self.workdir), self.log)
-    if evaluation.get("eval_reused"):
-      self.evaluator.sampled_correct = correct
-      self._log_evaluation("before RL", evaluation)
-    return evaluation
+    """The evaluation before RL, or what the ``before_rl`` hook gives instead (a
+    comparison's runs of one seed reuse one: ``experiments.initial_eval``)."""
+    if self.before_rl is not None:
+      return self.before_rl(self)
+    return self.evaluate_with_lines("before RL")
 
   def _evaluation_missing(self) -> bool:
     """The restored step was due an evaluation (``train.eval_every``, the last step)
@@ -413,7 +398,7 @@ class Trainer:
         self.log(f"the evaluation after step {self.step} was stopped before it finished; "
                  "running it now")
         with self._stoppable(f"the evaluation after step {self.step}", every_process=True):
-          evaluation = self._evaluate_with_lines(f"after step {self.step}")
+          evaluation = self.evaluate_with_lines(f"after step {self.step}")
         self._record_evaluation(evaluation)
         self.metrics.add_to_row(self.step, evaluation)   # the step's row, logged before
         if self.history:
@@ -442,7 +427,7 @@ class Trainer:
       if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
         try:
           with self._stoppable(f"the evaluation after step {self.step}"):
-            evaluation = self._evaluate_with_lines(f"after step {self.step}")
+            evaluation = self.evaluate_with_lines(f"after step {self.step}")
         except StopRequested:
           # The step itself is done: keep its row and checkpoint it, without the
           # evaluation (a resume does not redo it).

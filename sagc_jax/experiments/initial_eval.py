@@ -3,11 +3,13 @@
 Every run of a comparison starts from one shared policy, and the held-out evaluation
 draws its random numbers with fixed seeds in a fixed batch layout that does not depend
 on the controller (``training.build.build_eval_samplers``). The runs of one seed
-therefore compute the same evaluation before RL, number for number: on the real-model
-CPU comparison about 6.5 minutes of each 26-minute run. With ``train.initial_eval_dir``
-set (``sagc_jax.compare`` sets ``<workdir>/shared/initial_eval``), a run keeps its
+therefore compute the same evaluation before RL, number for number: on a real model
+an evaluation costs several steps. With ``train.initial_eval_dir``
+set (``sagc_jax.compare`` sets ``<workdir>/shared/initial_eval``), the training command
+passes ``reuse_before_rl`` to the trainer's ``before_rl`` hook: a run keeps its
 evaluation before RL in that folder under a key of what the evaluation depends on, and
-a later run with the same key reads it instead of evaluating.
+a later run with the same key reads it instead of evaluating. The training loop itself
+knows nothing of this cache.
 
 The key is a SHA-256 over
 * every byte of the policy's weights, and of the other files of its folder
@@ -44,7 +46,7 @@ import jaxlib
 import numpy as np
 
 
-__all__ = ["InitialEvaluationStore", "initial_eval_key", "reuse_or_evaluate"]
+__all__ = ["InitialEvaluationStore", "initial_eval_key", "reuse_before_rl", "reuse_or_evaluate"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 _EVALUATION_SETTINGS = ("data", "mesh", "model", "reward", "rollout")
@@ -205,3 +207,29 @@ def reuse_or_evaluate(store: InitialEvaluationStore | None, evaluate: Callable[[
       f"and evaluation settings ({store.path})")
   evaluation = dict(evaluation, eval_seconds=time.perf_counter() - start, eval_reused=1.0)
   return evaluation, correct
+
+
+def reuse_before_rl(directory: str) -> Callable[[Any], dict[str, float]]:
+  """The trainer's ``before_rl`` hook that keeps the evaluation before RL in
+  ``directory`` and reuses a kept one with the same key (module docstring)."""
+
+  def before_rl(trainer: Any) -> dict[str, float]:
+    evaluator, inputs = trainer.evaluator, trainer.inputs
+    examples = evaluator.examples()
+    store = None
+    if jax.process_count() == 1:
+      evaluated = [inputs.eval_source[i] for i in range(examples)]
+      from flax import nnx
+      key = initial_eval_key(trainer.config, nnx.state(trainer.model, nnx.Param),
+                             dict(inputs.mesh.shape), evaluated, inputs.encode(evaluated),
+                             inputs.stop_ids, inputs.pad_id)
+      store = InitialEvaluationStore(directory, key)
+    evaluation, correct = reuse_or_evaluate(
+        store, lambda: trainer.evaluate_with_lines("before RL"),
+        lambda: evaluator.sampled_correct, examples, str(trainer.workdir), trainer.log)
+    if evaluation.get("eval_reused"):
+      evaluator.sampled_correct = correct
+      trainer.log_evaluation("before RL", evaluation)
+    return evaluation
+
+  return before_rl
