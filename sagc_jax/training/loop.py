@@ -43,7 +43,7 @@ from sagc_jax.training.evaluation import Evaluator, paired_gain
 from sagc_jax.runtime.metrics import MetricsWriter, read_jsonl, summarize
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.training.export import prepare_export_root
-from sagc_jax.training.step import RLStep
+from sagc_jax.training.step import RLStep, StepResult
 from sagc_jax.training.wandb_run import start_wandb
 from sagc_jax.training.inputs import build_run_inputs, configure_compilation_cache
 from sagc_jax.runtime.run_lock import RunLock
@@ -278,8 +278,8 @@ class Trainer:
     return f"{lost} not checkpointed; a resume starts from {start}."
 
   # ------------------------------------------------------------- step, eval
-  def train_step(self) -> dict[str, Any]:
-    """Runs one RL step (``training.step.RLStep``) and returns its metrics row.
+  def train_step(self) -> StepResult:
+    """Runs one RL step (``training.step.RLStep``): its metrics row and completions.
 
     A stop signal during the step's rollout (sampling, scoring) raises
     ``StopRequested`` at once on a single process; during the update only when every
@@ -292,10 +292,10 @@ class Trainer:
       if part == "update":
         return self._stoppable(f"step {n}'s update", when=self._nothing_new)
       return self._stoppable(f"step {n}'s {part}")
-    row = self.rl_step(self.step, log=self.log, phase=phase)
+    result = self.rl_step(self.step, log=self.log, phase=phase)
     self._step_start_state = None
     self.step = n
-    return row
+    return result
 
   def evaluate(self, limit: int | None = None) -> dict[str, float]:
     """Held-out accuracy of the current policy (``evaluation.Evaluator``)."""
@@ -416,7 +416,8 @@ class Trainer:
     stop = self._agree_on_stop()
     while self.step < end and not stop:
       try:
-        row = self.train_step()
+        result = self.train_step()
+        row = result.row
       except StopRequested as stopped:
         # The step is abandoned (a resume redoes it); the finished ones are kept below.
         self.log(f"stopped during {stopped.phase}: step {self.step + 1} is abandoned")
@@ -440,7 +441,7 @@ class Trainer:
       self.metrics.write(row)
       every = c.train.log_completions_every
       if every and self.step % every == 0:
-        self.metrics.write_completions(self.step, self.rl_step.completions)
+        self.metrics.write_completions(self.step, result.completions)
       if self.step % c.train.log_every == 0:
         self.metrics.progress(row)
       self._check_skipped_updates(row)        # before this step can be checkpointed

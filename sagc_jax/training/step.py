@@ -48,7 +48,15 @@ from sagc_jax.rewards.streaming import StreamingScorer
 from sagc_jax.rl.rollout import RolloutBatch
 from sagc_jax.training.inputs import RunInputs
 
-__all__ = ["RLStep", "RoundStats"]
+__all__ = ["RLStep", "RoundStats", "StepResult", "metrics_row", "step_groups"]
+
+
+@dataclasses.dataclass
+class StepResult:
+  """What one step returns to the loop: its metrics row and a few sampled
+  completions (the first round's) for the completion log."""
+  row: dict[str, Any]
+  completions: list[dict[str, Any]]
 
 
 @dataclasses.dataclass
@@ -83,7 +91,6 @@ class RLStep:
     self.components = components
     self.controller = controller
     self.loader = loader
-    self.completions: list[dict[str, Any]] = []
 
   def sample_round(self, step: int, g: int, round_index: int,
                    group_sizes: np.ndarray | None = None) -> tuple[RolloutBatch, RoundStats]:
@@ -174,8 +181,8 @@ class RLStep:
     return out
 
   def __call__(self, step: int, log=print,
-               phase: Callable[[str], ContextManager] | None = None) -> dict[str, Any]:
-    """Runs the step after ``step`` (steps done so far) and returns its metrics row.
+               phase: Callable[[str], ContextManager] | None = None) -> StepResult:
+    """Runs the step after ``step`` (steps done so far): its metrics row and completions.
 
     ``phase(part)`` wraps the step's two parts, ``"rollout"`` (propose, sample, score)
     and ``"update"`` (the learner): the trainer's stop-signal handling
@@ -191,8 +198,21 @@ class RLStep:
       with phase("update"):
         learner_metrics = self.components.learner.update(batch, seed=self.config.seed)
     time_learner = time.perf_counter() - t_learn
-    return self._row(step, g, rows, rounds, batch, learner_metrics, start, time_learner,
-                     compiles_before, log)
+    groups = step_groups(rounds)
+    controller_metrics = self.controller.observe_step(groups)   # the one place it observes
+    compiled = {name: n - compiles_before.get(name, 0)
+                for name, n in compilation.counts_by_function().items()
+                if n > compiles_before.get(name, 0)}
+    if compiled:     # after warm-up every program should exist: name what did not
+      log(f"step {step + 1}: {sum(compiled.values())} new compilation(s): "
+          + ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items())))
+    row = metrics_row(step + 1, controller_metrics, groups, rounds,
+                      prompts=self.config.rollout.prompts_for(g), rows=rows,
+                      learner_metrics=learner_metrics, update_skipped=batch is None,
+                      time_learner=time_learner, time_total=time.perf_counter() - start,
+                      compiled=compiled, term_names=self.inputs.reward_fn.term_names)
+    # The first round's sampled completions, for the run's completion log.
+    return StepResult(row, rounds[0].records)
 
   def _rollout(self, step: int, log) -> tuple[RolloutBatch | None, list[RoundStats], int, int]:
     """(batch, its rounds' statistics, G, row bucket) of the step after ``step``."""
@@ -236,54 +256,51 @@ class RLStep:
     interleave = lambda x: distributed.allgather_rows(x).reshape(processes, -1).T.reshape(-1)
     return BatchContext(interleave(ids), interleave(lengths))
 
-  def _row(self, step: int, g: int, rows: int, rounds: list[RoundStats],
-           batch: RolloutBatch | None, learner_metrics: dict[str, float], start: float,
-           time_learner: float, compiles_before: dict[str, int], log) -> dict[str, Any]:
-    """Observes the step's group statistics and returns its metrics row."""
-    group_max = np.concatenate([r.group_max for r in rounds])
-    group_median = np.concatenate([r.group_median for r in rounds])
-    sizes = np.concatenate([r.group_sizes for r in rounds])
-    correct = np.concatenate([r.correct for r in rounds]).astype(np.float64)
-    ctrl = self.controller.observe_step(StepGroups(
-        group_max, group_median, prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
-        pass_rates=np.add.reduceat(correct, np.cumsum(sizes) - sizes) / sizes,
-        group_sizes=sizes))
 
-    compiled = {name: n - compiles_before.get(name, 0)
-                for name, n in compilation.counts_by_function().items()
-                if n > compiles_before.get(name, 0)}
-    if compiled:     # after warm-up every program should exist: name what did not
-      log(f"step {step + 1}: {sum(compiled.values())} new compilation(s): "
-          + ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items())))
-    lengths = np.concatenate([r.lengths for r in rounds])
-    generated = float(lengths.sum())
-    decode_slots = float(sum(r.decode_slots for r in rounds))
-    self.completions = rounds[0].records   # of the first round (read by the trainer)
-    row = {"step": step + 1, **ctrl}
-    row.update(
-        time_rollout_s=sum(r.rollout_s for r in rounds),
-        time_reward_s=sum(r.reward_s for r in rounds),
-        time_reward_overlapped_s=sum(r.reward_overlapped_s for r in rounds),
-        time_learner_s=time_learner, time_total_s=time.perf_counter() - start,
-        generated_tokens=generated,
-        padding_efficiency=generated / decode_slots if decode_slots else 0.0,
-        reward_mean=float(np.concatenate([r.scores for r in rounds]).mean()),
-        accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
-        format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
-        response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
-        response_len_max=float(lengths.max()),
-        # The straggler statistic itself (the event is ratio > tau), averaged over groups.
-        group_max_over_median=float(np.mean(group_max / np.maximum(group_median, 1.0))),
-        sampling_rounds=float(len(rounds)),
-        prompts=float(self.config.rollout.prompts_for(g)), rows=float(rows),
-        rollouts=float(lengths.size),
-        new_compilations=float(sum(compiled.values())),
-        update_skipped=float(batch is None))
-    terms = np.concatenate([r.terms for r in rounds])
-    for j, name in enumerate(self.inputs.reward_fn.term_names):
-      applicable = terms[:, j][~np.isnan(terms[:, j])]
-      if applicable.size:              # left out when no completion had a value
-        row[f"reward/{name}"] = float(applicable.mean())
-    row["reward/errors"] = float(sum(r.reward_errors for r in rounds))
-    row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
-    return row
+def step_groups(rounds: list[RoundStats]) -> StepGroups:
+  """What the controller observes of a step: every round's groups, in order."""
+  sizes = np.concatenate([r.group_sizes for r in rounds])
+  correct = np.concatenate([r.correct for r in rounds]).astype(np.float64)
+  return StepGroups(np.concatenate([r.group_max for r in rounds]),
+                    np.concatenate([r.group_median for r in rounds]),
+                    prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
+                    pass_rates=np.add.reduceat(correct, np.cumsum(sizes) - sizes) / sizes,
+                    group_sizes=sizes)
+
+
+def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGroups,
+                rounds: list[RoundStats], *, prompts: int, rows: int,
+                learner_metrics: dict[str, float], update_skipped: bool,
+                time_learner: float, time_total: float, compiled: dict[str, int],
+                term_names: tuple[str, ...]) -> dict[str, Any]:
+  """The metrics row of step ``step``: a function of what the step produced."""
+  lengths = np.concatenate([r.lengths for r in rounds])
+  generated = float(lengths.sum())
+  decode_slots = float(sum(r.decode_slots for r in rounds))
+  row = {"step": step, **controller_metrics}
+  row.update(
+      time_rollout_s=sum(r.rollout_s for r in rounds),
+      time_reward_s=sum(r.reward_s for r in rounds),
+      time_reward_overlapped_s=sum(r.reward_overlapped_s for r in rounds),
+      time_learner_s=time_learner, time_total_s=time_total,
+      generated_tokens=generated,
+      padding_efficiency=generated / decode_slots if decode_slots else 0.0,
+      reward_mean=float(np.concatenate([r.scores for r in rounds]).mean()),
+      accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
+      format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
+      response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
+      response_len_max=float(lengths.max()),
+      # The straggler statistic itself (the event is ratio > tau), averaged over groups.
+      group_max_over_median=float(np.mean(groups.group_max
+                                          / np.maximum(groups.group_median, 1.0))),
+      sampling_rounds=float(len(rounds)), prompts=float(prompts), rows=float(rows),
+      rollouts=float(lengths.size), new_compilations=float(sum(compiled.values())),
+      update_skipped=float(update_skipped))
+  terms = np.concatenate([r.terms for r in rounds])
+  for j, name in enumerate(term_names):
+    applicable = terms[:, j][~np.isnan(terms[:, j])]
+    if applicable.size:              # left out when no completion had a value
+      row[f"reward/{name}"] = float(applicable.mean())
+  row["reward/errors"] = float(sum(r.reward_errors for r in rounds))
+  row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+  return row
