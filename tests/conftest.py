@@ -13,7 +13,8 @@ test run (docs/testing.md, "Where the time goes"):
   program again. A cache hit still counts as a compilation
   (``/jax/core/compile/backend_compile_duration``), so the "nothing compiles after
   warm-up" checks keep their strength.
-- Programs with a host callback (every fused-sampler call) are never written to that
+- Programs with a host callback (every sampler's small length-stats program; the
+  model programs carry none, ``tests/test_program_cache.py``) are never written to that
   cache, so tests that share them must share the objects that hold them: session
   fixtures (``llama``, ``qwen2``, ``sharded_llama``), ``test_sampler.fused_reference``
   and ``WORKER_GROUPS``, which sends the modules that use them to one worker.
@@ -79,8 +80,9 @@ import pytest  # noqa: E402
 # quick suite, ``pytest -m slow`` the rest (docs/testing.md).
 SLOW_MODULES = frozenset({
     "test_aot", "test_compare", "test_completion_log", "test_export", "test_import_model",
-    "test_launch", "test_multihost", "test_process_faults", "test_resume_fixture",
-    "test_reward_mix", "test_stop_phases", "test_storage", "test_trainer"})
+    "test_launch", "test_multihost", "test_process_faults", "test_program_cache",
+    "test_resume_fixture", "test_reward_mix", "test_stop_phases", "test_storage",
+    "test_trainer"})
 
 # Single tests of quick modules that take half a minute or more on 2 cores and repeat
 # what a quicker sibling in the quick suite checks (another parameter, a mesh, a
@@ -172,8 +174,8 @@ def pytest_unconfigure(config):
     shutil.rmtree(SESSION_DIR, ignore_errors=True)
 
 
-# Modules whose tests share session fixtures and the programs those hold (the fused
-# sampler's carry a host callback, which the persistent cache cannot serve): under
+# Modules whose tests share session fixtures and the programs those hold (the samplers'
+# stats programs carry a host callback, which the persistent cache cannot serve): under
 # xdist each group runs on one worker, so its programs compile once per test run. The
 # other quick modules run whole on a worker (their module fixtures build once); the
 # slow modules are spread test by test (each test starts its own processes or runs).

@@ -78,24 +78,56 @@ def report_length_stats(sink: "LengthStatsSink", lengths: jax.Array, group_ids: 
   return stats
 
 
-def lower_stats(sink: "LengthStatsSink", rows: int,
-                spec: Callable[[tuple, Any, tuple], jax.ShapeDtypeStruct],
-                lower: Callable[[Callable, tuple, Any], Any]) -> Any:
+Spec = Callable[[tuple, Any, tuple], jax.ShapeDtypeStruct]
+
+
+def stats_inputs(rows: int, spec: Spec) -> tuple[jax.ShapeDtypeStruct, ...]:
+  """The stats program's inputs for a ``rows``-row call: lengths, group ids, validity."""
+  row1 = lambda dtype: spec((rows,), dtype, ("data",))
+  return row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_)
+
+
+def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec,
+                lower: Callable[[Callable, tuple, Any], Any] | None = None) -> Any:
   """The lowered stats program of a ``rows``-row call: the row lengths (in output
   order), group ids and validity in; ``report_length_stats`` to ``sink``.
 
-  For samplers that decode in several programs (segmented, refill) and so report
-  once, after the last: ``spec(shape, dtype, mesh axes)`` describes an input,
-  ``lower(fn, in_specs, out_spec)`` lowers with the sampler's shardings.
+  Every sampler reports through this small program, run right after its last
+  decoding program (``run_stats``), and never from a program that runs the model:
+  JAX does not write a program that carries a host callback to the persistent
+  compilation cache, so a restarted run reads every model program from the cache
+  and compiles only these again. ``spec(shape, dtype, mesh axes)`` describes an
+  input, ``lower(fn, in_specs, out_spec)`` lowers with the sampler's shardings
+  (default: ``jax.jit`` with the specs' shardings, those of the outputs where given).
   """
+  if lower is None:
+    def lower(fn, in_specs, out_spec):
+      laid_out = all(x.sharding is not None for x in jax.tree.leaves(out_spec))
+      out = jax.tree.map(lambda x: x.sharding, out_spec) if laid_out else None
+      return jax.jit(fn, out_shardings=out).lower(*in_specs)
+
   def sampler_stats(lengths, group_ids, row_valid):
     return report_length_stats(sink, lengths, group_ids, row_valid, num_groups=rows)
 
-  row1 = lambda dtype: spec((rows,), dtype, ("data",))
-  inputs = (row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_))
+  inputs = stats_inputs(rows, spec)
   shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
   return lower(sampler_stats, inputs, GroupLengthStats(*(spec(x.shape, x.dtype, ())
                                                          for x in shapes)))
+
+
+def run_stats(program: Any, rows: int, spec: Spec,
+              put: Callable[[Any, jax.ShapeDtypeStruct], Any], lengths: Any, group_ids: Any,
+              row_valid: Any) -> GroupLengthStats:
+  """Dispatches the compiled ``lower_stats`` program of a ``rows``-row call; returns its
+  (device) stats, ready once the callback has reached the sink.
+
+  Host arrays go to the devices with ``put(value, spec)``; arrays already there (a
+  decoding program's outputs, laid out as ``stats_inputs``) are passed as they are,
+  so the program queues behind the one that produces them without a host round trip.
+  """
+  values = (lengths, group_ids, row_valid)
+  return program(*(x if isinstance(x, jax.Array) else put(x, s)
+                   for x, s in zip(values, stats_inputs(rows, spec))))
 
 
 class LengthStatsSink:

@@ -59,7 +59,7 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.runtime.distributed import put_global, to_host
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
+from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, run_stats
 from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.params import SamplingParams
 from sagc_jax.sampling.refill_schedule import RefillSchedule, pages_for
@@ -462,9 +462,8 @@ class RefillDecoder:
     # (left by an earlier, longer attempt, were rounding to change it) are cleared.
     past = np.arange(n_new)[None, :] >= lengths[:, None]
     tokens[past], logprobs[past] = params.pad_id, 0.0
-    stats_spec = self._spec((rows,), jnp.int32, ("data",))
-    stats_inputs = tuple(self._put(x, stats_spec) for x in (lengths, group_ids, row_valid))
-    stats = to_host(self.programs.get(("stats", rows))(*stats_inputs))
+    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec, self._put,
+                              lengths, group_ids, row_valid))
     return (dict(tokens=tokens, logprobs=logprobs, lengths=lengths,
                  decode_steps=np.int32(steps), stats=stats),
             time.perf_counter() - start, slots_used)

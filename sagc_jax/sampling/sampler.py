@@ -7,10 +7,13 @@ and exits as soon as every real row has produced a stop token (EOS or a stop
 id) or ``max_new_tokens`` is reached. A step therefore costs as much as its
 *longest* response — exactly the straggler effect SAGC manages.
 
-Inside the same jitted program, after the loop, the per-group max and median
-response lengths over real rows are computed (``group_stats``) and sent to the
-host with ``io_callback`` into a ``LengthStatsSink`` that feeds the
-controller.
+Right after it, a small stats program computes the per-group max and median
+response lengths over real rows (``group_stats``) from the lengths the decoding
+program left on the devices and sends them to the host with ``io_callback`` into
+a ``LengthStatsSink`` that feeds the controller. The callback is kept out of the
+program that runs the model (as in the segmented and refill samplers): JAX never
+writes a program with a host callback to the persistent compilation cache, so a
+restarted run reads the model programs from it and compiles only the stats ones.
 
 Shapes and compilation. Row counts are padded to a small set of *row
 buckets* (one per candidate G: ``P(G) * G`` rounded up to the data-axis size)
@@ -18,7 +21,8 @@ and prompt lengths to *prompt buckets*; padding rows are masked everywhere
 (they are "done" from the start, never count in stats and get no tokens).
 Group structure is data (``group_ids``), so G is never a static value and G's
 sharing a row bucket share an executable. ``warmup()`` compiles every
-(row bucket, prompt bucket) pair ahead of time with ``jit(...).lower().compile()``;
+(row bucket, prompt bucket) pair, and the stats program of every row bucket, ahead
+of time with ``jit(...).lower().compile()``;
 ``generate`` then only looks executables up, so after warm-up the number of
 XLA compilations is zero whatever sequence of G the controller produces.
 
@@ -49,7 +53,7 @@ from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 from sagc_jax.runtime.shapes import smallest_bucket
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.params import SamplingParams
-from sagc_jax.sampling.group_stats import GroupLengthStats, LengthStatsSink, report_length_stats
+from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, run_stats
 from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.refill import RefillDecoder, auto_refill_segment
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
@@ -230,7 +234,8 @@ class Sampler:
     if paged_kernel is not None:
       options = dataclasses.replace(options, paged_kernel=paged_kernel)
     self.options = options
-    self.programs = ProgramCache(self._lower_fused)       # (rows, prompt_len) -> program
+    # ("generate", rows, prompt_len) and ("stats", rows) -> program
+    self.programs = ProgramCache(self._lower)
     self._jitted = jax.jit(self._make_core(), **self._shardings(state))
     self.group_sizes = tuple(sorted(set(int(g) for g in group_sizes)))
     if not self.group_sizes or min(self.group_sizes) <= 0:
@@ -261,11 +266,11 @@ class Sampler:
 
   # ----------------------------------------------------------- jitted core
   def _make_core(self):
-    graphdef, params, cfg, sink = self._graphdef, self.params, self.cfg, self.sink
+    graphdef, params, cfg = self._graphdef, self.params, self.cfg
     cache_dtype = self.cache_dtype
     n_new = params.max_new_tokens
 
-    def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
+    def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, row_ids, seed):
       model = nnx.merge(graphdef, state)
       rows, prompt_len = prompt_tokens.shape
       options = self._options_for(rows)
@@ -274,9 +279,8 @@ class Sampler:
       carry = decode.emit(decode.initial_carry(cache, row_valid, row_ids, params), logits, seed,
                           params)
       carry = decode.decode_until(model, carry, seed, params, options, t_end=n_new)
-      stats = report_length_stats(sink, carry["lengths"], group_ids, row_valid, num_groups=rows)
       return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
-                  decode_steps=carry["t"], stats=stats)
+                  decode_steps=carry["t"])
 
     return sampler_generate
 
@@ -301,30 +305,35 @@ class Sampler:
     rows1d = NamedSharding(self.mesh, P("data"))
     repl = NamedSharding(self.mesh, P())
     state_sh = jax.tree.map(lambda x: x.sharding, state)
-    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl,
-               stats=GroupLengthStats(repl, repl, repl))
-    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, rows1d, repl),
+    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl)
+    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, repl),
                 out_shardings=out)
 
   # -------------------------------------------------------------- compile
-  def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
-    spec = lambda shape, dtype, names: decode.sharded_spec(self.mesh, shape, dtype, names)
-    return (spec((rows, prompt_len), jnp.int32, ("data", None)),
-            spec((rows, prompt_len), jnp.bool_, ("data", None)),
-            spec((rows,), jnp.bool_, ("data",)),
-            spec((rows,), jnp.int32, ("data",)),
-            spec((rows,), jnp.int32, ("data",)),
-            spec((), jnp.uint32, ()))
+  def _spec(self, shape, dtype, names) -> jax.ShapeDtypeStruct:
+    return decode.sharded_spec(self.mesh, shape, dtype, names)
 
-  def _lower_fused(self, key: tuple[int, int], state):
-    rows, prompt_len = key
+  def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
+    """Specs of the generate program's inputs: prompt tokens and mask, row validity,
+    row ids and the seed."""
+    return (self._spec((rows, prompt_len), jnp.int32, ("data", None)),
+            self._spec((rows, prompt_len), jnp.bool_, ("data", None)),
+            self._spec((rows,), jnp.bool_, ("data",)),
+            self._spec((rows,), jnp.int32, ("data",)),
+            self._spec((), jnp.uint32, ()))
+
+  def _lower(self, key: tuple, state=None):
+    kind, *shape = key
+    if kind == "stats":
+      return lower_stats(self.sink, shape[0], self._spec)
+    rows, prompt_len = shape
     return self._jitted.lower(abstract_like(state), *self._abstract_inputs(rows, prompt_len))
 
   def _executable(self, state, rows: int, prompt_len: int):
-    return self.programs.get((rows, prompt_len), state)
+    return self.programs.get(("generate", rows, prompt_len), state)
 
   def compile(self, model: Transformer, rows: int, prompt_len: int):
-    """The compiled executable of one (row bucket, prompt bucket) (cached)."""
+    """The compiled generate executable of one (row bucket, prompt bucket) (cached)."""
     return self._executable(nnx.state(model), rows, prompt_len)
 
   def compile_decode_step(self, model: Transformer, rows: int, prompt_len: int):
@@ -349,9 +358,9 @@ class Sampler:
     if mesh is not None:
       kwargs = dict(out_shardings=(NamedSharding(mesh, P("data")),
                                    jax.tree.map(lambda x: x.sharding, cache)))
-    inputs = self._abstract_inputs(rows, prompt_len)
+    row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
     lowered = jax.jit(decode_step, donate_argnums=(3,), **kwargs).lower(
-        abstract_like(state), inputs[3], inputs[2], cache)
+        abstract_like(state), row1(jnp.int32), row1(jnp.bool_), cache)
     return lowered.compile()
 
   def abstract_cache(self, rows: int, prompt_len: int, length: int | None = None) -> KVCache:
@@ -365,7 +374,8 @@ class Sampler:
   def warmup(self, model: Transformer) -> int:
     """Compiles every executable a ``generate`` call can use; returns how many were new.
 
-    Fused: one per (call rows, prompt bucket). Segmented: per (call rows, prompt
+    Fused: a generate program per (call rows, prompt bucket) and a stats program per
+    call rows. Segmented: per (call rows, prompt
     bucket) a shared prefill per group size, a segment per (ladder rows, span), a
     compaction per ladder pair and the stats program (``SegmentedDecoder``).
     """
@@ -384,7 +394,8 @@ class Sampler:
         continue                                  # no call of ``prompts_for`` lands here
       for prompt_len in self.prompt_buckets:
         if self.segmented is None:
-          jobs.append(WarmupJob(self.programs, [(rows, prompt_len)], (state,)))
+          jobs.append(WarmupJob(self.programs, [("generate", rows, prompt_len),
+                                                ("stats", rows)], (state,)))
         else:
           jobs.append(self.segmented.warmup_job(state, rows, prompt_len, group_sizes))
     return jobs
@@ -551,15 +562,24 @@ class Sampler:
       return self.segmented.run(state, call_rows, prompt_len, pad(tokens, self.params.pad_id),
                                 pad(mask), pad(row_valid), pad(group_ids), pad(row_ids),
                                 seed, group_size, listener, group_starts=group_starts)
-    inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
-              pad(row_ids), np.uint32(seed))
+    inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(row_ids),
+              np.uint32(seed))
     if self.mesh is not None:
       inputs = tuple(put_global(x, s.sharding)
                      for x, s in zip(inputs, self._abstract_inputs(call_rows, prompt_len)))
     executable = self._executable(state, call_rows, prompt_len)
+    stats_program = self.programs.get(("stats", call_rows))
     start = time.perf_counter()
-    out = wait_for(executable(state, *inputs), listener)
+    out = executable(state, *inputs)
+    # The stats program queues behind the generate program on the lengths it leaves on
+    # the devices; both are done (the callback delivered) when ``wait_for`` returns.
+    out["stats"] = run_stats(stats_program, call_rows, self._spec, self._put, out["lengths"],
+                             pad(group_ids), inputs[2])
+    out = wait_for(out, listener)
     return out, time.perf_counter() - start, call_rows * int(out["decode_steps"])
+
+  def _put(self, value: np.ndarray, spec: jax.ShapeDtypeStruct):
+    return value if self.mesh is None else put_global(value, spec.sharding)
 
   def call_rows(self, rows: int) -> int:
     """Rows of the executable that serves a ``rows``-row bucket (``max_rows_per_call``)."""

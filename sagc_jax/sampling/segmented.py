@@ -53,7 +53,7 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
 from sagc_jax.runtime.shapes import row_ladder
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
+from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, run_stats
 from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.params import SamplingParams
 
@@ -373,10 +373,8 @@ class SegmentedDecoder:
           self._put(keep, self._spec((target,), jnp.bool_, ("data",))))
       current = target
     harvest(carry)
-    row1 = lambda x, dtype: self._put(x, self._spec((rows,), dtype, ("data",)))
-    stats = self.programs.get(("stats", rows))(
-        row1(out_lengths, jnp.int32), row1(group_ids, jnp.int32), row1(row_valid, jnp.bool_))
-    stats = to_host(stats)
+    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec, self._put,
+                              out_lengths, group_ids, row_valid))
     seconds = time.perf_counter() - start
     return (dict(tokens=out_tokens, logprobs=out_logprobs, lengths=out_lengths,
                  decode_steps=np.int32(t), stats=stats), seconds, slots_used)
