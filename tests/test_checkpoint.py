@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from sagc_jax.runtime.checkpoint import Checkpointer, CheckpointMismatch
-from sagc_jax.training.loop import config_changes
+from sagc_jax.training.run_state import config_changes
 
 
 def _params(width=4, value=1.0):

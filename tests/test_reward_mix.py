@@ -221,7 +221,7 @@ def test_training_logs_each_term_and_the_weighted_total(shared, tmp_path):
                                  "test_reward_mix:fails_on_odd_length"),
                             weights=(1.0, 0.5, 0.25)))
   run(config, tmp_path)
-  from sagc_jax.training.loop import load_history
+  from sagc_jax.runtime.metrics import load_history
   rows = load_history(tmp_path)
   assert len(rows) == 2
   for row in rows:

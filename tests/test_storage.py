@@ -17,7 +17,7 @@ from sagc_jax.runtime import storage
 from sagc_jax.config import validate
 from sagc_jax.training.export import export
 from sagc_jax.experiments.plots import plot_run
-from sagc_jax.training.loop import deterministic_view, load_history
+from sagc_jax.runtime.metrics import deterministic_view, load_history
 from test_trainer import run, small_config
 
 

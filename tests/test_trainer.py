@@ -20,7 +20,8 @@ from flax import nnx
 from sagc_jax.runtime.checkpoint import CheckpointMismatch
 from sagc_jax.config import preset, validate
 from sagc_jax.models import build_tiny_checkpoint
-from sagc_jax.training.loop import Trainer, deterministic_view, load_history
+from sagc_jax.runtime.metrics import deterministic_view, load_history
+from sagc_jax.training.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_KEYS = {"step", "g", "lambda", "p_mean/G2", "p_mean/G4", "straggler_rate",
@@ -105,7 +106,7 @@ def test_sampled_only_evaluation_reports_the_paired_gain(shared, tmp_path):
   assert summary["eval_sampled_gain"] == pytest.approx(gain)
   assert summary["eval_sampled_gain_ci95_low"] <= gain <= summary["eval_sampled_gain_ci95_high"]
   assert not any("eval_accuracy" in r for r in load_history(tmp_path))
-  from sagc_jax.training.loop import load_evaluation_before_rl
+  from sagc_jax.runtime.metrics import load_evaluation_before_rl
   before = load_evaluation_before_rl(tmp_path)           # the step-0 row of metrics.jsonl
   assert before["eval_sampled_accuracy"] == summary["eval_sampled_accuracy_start"]
   assert "sampled_correct" not in before
@@ -269,13 +270,13 @@ def test_resume_with_another_model_is_refused_and_changes_are_named(shared, tmp_
   # Skipped (non-finite) updates in a row stop the run at train.max_consecutive_skipped
   # (default 5) before the step is checkpointed; one applied update resets the count.
   # (test_learner.py checks that a non-finite update is really skipped and counted.)
-  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
-  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 1.0})
-  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
-  trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+  trainer.state.check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+  trainer.state.check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 1.0})
+  trainer.state.check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+  trainer.state.check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
   with pytest.raises(RuntimeError, match=r"step 2: 6 learner updates in a row were skipped "
                                          r".*newest checkpoint is step 2"):
-    trainer._check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
+    trainer.state.check_skipped_updates({"learner/updates": 2.0, "learner/skipped_updates": 2.0})
   assert json.loads((tmp_path / "config.json").read_text())["learner"]["lr"] == 2e-3
 
 

@@ -21,6 +21,7 @@ import importlib.util
 from typing import Any, Mapping
 
 from sagc_jax.control import budget
+from sagc_jax.control.controller import controller_from_config
 from sagc_jax.runtime import checks
 from sagc_jax.runtime.storage import is_remote
 
@@ -267,7 +268,6 @@ class ControllerSection(_Section):
   def build(self, prompts_for=None):
     """The controller these settings describe; ``prompts_for``: the run's P(G)
     (``RolloutSection.prompts_for``), which the contextual kinds need."""
-    from sagc_jax.control.controller import controller_from_config
     return controller_from_config(self.to_dict(), prompts_for=prompts_for)
 
   def group_sizes(self) -> tuple[int, ...]:

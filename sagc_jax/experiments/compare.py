@@ -230,7 +230,7 @@ def _train_arm(config, arm_dir: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ report
 def load_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
   """An arm's config, metrics rows, eval history and summary from its run directory."""
-  from sagc_jax.training.loop import load_history
+  from sagc_jax.runtime.metrics import load_history
 
   arm_dir = Path(arm_dir)
   config = json.loads((arm_dir / "config.json").read_text())

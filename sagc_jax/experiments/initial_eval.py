@@ -229,7 +229,7 @@ def reuse_before_rl(directory: str) -> Callable[[Any], dict[str, float]]:
         lambda: evaluator.sampled_correct, examples, str(trainer.workdir), trainer.log)
     if evaluation.get("eval_reused"):
       evaluator.sampled_correct = correct
-      trainer.log_evaluation("before RL", evaluation)
+      evaluator.log_result("before RL", evaluation)
     return evaluation
 
   return before_rl

@@ -33,7 +33,11 @@ from typing import Any, Sequence
 
 from sagc_jax.runtime.storage import FolderUpload, is_remote, line_file, run_path
 
-__all__ = ["MetricsWriteError", "MetricsWriter", "parse_jsonl", "read_jsonl", "summarize"]
+__all__ = ["MetricsWriteError", "MetricsWriter", "deterministic_view", "load_evaluation_before_rl",
+           "load_history", "parse_jsonl", "read_jsonl", "summarize"]
+
+_TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_reward_overlapped_s", "time_learner_s",
+                "time_total_s", "learner_seconds", "eval_seconds")
 
 KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
                ("strag", "group_straggler_rate", "{:.2f}"), ("S_t", "step_straggler", "{:.0f}"),
@@ -333,3 +337,21 @@ def finished_summary(workdir: Any, steps: int) -> dict | None:
       and not summary.get("preempted")):
     return summary
   return None
+
+
+def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:
+  """A metrics row without wall-clock fields (what exact resume must reproduce)."""
+  return {k: v for k, v in row.items() if k not in _TIMING_KEYS
+          and not k.startswith("time_") and k != "learner/learner_seconds"}
+
+
+def load_history(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+  """The step rows of a run's ``metrics.jsonl`` (steps 1, 2, ...; the step-0 row of the
+  evaluation before RL is ``load_evaluation_before_rl``)."""
+  return [r for r in read_jsonl(run_path(workdir) / "metrics.jsonl") if r.get("step", 0) >= 1]
+
+
+def load_evaluation_before_rl(workdir: str | os.PathLike) -> dict[str, Any] | None:
+  """The step-0 row of ``metrics.jsonl``: the held-out evaluation before RL."""
+  rows = [r for r in read_jsonl(run_path(workdir) / "metrics.jsonl") if r.get("step") == 0]
+  return rows[-1] if rows else None

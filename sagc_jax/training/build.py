@@ -23,7 +23,8 @@ from sagc_jax.runtime.compilation import warm
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.sampler import SampleBatch
 
-__all__ = ["RLComponents", "build_components", "build_eval_samplers", "rollout_batch"]
+__all__ = ["RLComponents", "build_components", "build_eval_samplers", "largest_host_gather",
+           "rollout_batch"]
 
 
 @dataclasses.dataclass
@@ -109,6 +110,24 @@ def build_components(config: RunConfig, model: Transformer, mesh: Mesh, *,
   learner = Learner(model, learner_cfg, row_buckets, r.prompt_buckets,
                     r.response_buckets, mesh=mesh)
   return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets)
+
+
+def largest_host_gather(config: RunConfig, components: RLComponents, reward_terms: int,
+                        processes: int | None = None) -> int:
+  """Bytes of the largest per-step host gather of a multi-process run: the prompt
+  token ids, a per-row value (or the row's reward terms), the per-group length
+  stats of one round, or a [rows, sequence] int32/float32 array fetched from the
+  devices (sampler tokens, learner log-probs)."""
+  import jax
+
+  r = config.rollout
+  sizes = config.group_sizes()
+  prompts = max(r.prompts_for(g) for g in sizes)
+  local = -(-prompts // (processes or jax.process_count()))
+  sequence = max(r.prompt_buckets) + max(r.response_buckets)
+  per_row = max(8, 4 * reward_terms)
+  return max(local * max(r.prompt_buckets) * 4, local * max(sizes) * per_row,
+             2 * prompts * 8, max(components.row_buckets) * sequence * 4 + 4096)
 
 
 def rollout_batch(samples: SampleBatch, scores: np.ndarray) -> RolloutBatch:

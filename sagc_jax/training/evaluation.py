@@ -82,6 +82,13 @@ class Evaluator:
       lengths.append(samples.lengths[:samples.num_rows].reshape(-1, k))
     return np.concatenate(correct), np.concatenate(lengths)
 
+  def log_result(self, when: str, evaluation: dict[str, float]) -> None:
+    """The result line of an evaluation (``when``: "before RL", "after step N")."""
+    greedy = (f"{evaluation['eval_accuracy']:.3f} greedy, "
+              if "eval_accuracy" in evaluation else "")
+    self.log(f"eval {when}: held-out accuracy {greedy}"
+             f"{evaluation['eval_sampled_accuracy']:.3f} sampled")
+
   def evaluate(self, model: Any, limit: int | None = None) -> dict[str, float]:
     """Held-out accuracy of ``model``: greedy, sampled at the training temperature, and
     with ``train.eval_k`` > 1 pass@j / mean@k from k samples per example."""
