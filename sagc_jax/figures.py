@@ -1,6 +1,7 @@
 """``python -m sagc_jax.figures [--out runs/figures] [--only a,b] [--list]``: reruns every
 measurement the docs report, as a resumable job list, into one folder with
-``index.md`` and ``machine.json``. The jobs are ``sagc_jax.experiments.figures.JOBS``.
+``index.md`` and ``machine.json``. The jobs are ``sagc_jax.experiments.figures.JOBS``;
+``--list`` names the section of docs/results.md each one makes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def _define_flags():
   flags.DEFINE_string("only", None, "Comma-separated jobs to run (default: all).")
   flags.DEFINE_string("skip", None, "Comma-separated jobs to leave out.")
   flags.DEFINE_bool("force", False, "Rerun jobs that finished before.")
-  flags.DEFINE_bool("list", False, "Print the jobs and exit.")
+  flags.DEFINE_bool("list", False, "Print the jobs, with the docs/results.md section each "
+                    "makes, and exit.")
   return flags.FLAGS
 
 
@@ -31,7 +33,9 @@ def main(argv: Sequence[str], flags) -> None:
   if flags.list:
     for job in jobs:
       print(f"{job.name:<32} ~{job.minutes:>5.1f} min  {job.what}")
-    print(f"total ~{sum(j.minutes for j in jobs):.0f} min on a 2-core CPU VM")
+      print(f"{'':<32}   makes docs/results.md, \"{job.section}\"")
+    print(f"total ~{sum(j.minutes for j in jobs):.0f} min on the reference machine of "
+          "docs/results.md")
     return
   records = regenerate(Path(flags.out), jobs, force=flags.force)
   failed = [r["job"] for r in records if r["status"].startswith("failed")]

@@ -57,3 +57,24 @@ def test_unknown_jobs_are_refused_with_the_list():
   assert aot.count("aot_") == 4
   assert [j.name for j in figures.select_jobs(None, aot)] == [
       j.name for j in figures.JOBS if not j.name.startswith("aot_")]
+
+
+def _results_sections() -> dict[str, str]:
+  """docs/results.md's ``## `` sections: title -> body."""
+  text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+  parts = text.split("\n## ")[1:]
+  return {part.split("\n", 1)[0].strip(): part.split("\n", 1)[1] for part in parts}
+
+
+def test_every_job_names_its_results_section_and_the_section_names_the_job():
+  sections = _results_sections()
+  for job in figures.JOBS:
+    assert job.section in sections, f"{job.name}: no section {job.section!r} in results.md"
+    only = [line for line in sections[job.section].replace("\n", " ").split("`")
+            if line.startswith("python -m sagc_jax.figures --only ")]
+    assert any(job.name in o.split("--only ", 1)[1].split(",") for o in only), (
+        f"results.md section {job.section!r} does not name `python -m sagc_jax.figures "
+        f"--only ...{job.name}...`")
+  # A section no job makes says which command made it.
+  for title, body in sections.items():
+    assert "Command" in body.split("\n\n", 1)[0] or "Command" in body[:400], title

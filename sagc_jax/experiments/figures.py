@@ -13,7 +13,8 @@ Jobs run one after another as subprocesses (timings would be meaningless with tw
 sharing the cores), a failed job is reported and the others go on, and a finished job
 (its ``done.json``) is skipped when the command is rerun, so an interrupted
 regeneration resumes. ``--only`` / ``--skip`` pick jobs; ``--list`` prints them with
-their expected duration on a 2-core CPU VM.
+their expected duration on the reference machine of docs/results.md and the section
+of docs/results.md each one regenerates (``Job.section``; that section names the job).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ _PY = sys.executable
 class Job:
   name: str
   what: str                                  # the documented figure / table it produces
-  minutes: float                             # expected duration, 2-core CPU VM
+  minutes: float                             # expected duration, reference machine
   command: Callable[[Path], list[str]]       # argv, given the job's output folder
+  section: str                               # the docs/results.md section it regenerates
   needs: str = ""                            # an importable module the job requires
 
 
@@ -55,57 +57,75 @@ def _aot(preset: str, topology: str = "v5e:4x4") -> Callable[[Path], list[str]]:
                     f"--out={d / 'aot.json'}"]
 
 
+# The docs/results.md sections the jobs regenerate (each names its jobs' command).
+_EVENT = "Simulator: which straggler event"
+_PROMPTS = "Simulator: prompt heterogeneity"
+_AOT = "AOT: the 3B presets on v5e:4x4"
+_AOT_16K = "AOT: 16k-token responses on v5e:4x4"
+
 JOBS = (
     Job("main_job", "Quickstart command 1: the tiny GRPO + SAGC run and its plot", 3.5,
         lambda d: [_PY, "-m", "sagc_jax.train", "--config=configs/tiny_cpu.py",
-                   f"--workdir={d / 'run'}"]),
+                   f"--workdir={d / 'run'}"],
+        section="The main job, three seeds"),
     Job("simulate", "Simulator table (hold_prompts, group event) + its claims table "
-        "(5 seeds)", 0.2, _simulate(claims=5)),
+        "(5 seeds)", 0.2, _simulate(claims=5),
+        section="Simulator: default run and the paper's claims"),
     Job("simulate_event_step", "Which straggler event: 32 prompts, step event, delta 0.25",
-        0.1, _simulate(["--config.controller.event=step"])),
+        0.1, _simulate(["--config.controller.event=step"]), section=_EVENT),
     Job("simulate_event_step_delta50", "Which straggler event: 32 prompts, step, delta 0.5",
-        0.1, _simulate(["--config.controller.event=step", "--config.controller.delta=0.5"])),
+        0.1, _simulate(["--config.controller.event=step", "--config.controller.delta=0.5"]),
+        section=_EVENT),
     Job("simulate_4prompts_group", "Which straggler event: 4 prompts, group event", 0.1,
-        _simulate(["--config.sim.prompts_per_step=4"])),
+        _simulate(["--config.sim.prompts_per_step=4"]), section=_EVENT),
     Job("simulate_4prompts_step", "Which straggler event: 4 prompts, step event", 0.1,
-        _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step"])),
+        _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step"]),
+        section=_EVENT),
     Job("simulate_4prompts_step_delta50", "Which straggler event: 4 prompts, step, delta 0.5",
         0.1, _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step",
-                        "--config.controller.delta=0.5"])),
+                        "--config.controller.delta=0.5"]), section=_EVENT),
     Job("simulate_prompts", "Prompt heterogeneity: static, SAGC, prompt_aware, per_prompt, "
         "hold_prompts (3 seeds)", 0.5,
-        _simulate(["--config=configs/simulate_prompts.py"], claims=3)),
+        _simulate(["--config=configs/simulate_prompts.py"], claims=3), section=_PROMPTS),
     Job("simulate_prompts_rollouts", "Prompt heterogeneity, hold_rollouts (3 seeds)", 0.5,
         _simulate(["--config=configs/simulate_prompts.py", "--config.sim.mode=hold_rollouts"],
-                  claims=3)),
+                  claims=3), section=_PROMPTS),
     Job("simulate_prompts_infeasible", "Prompt heterogeneity, even G = 4 above delta "
         "(3 seeds)", 0.5,
         _simulate(["--config=configs/simulate_prompts.py", "--config.sim.tail_prob_start=0.2",
-                   "--config.sim.tail_prob_end=0.3"], claims=3)),
+                   "--config.sim.tail_prob_end=0.3"], claims=3), section=_PROMPTS),
     Job("bench_controller", "Benchmarks: controller overhead", 0.5,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "controller", f"--out={d / 'bench.json'}"]),
+        lambda d: [_PY, "-m", "sagc_jax.bench", "controller", f"--out={d / 'bench.json'}"],
+        section="Controller overhead"),
     Job("bench_sampler", "Benchmarks: sampler vs transformers", 12.0,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "sampler", f"--out={d / 'bench.json'}"]),
+        lambda d: [_PY, "-m", "sagc_jax.bench", "sampler", f"--out={d / 'bench.json'}"],
+        section="Sampler vs transformers"),
     Job("bench_learner", "Benchmarks: learner packed vs padded", 6.0,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "learner", f"--out={d / 'bench.json'}"]),
+        lambda d: [_PY, "-m", "sagc_jax.bench", "learner", f"--out={d / 'bench.json'}"],
+        section="Learner: packed vs padded vs Tunix"),
     Job("bench_overlap", "Benchmarks: scoring while the tail decodes", 2.5,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "overlap", f"--out={d / 'bench.json'}"]),
+        lambda d: [_PY, "-m", "sagc_jax.bench", "overlap", f"--out={d / 'bench.json'}"],
+        section="Scoring while the tail decodes"),
     Job("compare_quick", "Comparing GRPO and DAPO: the quick tiny comparison (3 seeds)", 16.0,
         lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_tiny_cpu.py",
-                   f"--workdir={d}"]),
+                   f"--workdir={d}"],
+        section="Quick comparison: SAGC vs static G = 16"),
     Job("compare_paper_regime", "The paper's regime on CPU: comparison + claims (3 seeds)",
         29.0, lambda d: [_PY, "-m", "sagc_jax.compare",
-                         "--config=configs/compare_paper_regime_cpu.py", f"--workdir={d}"]),
+                         "--config=configs/compare_paper_regime_cpu.py", f"--workdir={d}"],
+        section="The paper's regime on CPU"),
     Job("compare_paper_regime_evals", "The paper's regime on CPU: accuracy at equal "
         "wall-clock (SAGC and static 16, evaluations every 4 steps)", 16.0,
         lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_paper_regime_cpu.py",
                    "--config.train.eval_every=4", f"--workdir={d}",
-                   "--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
+                   "--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"],
+        section="The paper's regime at equal wall-clock"),
     *(Job(f"aot_{preset}", f"Sizing a 3B run: {title} on v5e:4x4 (TPU AOT)", 8.0,
-          _aot(preset), needs="libtpu")
-      for preset, title in (("llama3_2_3b", "Llama 3.2 3B"), ("qwen2_5_3b", "Qwen2.5 3B"),
-                            ("llama3_2_3b_16k", "Llama 3.2 3B, 16k-token responses"),
-                            ("qwen2_5_3b_16k", "Qwen2.5 3B, 16k-token responses"))),
+          _aot(preset), section=section, needs="libtpu")
+      for preset, title, section in (
+          ("llama3_2_3b", "Llama 3.2 3B", _AOT), ("qwen2_5_3b", "Qwen2.5 3B", _AOT),
+          ("llama3_2_3b_16k", "Llama 3.2 3B, 16k-token responses", _AOT_16K),
+          ("qwen2_5_3b_16k", "Qwen2.5 3B, 16k-token responses", _AOT_16K))),
 )
 
 
