@@ -1,7 +1,7 @@
 """Per-chip figures of Cloud TPU generations, for fit checks and rooflines.
 
 Peak dense bfloat16 FLOP/s, HBM capacity and HBM bandwidth per chip, as published in
-the Cloud TPU system-architecture pages (checked 2026-11):
+the Cloud TPU system-architecture pages (checked November 2026):
 
 * v4:  https://cloud.google.com/tpu/docs/v4   — 275 TFLOP/s, 32 GiB, 1228 GB/s
 * v5e: https://cloud.google.com/tpu/docs/v5e  — 197 TFLOP/s, 16 GiB,  819 GB/s

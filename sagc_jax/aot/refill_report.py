@@ -48,9 +48,10 @@ GIB = 2.0 ** 30
 
 # Response-length models, as fractions of the response cap (LengthProcess, steady).
 LENGTH_MODELS: dict[str, dict[str, float]] = {
-    # Log-normal fitted to SmolLM2-135M-Instruct's sampled GSM8K rollouts before RL
-    # (docs/claims.md, natural statistics: p50 104, p90 224 of a 512-token cap):
-    # median 0.203 of the cap, sigma ln(224 / 104) / 1.2816 = 0.60.
+    # Log-normal fitted to the p50 and p90 of SmolLM2-135M-Instruct's sampled
+    # word-problem rollouts before RL, as fractions of their 512-token cap
+    # (docs/results.md, "SmolLM2: natural lengths and stragglers"): median = p50,
+    # sigma = ln(p90 / p50) / 1.2816.
     "smollm2_natural": dict(median=0.203, sigma=0.60, tail_prob=0.0, tail_min=1.0,
                             tail_max=1.0),
     # A stand-in for the long-CoT regime DAPO reports (mean response length growing to

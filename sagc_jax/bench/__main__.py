@@ -36,7 +36,7 @@ BENCHMARKS = ("controller", "heavy_tail", "learner", "overlap", "sampler")
 REAL_MODEL = {"learner": ("run_learner", "report_learner"),
               "sampler": ("run_sampler", "report_sampler")}
 # heavy_tail --model: greedy continuations of this many prompts to force lengths from,
-# and the response cap (a real model decodes ~100x slower than the tiny one here).
+# and the response cap (a real model decodes far slower than the tiny one).
 REAL_MODEL_POOL = 128
 REAL_MODEL_HEAVY_TAIL_MAX_NEW = 256
 

@@ -52,8 +52,9 @@ group's responses that passed, feeds the history), ``group_sizes`` (must all be
 group whose prompt was not in the proposal's context (e.g. DAPO's extra rounds)
 updates the history and SAGC's posteriors but no cell.
 
-Plain numpy: about a millisecond per propose + observe on a busy 2-core VM, ten
-times SAGC's (many small numpy calls; measured in the simulator's output). The
+Plain numpy. A propose + observe costs more than SAGC's (many small numpy calls per
+prompt and bucket), still negligible next to a step; the simulator reports it per
+step (docs/results.md, "Controller overhead"). The
 state (cells, history, pending proposal, SAGC's state, RNG) round-trips through
 JSON.
 """

@@ -32,12 +32,12 @@ seed 0): quantiles 5/25/50/75/90/95/99% = 15/21/27/35/47/56/75, max 116, mean 30
 Toward the SAGC paper's regime (``guess_prob > 0``, best with ``modulus=10``): with that
 probability the solution skips the scratchpad and states only the answer
 (``"answer 9\n"``). A model this small cannot sum several digits modulo 10 in its head,
-so longer reasoning pays. Measured (docs/claims.md, "The paper's regime on CPU"): after a warm
-start on ``guess_prob=0.2`` data and a second stage on mostly answer-only solutions
-(``sft.guess_stage_*``), written-out solutions were right ~67% of the time and
-guesses ~13% (chance); RL then raised held-out accuracy by 29-50 points by writing the
-work more often, and response lengths doubled. The within-group max/median ratio
-rises while a growing minority of a group writes the work and falls once most do.
+so longer reasoning pays: after a warm start on ``guess_prob=0.2`` data and a second
+stage on mostly answer-only solutions (``sft.guess_stage_*``), written-out solutions
+are right far more often than guesses, and RL raises held-out accuracy by writing the
+work more often, with longer responses. The within-group max/median ratio rises while
+a growing minority of a group writes the work and falls once most do (docs/results.md,
+"The paper's regime on CPU").
 The guess is drawn last, after the example is complete, so data with
 ``guess_prob = 0`` is identical to data generated before the knob existed, and every
 example that is not a guess is the always-work example of the same index.

@@ -2,13 +2,14 @@
 
 Why: a real pretrained chat model needs a task it can partly solve before RL, with a
 checkable answer, on a machine without network. GSM8K is far too hard for a 135M model
-(SmolLM2-135M-Instruct solved 0 of 64 GSM8K test problems sampled at T = 1, with 45% of
-its responses cut at 512 tokens). These are GSM8K-like stories on small whole numbers,
+(SmolLM2-135M-Instruct solves almost none, and many of its responses run past a
+512-token cap). These are GSM8K-like stories on small whole numbers,
 one change to a count by default ("Mia has 9 stickers. She buys 4 more. How many
 stickers does Mia have now?"); the model answers in natural chain-of-thought text of
-natural, heavy-tailed length. Defaults calibrated on SmolLM2-135M-Instruct at the
-rollout temperature 0.7 of ``configs/smollm2_cpu.py``: 17% sampled accuracy on 64
-problems (two-step stories with numbers up to 40: 3-8%; at T = 1.0: 0-3%).
+natural, heavy-tailed length. The defaults are calibrated so that SmolLM2-135M-Instruct,
+at the rollout temperature 0.7 of ``configs/smollm2_cpu.py``, solves some but far from
+all of them; harder variants (two-step stories, larger numbers) or T = 1.0 leave it
+almost nothing to learn from (docs/results.md, "SmolLM2: import and probes").
 ``generate_problem``'s arguments make harder variants.
 
 Records: ``prompt`` (the story, the question and ``INSTRUCTION``: end with "The answer

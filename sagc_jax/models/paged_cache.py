@@ -36,8 +36,8 @@ only the pages a slot fills (per device, inside ``jax.shard_map``, on a mesh;
 (``slot_decode_attend``: per-slot writes, ``attention.decode_attend`` reads), and
 scatters it back into the pages. Gathering the pages every step instead
 (``paged_decode_attend`` with ``kernel="xla"``, the reference the others are tested
-against) copies W pages per slot, layer and step, which on XLA:CPU cost 2.7x the
-dense sampler's step.
+against) copies W pages per slot, layer and step, which on XLA:CPU made a step cost
+several dense steps (docs/results.md, "Decoding choices on XLA:CPU").
 """
 
 from __future__ import annotations

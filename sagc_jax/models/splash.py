@@ -3,7 +3,8 @@
 Why. The learner's query-blocked attention (``attention.py``) keeps memory at
 O(block x T) but still writes every block's float32 scores to HBM and reads them
 back, forward and backward; at the 3B presets' size (T = 2560) that traffic makes a
-learner microbatch bandwidth-bound at about 2x its compute time (docs/scale.md, AOT table).
+learner microbatch bandwidth-bound, well above its compute time (docs/results.md,
+"AOT: splash vs query-blocked attention").
 A fused flash-style kernel (Dao et al. 2022; splash = "sparse flash", JAX's
 ``jax.experimental.pallas.ops.tpu.splash_attention``) keeps scores in on-chip memory:
 HBM traffic is the q/k/v/o tiles only, and fully masked (above-diagonal) tiles are

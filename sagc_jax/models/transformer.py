@@ -75,7 +75,7 @@ class ForwardOptions:
       the cache before the step's one-slot write, plus the step's own key and value
       (``decode_attend``'s ``new_kv``); XLA:TPU then keeps the write in place, where
       reading the written cache made it stage and rewrite whole layer caches
-      (Qwen2.5-3B, v5e:4x4: 1.5 GB more HBM traffic per step). ``"after_write"``:
+      (docs/results.md, "Decode-step HBM traffic"). ``"after_write"``:
       the written cache; XLA:CPU keeps *this* order in place, and copies every
       layer's cache twice per step for ``"before_write"`` (the old value is read
       while the loop carries the new one). ``Sampler`` picks by its devices'

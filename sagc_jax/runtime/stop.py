@@ -16,9 +16,9 @@ checkpoint. So a signal is answered by the phase it arrives in:
 A Python signal handler runs only when the main thread executes Python code. A main
 thread waiting for a long XLA program (a rollout of minutes) must therefore wait in a
 call that lets the handler run: ``jax.block_until_ready`` does (jaxlib 0.10 checks
-for signals while it waits; measured: a SIGTERM ends a wait for a 1.5 s program
-after 0.4 s), ``np.asarray`` of a pending array does not (it waited the whole
-program). Every fetch of ``distributed.to_host`` first waits in ``wait_ready``.
+for signals while it waits, so a SIGTERM ends the wait before the program does;
+``tests/test_stop_guard.py``), ``np.asarray`` of a pending array does not (it waits
+for the whole program). Every fetch of ``distributed.to_host`` first waits in ``wait_ready``.
 XLA:CPU runs a program with host callbacks on the calling thread, where the handler
 may run inside the callback: raised there, the stop would reach XLA as the
 callback's error, so it is put off to the next wait.

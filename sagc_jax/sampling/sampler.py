@@ -223,9 +223,9 @@ class Sampler:
     self._graphdef, state = nnx.split(model)
     self.cache_dtype = cache_dtype or jax.tree.leaves(state)[0].dtype
     if options is None:
-      # einsum decode attention everywhere: with the segmented sampler's span-sized
-      # caches it is also the faster one on XLA:CPU (tiny Llama, 64 rows: 16.6k vs
-      # 12.1k tok/s on our 2-core VM; equal at ~25M parameters). The cache a decode
+      # einsum decode attention everywhere: bandwidth-optimal on TPU/GPU, and with the
+      # segmented sampler's span-sized caches at least as fast as "reduce" on XLA:CPU
+      # (docs/results.md, "Decoding choices on XLA:CPU"). The cache a decode
       # step reads is the one whose write this platform's XLA keeps in place.
       platform = (jax.default_backend() if mesh is None
                   else mesh.devices.flat[0].platform)

@@ -70,10 +70,9 @@ def auto_segment(max_new_tokens: int) -> int:
 
   Each segment boundary costs a host sync, the cache growth copy and, per ladder
   row count, two more compiled programs (segment and compaction). Below ~32 tokens
-  those costs outweigh the reads they save: the main job (``configs/tiny_cpu.py``,
-  64 new tokens, 2-core CPU) spent the same rollout time with 16- and 32-token
-  segments (14.0 s vs 14.2 s), but the 16-token ones compiled 18 more programs
-  (warm-up 60.3 s vs 50.0 s).
+  those costs outweigh the reads they save: shorter segments did not shorten the
+  main job's rollouts but compiled more programs (docs/results.md, "Decoding choices
+  on XLA:CPU").
   """
   return max(32, -(-max_new_tokens // 4))
 
