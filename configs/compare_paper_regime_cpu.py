@@ -8,8 +8,8 @@ small transformer fails to do in one shot). The warm start has the skill but rar
 uses it: 1000 supervised steps on data where 20% of the solutions are answer-only
 (enough written work to learn it robustly: with 50% the loss plateau broke late or
 not at all, depending on the data order), then 100 steps where 85% are
-(``sft.guess_stage_*``). Measured on a 2-core CPU VM (one trial run; docs/claims.md, "The
-paper's regime on CPU"): written-out solutions were right ~67% of the time and
+(``sft.guess_stage_*``). Measured in one trial run (docs/results.md, "The paper's
+regime on CPU"): written-out solutions were right ~67% of the time and
 answer-only guesses ~13% (chance); 12% of sampled responses wrote the work. RL then
 raises the share that works, so held-out accuracy and response lengths grow, and
 the within-group max/median ratio and the straggler rate rise while a growing

@@ -13,7 +13,7 @@ responses run to the cap (1.40x the bound), although natural lengths decode fast
 --config.rollout.kv_pages=5688). On v6e:4x4 use --config.rollout.refill_slots=128
 --config.rollout.kv_pages=0: the no-eviction pool of 128 slots fits there. The
 figures (fit, pool, projected rollout against its bound per length model, both
-slices) are in docs/scale.md:
+slices) are in docs/results.md (the "AOT: ..." sections):
 
   python -m sagc_jax.aot --config configs/llama3_2_3b_16k.py --topology v5e:4x4 \
       --largest_only --config.rollout.kv_pages=0 --refill_slots_search=64,128,256
@@ -25,6 +25,6 @@ from sagc_jax.config import tpu_pod_16k_preset
 def get_config():
   # The slots and the pool per 'data' shard are what `python -m sagc_jax.aot` chose for
   # v5e:4x4 with --config.rollout.kv_pages=0 --refill_slots_search=64,128,256
-  # (docs/scale.md).
+  # (docs/scale.md, docs/results.md).
   return tpu_pod_16k_preset("configs/models/llama3_2_3b.json", kv_pages=4225,
                             refill_slots=64)

@@ -10,7 +10,7 @@ search keeps (64 and 256 project slower rollouts or evict at the cap), and a poo
 7232 pages per 'data' shard. On v6e:4x4 add --config.rollout.kv_pages=0:
 the pool that holds every slot at the cap fits there. The figures (fit, pool,
 projected rollout against its bound per length model, both slices) are in
-docs/scale.md:
+docs/results.md (the "AOT: ..." sections):
 
   python -m sagc_jax.aot --config configs/qwen2_5_3b_16k.py --topology v5e:4x4 \
       --largest_only --config.rollout.kv_pages=0 --refill_slots_search=64,128,256

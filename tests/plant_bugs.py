@@ -1,6 +1,5 @@
 """Plants each bug of ``BUGS`` in a checkout, runs the quick-suite modules that should
-catch it, and puts the file back: the table in docs/testing.md ("Checks that did not get
-weaker").
+catch it, and puts the file back: the table in docs/results.md ("Planted bugs").
 
   python tests/plant_bugs.py CHECKOUT OUT.json [NAME ...]
 

@@ -115,7 +115,7 @@ def test_remat_blocked_and_splash_attention_lower_the_learner_cost(tmp_path):
   1024); remat vs blocked vs splash at 1024, where attention's scores dominate the
   peak. (At this toy size splash's peak is slightly above blocked's: its float32
   softmax statistics are lane-padded to 128; at the presets' size it is below, see
-  docs/scale.md.)"""
+  docs/results.md, "AOT: splash vs query-blocked attention".)"""
   path = _model_json(tmp_path, "deep", **SMALL)
 
   def train_row(max_new: int, **learner):

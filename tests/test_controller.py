@@ -594,7 +594,7 @@ def test_feasible_regimes_hold_the_rate_at_delta(event, regime):
 
 
 def deviation_table():
-  """Rows of docs/configs.md's deviation table: published rules vs this controller."""
+  """Rows of docs/results.md's deviation table: published rules vs this controller."""
   lines = ["| scenario | event | static rate: G = 4 (feasible: 4 / 8 / 16) | published rules: "
            "at G = 4 (feasible: mean log2 G), rate | default, the same |", "|---|---|---|---|---|"]
   span = lambda xs, f: f"{f.format(min(xs))}-{f.format(max(xs))}"
