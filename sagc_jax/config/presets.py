@@ -43,7 +43,8 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   ``python -m sagc_jax.aot --config configs/<preset>.py --topology v5e:4x4
   --largest_only`` (any host, no TPU needed): every executable fits 16 GiB chips
   with the run's resident state counted. The per-executable figures and the
-  projected step time (rooflines, not measurements) are in docs/scale.md.
+  projected step time (rooflines, not measurements) are in docs/results.md ("AOT:
+  the 3B presets on v5e:4x4").
   """
   c = preset("grpo", "sagc")
   c.model.update(dict(path="", dtype="bfloat16", require_path=True))
@@ -79,9 +80,10 @@ def tpu_pod_16k_preset(model_json: str, kv_pages: int,
   through the refill sampler: ``refill_slots`` decode slots (split over the 'data'
   shards of the slice) over paged KV pools of 64-token pages read by the Pallas
   kernel, the pool sized to the chip by ``python -m sagc_jax.aot``
-  (``rollout.kv_pages``, per shard; docs/scale.md). The learner trains microbatches of 4 sequences (32 per
-  minibatch) of up to 16,896 tokens, fully rematerialised. Evaluation keeps the dense
-  fused sampler, in calls of 32 rows (256 would need 30 GiB of cache per chip).
+  (``rollout.kv_pages``, per shard; docs/scale.md). The learner trains microbatches of
+  4 sequences (32 per minibatch) of up to 16,896 tokens, fully rematerialised.
+  Evaluation keeps the dense fused sampler, in calls of 32 rows (a 256-row call's
+  cache would not fit a chip).
   """
   c = tpu_pod_preset()
   c.rollout.update(dict(max_new_tokens=16384, response_buckets=(2048, 4096, 8192, 16384),
@@ -90,7 +92,8 @@ def tpu_pod_16k_preset(model_json: str, kv_pages: int,
                         refill_segment=64, paged_kernel="pallas", eval_batch=32))
   c.learner.update(dict(grad_accum=32))
   c.model.config_json = model_json
-  # A step is ~30 min (docs/scale.md) and a pod leaves together only at a step's end
+  # A step lasts many minutes (docs/results.md, "AOT: 16k-token responses on v5e:4x4")
+  # and a pod leaves together only at a step's end
   # (docs/reliability.md): a checkpoint per step means a preemption notice, which
   # ends the process within train.stop_grace_s, never loses a finished step.
   c.train.checkpoint_every = 1
@@ -98,7 +101,8 @@ def tpu_pod_16k_preset(model_json: str, kv_pages: int,
 
 
 def tiny_cpu_config() -> ml_collections.ConfigDict:
-  """The CPU default: GRPO + SAGC on the built-in tiny model (about 5 min, 2 cores).
+  """The CPU default: GRPO + SAGC on the built-in tiny model (minutes on a laptop-class
+  CPU; docs/results.md, "The main job, three seeds").
 
   A ~0.8M-parameter character-level Llama, warm-started on the synthetic task's
   one- and two-step problems, then 60 GRPO steps with 8 prompts per step (rows =
@@ -129,16 +133,16 @@ def smollm2_cpu_config() -> ml_collections.ConfigDict:
   chain of thought, up to 512 tokens: natural, heavy-tailed lengths, which is what SAGC
   is for (group max/median at tau = 1.8).
 
-  Sized for 2 CPU cores (about 85 s per step, half rollout, half learner): 32 rollouts
+  Sized for a small CPU host (about as much rollout as learner time per step;
+  docs/results.md, "SmolLM2: a full run"): 32 rollouts
   per step (P = 32 / G prompts), float32, 20 steps, and a sampled evaluation on 256
   held-out problems before and after RL (same seeds, so the gain is paired; the greedy
   pass is off: on CPU it costs as much as the sampled one). Temperature 0.7: at 1.0 a
   135M model's chain of thought drifts and it solves almost nothing. No KL term
   (kl_coef=0: no reference forward pass, a third of the learner time on CPU).
-  grad_accum=8 (4 rows per microbatch): XLA:CPU plans about 1.7 GB of temporary
-  memory per 640-token row for this model's gradient program (``memory_analysis()``:
-  27 GB at 16 rows, 6.9 GB at 4), so 16-row microbatches run a 24 GB host out of memory
-  once a batch reaches the 512-token bucket.
+  grad_accum=8 (4 rows per microbatch): XLA:CPU's temporary memory for this model's
+  gradient program grows with the rows of a microbatch (``memory_analysis()``), and
+  16-row microbatches of the 512-token bucket do not fit a CI-sized host.
   """
   c = preset("grpo", "sagc")
   c.model.update(dict(path="smollm2-135m-instruct", dtype="float32"))

@@ -100,8 +100,8 @@ def check_prompt_lengths(config: RunConfig, tokenizer: Any,
   """Fails at start-up (not mid-run) if a prompt exceeds the largest prompt bucket.
 
   A character bound comes first (``models.tokenizer.max_token_chars``): a prompt too
-  long to fit whatever its tokens is refused without being tokenized (a 20 MB record
-  took 11 minutes and 7.9 GB to tokenize). ``sources`` are ``(split, source)`` pairs;
+  long to fit whatever its tokens is refused without being tokenized (tokenizing one
+  huge record can take minutes and gigabytes). ``sources`` are ``(split, source)`` pairs;
   ``locate(split, example id)`` names a record's file and line (file datasets). On a
   large dataset the check takes minutes: a progress line every 10 s."""
   largest = max(config.rollout.prompt_buckets)
