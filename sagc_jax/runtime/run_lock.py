@@ -114,7 +114,16 @@ class RunLock:
     return True
 
   def _write(self) -> None:
-    self.path.write_text(self._content())
+    """Rewrites the lock whole: a reader never sees a half-written file (which it
+    would take for a stale lock). gs:// objects are replaced whole by the store; a
+    local file is written beside it and renamed over it."""
+    if self.remote:
+      self.path.write_text(self._content())
+      return
+    partial = f"{os.fspath(self.path)}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+      f.write(self._content())
+    os.replace(partial, os.fspath(self.path))
 
   def _read(self) -> dict[str, Any]:
     try:
