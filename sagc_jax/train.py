@@ -7,8 +7,7 @@ mean G, wall-clock split) on stdout and in ``DIR/summary.json``, and a plot in
 
 Required: ``--config`` and ``--workdir``. Any ``--config.KEY=VALUE`` overrides one
 setting of the config for this run, e.g. ``--config.train.steps=10`` or
-``--config.controller.kind=static --config.controller.static_g=8``; every key is in
-docs/configs.md. Resuming a run with another model is refused.
+``--config.controller.tau=1.8``; every key is in docs/configs.md. Resuming a run with another model is refused.
 """
 
 from __future__ import annotations
