@@ -300,15 +300,17 @@ def learner_config(max_new_tokens: int, rows: int) -> LearnerConfig:
   ``config.smollm2_cpu_config``, so the two cannot drift apart), with its rows per
   microbatch kept for a batch of ``rows`` (the memory per microbatch is what that
   config sizes: ``grad_accum`` grows with the rows)."""
-  from sagc_jax.config import learner_config as run_learner_config
   from sagc_jax.config import smollm2_cpu_config
 
   config = smollm2_cpu_config()
   per_micro = config.rollout.rollouts_per_step // (config.learner.mini_batches
                                                    * config.learner.grad_accum)
-  config.rollout.max_new_tokens = max_new_tokens
   config.learner.grad_accum = max(1, rows // (config.learner.mini_batches * per_micro))
-  return run_learner_config(config)
+  # Only the learner section, resolved as a run resolves it, with this benchmark's
+  # response budget (the rest of the config describes the training run, not this).
+  return LearnerConfig.from_dict(config.learner.to_dict(), max_new_tokens=max_new_tokens,
+                                 temperature=config.rollout.temperature,
+                                 train_steps=config.train.steps)
 
 
 def run_learner(folder: str | os.PathLike, rows: Sequence[int] = DEFAULT_ROWS,
