@@ -7,13 +7,13 @@ and exits as soon as every real row has produced a stop token (EOS or a stop
 id) or ``max_new_tokens`` is reached. A step therefore costs as much as its
 *longest* response — exactly the straggler effect SAGC manages.
 
-Right after it, a small stats program computes the per-group max and median
-response lengths over real rows (``group_stats``) from the lengths the decoding
-program left on the devices and sends them to the host with ``io_callback`` into
-a ``LengthStatsSink`` that feeds the controller. The callback is kept out of the
-program that runs the model (as in the segmented and refill samplers): JAX never
-writes a program with a host callback to the persistent compilation cache, so a
-restarted run reads the model programs from it and compiles only the stats ones.
+Inside the same program, after the loop, the per-group max and median response
+lengths over real rows are computed (``group_stats``); right after it, a small stats
+program sends them to the host with ``io_callback`` into a ``LengthStatsSink`` that
+feeds the controller. The callback is kept out of the program that runs the model (as
+in the segmented and refill samplers): JAX never writes a program with a host
+callback to the persistent compilation cache, so a restarted run reads the model
+programs from it and compiles only the stats ones.
 
 Shapes and compilation. Row counts are padded to a small set of *row
 buckets* (one per candidate G: ``P(G) * G`` rounded up to the data-axis size)
@@ -53,7 +53,8 @@ from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
 from sagc_jax.runtime.shapes import smallest_bucket
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.params import SamplingParams
-from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, run_stats
+from sagc_jax.sampling.group_stats import (GroupLengthStats, LengthStatsSink, group_length_stats,
+                                           lower_report)
 from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.refill import RefillDecoder, auto_refill_segment
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
@@ -270,7 +271,7 @@ class Sampler:
     cache_dtype = self.cache_dtype
     n_new = params.max_new_tokens
 
-    def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, row_ids, seed):
+    def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
       model = nnx.merge(graphdef, state)
       rows, prompt_len = prompt_tokens.shape
       options = self._options_for(rows)
@@ -279,8 +280,9 @@ class Sampler:
       carry = decode.emit(decode.initial_carry(cache, row_valid, row_ids, params), logits, seed,
                           params)
       carry = decode.decode_until(model, carry, seed, params, options, t_end=n_new)
+      stats = group_length_stats(carry["lengths"], group_ids, row_valid, num_groups=rows)
       return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
-                  decode_steps=carry["t"])
+                  decode_steps=carry["t"], stats=stats)
 
     return sampler_generate
 
@@ -305,8 +307,9 @@ class Sampler:
     rows1d = NamedSharding(self.mesh, P("data"))
     repl = NamedSharding(self.mesh, P())
     state_sh = jax.tree.map(lambda x: x.sharding, state)
-    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl)
-    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, repl),
+    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl,
+               stats=GroupLengthStats(repl, repl, repl))
+    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, rows1d, repl),
                 out_shardings=out)
 
   # -------------------------------------------------------------- compile
@@ -315,17 +318,18 @@ class Sampler:
 
   def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
     """Specs of the generate program's inputs: prompt tokens and mask, row validity,
-    row ids and the seed."""
+    group ids, row ids and the seed."""
     return (self._spec((rows, prompt_len), jnp.int32, ("data", None)),
             self._spec((rows, prompt_len), jnp.bool_, ("data", None)),
             self._spec((rows,), jnp.bool_, ("data",)),
+            self._spec((rows,), jnp.int32, ("data",)),
             self._spec((rows,), jnp.int32, ("data",)),
             self._spec((), jnp.uint32, ()))
 
   def _lower(self, key: tuple, state=None):
     kind, *shape = key
     if kind == "stats":
-      return lower_stats(self.sink, shape[0], self._spec)
+      return lower_report(self.sink, shape[0], self._spec)
     rows, prompt_len = shape
     return self._jitted.lower(abstract_like(state), *self._abstract_inputs(rows, prompt_len))
 
@@ -562,8 +566,8 @@ class Sampler:
       return self.segmented.run(state, call_rows, prompt_len, pad(tokens, self.params.pad_id),
                                 pad(mask), pad(row_valid), pad(group_ids), pad(row_ids),
                                 seed, group_size, listener, group_starts=group_starts)
-    inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(row_ids),
-              np.uint32(seed))
+    inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
+              pad(row_ids), np.uint32(seed))
     if self.mesh is not None:
       inputs = tuple(put_global(x, s.sharding)
                      for x, s in zip(inputs, self._abstract_inputs(call_rows, prompt_len)))
@@ -571,15 +575,11 @@ class Sampler:
     stats_program = self.programs.get(("stats", call_rows))
     start = time.perf_counter()
     out = executable(state, *inputs)
-    # The stats program queues behind the generate program on the lengths it leaves on
-    # the devices; both are done (the callback delivered) when ``wait_for`` returns.
-    out["stats"] = run_stats(stats_program, call_rows, self._spec, self._put, out["lengths"],
-                             pad(group_ids), inputs[2])
+    # The stats program queues behind the generate program on the group stats it leaves
+    # on the devices; both are done (the callback delivered) when ``wait_for`` returns.
+    out["stats"] = GroupLengthStats(*stats_program(*out["stats"]))
     out = wait_for(out, listener)
     return out, time.perf_counter() - start, call_rows * int(out["decode_steps"])
-
-  def _put(self, value: np.ndarray, spec: jax.ShapeDtypeStruct):
-    return value if self.mesh is None else put_global(value, spec.sharding)
 
   def call_rows(self, rows: int) -> int:
     """Rows of the executable that serves a ``rows``-row bucket (``max_rows_per_call``)."""
