@@ -92,8 +92,10 @@ def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec,
   """The lowered stats program of a ``rows``-row call: the row lengths (in output
   order), group ids and validity in; ``report_length_stats`` to ``sink``.
 
-  Every sampler reports through this small program, run right after its last
-  decoding program (``run_stats``), and never from a program that runs the model:
+  The segmented and refill samplers report through this small program, run right
+  after their last decoding program (``run_stats``; the fused sampler computes its
+  stats in its model program and reports them with ``lower_report``), and never from a
+  program that runs the model:
   JAX does not write a program that carries a host callback to the persistent
   compilation cache, so a restarted run reads every model program from the cache
   and compiles only these again. ``spec(shape, dtype, mesh axes)`` describes an
