@@ -11,7 +11,6 @@ with ``to_dict()`` (a ConfigDict).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Mapping
 
@@ -53,9 +52,6 @@ class RunConfig:
     out["learner"] = dict(self.learner_settings)
     return out
 
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=1, sort_keys=True)
-
   @property
   def label(self) -> str:
     """The run's arm in words: ``"grpo + sagc"``."""
@@ -67,10 +63,6 @@ class RunConfig:
 
   def group_sizes(self) -> tuple[int, ...]:
     return self.controller.group_sizes()
-
-  def replace(self, **sections: Any) -> "RunConfig":
-    """A copy with whole sections replaced; checked again."""
-    return dataclasses.replace(self, **sections)
 
 
 def _plain(value: Any) -> Any:
