@@ -8,7 +8,7 @@ of a default. The pattern is Tunix's ``GRPOConfig`` / ``DAPOConfig``: dataclasse
 that validate in ``__post_init__``.
 
 Every error names the dotted key, the value and what is allowed. A section checks
-its own keys; the rules that relate two sections are ``config.rules.check_run``.
+its own keys; the rules that relate two sections are ``config.run.check_run``.
 The field defaults here are the schema's defaults (``config.schema.base_config``
 is built from them). Imports no JAX: the few checks that need a JAX-side module
 (sampling settings, GGUF sources) import it when they run.

@@ -65,15 +65,13 @@ def group_length_stats(lengths: jax.Array, group_ids: jax.Array, row_valid: jax.
   return GroupLengthStats(gmax, median, count)
 
 
-def report_length_stats(sink: "LengthStatsSink", lengths: jax.Array, group_ids: jax.Array,
-                        row_valid: jax.Array, num_groups: int) -> GroupLengthStats:
-  """``group_length_stats``, also sent to the host ``sink`` from inside jit.
+def send_length_stats(sink: "LengthStatsSink", stats: GroupLengthStats) -> GroupLengthStats:
+  """Sends ``stats`` to the host ``sink`` from inside jit and returns them.
 
   One ordered ``io_callback`` per sampler call, whichever sampler ran it: the
   controller sees each round's stats as the round finishes, without a device-to-host
   copy of the whole length vector.
   """
-  stats = group_length_stats(lengths, group_ids, row_valid, num_groups=num_groups)
   io_callback(sink, None, *stats, ordered=True)
   return stats
 
@@ -87,34 +85,39 @@ def stats_inputs(rows: int, spec: Spec) -> tuple[jax.ShapeDtypeStruct, ...]:
   return row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_)
 
 
+def _jit_lower(fn: Callable, in_specs: tuple, out_spec: Any) -> Any:
+  """``jax.jit(fn).lower`` with the specs' shardings, the outputs' where given."""
+  laid_out = all(x.sharding is not None for x in jax.tree.leaves(out_spec))
+  out = jax.tree.map(lambda x: x.sharding, out_spec) if laid_out else None
+  return jax.jit(fn, out_shardings=out).lower(*in_specs)
+
+
+def _stats_specs(rows: int, spec: Spec) -> GroupLengthStats:
+  """Specs of the ``GroupLengthStats`` of a ``rows``-row call (replicated)."""
+  shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows),
+                          *stats_inputs(rows, spec))
+  return GroupLengthStats(*(spec(x.shape, x.dtype, ()) for x in shapes))
+
+
 def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec,
-                lower: Callable[[Callable, tuple, Any], Any] | None = None) -> Any:
+                lower: Callable[[Callable, tuple, Any], Any]) -> Any:
   """The lowered stats program of a ``rows``-row call: the row lengths (in output
-  order), group ids and validity in; ``report_length_stats`` to ``sink``.
+  order), group ids and validity in; their ``group_length_stats`` to ``sink``.
 
   The segmented and refill samplers report through this small program, run right
   after their last decoding program (``run_stats``; the fused sampler computes its
   stats in its model program and reports them with ``lower_report``), and never from a
-  program that runs the model:
-  JAX does not write a program that carries a host callback to the persistent
-  compilation cache, so a restarted run reads every model program from the cache
-  and compiles only these again. ``spec(shape, dtype, mesh axes)`` describes an
-  input, ``lower(fn, in_specs, out_spec)`` lowers with the sampler's shardings
-  (default: ``jax.jit`` with the specs' shardings, those of the outputs where given).
+  program that runs the model: JAX does not write a program that carries a host
+  callback to the persistent compilation cache, so a restarted run reads every model
+  program from the cache and compiles only these again. ``spec(shape, dtype, mesh
+  axes)`` describes an input, ``lower(fn, in_specs, out_spec)`` lowers with the
+  sampler's shardings.
   """
-  if lower is None:
-    def lower(fn, in_specs, out_spec):
-      laid_out = all(x.sharding is not None for x in jax.tree.leaves(out_spec))
-      out = jax.tree.map(lambda x: x.sharding, out_spec) if laid_out else None
-      return jax.jit(fn, out_shardings=out).lower(*in_specs)
-
   def sampler_stats(lengths, group_ids, row_valid):
-    return report_length_stats(sink, lengths, group_ids, row_valid, num_groups=rows)
+    return send_length_stats(sink, group_length_stats(lengths, group_ids, row_valid,
+                                                      num_groups=rows))
 
-  inputs = stats_inputs(rows, spec)
-  shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows), *inputs)
-  return lower(sampler_stats, inputs, GroupLengthStats(*(spec(x.shape, x.dtype, ())
-                                                         for x in shapes)))
+  return lower(sampler_stats, stats_inputs(rows, spec), _stats_specs(rows, spec))
 
 
 def lower_report(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
@@ -126,14 +129,10 @@ def lower_report(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
   because XLA:TPU schedules the fused program's memory better with the stats inside.
   """
   def sampler_stats(group_max, group_median, count):
-    io_callback(sink, None, group_max, group_median, count, ordered=True)
-    return GroupLengthStats(group_max, group_median, count)
+    return send_length_stats(sink, GroupLengthStats(group_max, group_median, count))
 
-  inputs = GroupLengthStats(spec((rows,), jnp.float32, ()), spec((rows,), jnp.float32, ()),
-                            spec((rows,), jnp.int32, ()))
-  laid_out = all(x.sharding is not None for x in inputs)
-  out = GroupLengthStats(*(x.sharding for x in inputs)) if laid_out else None
-  return jax.jit(sampler_stats, out_shardings=out).lower(*inputs)
+  specs = _stats_specs(rows, spec)
+  return _jit_lower(sampler_stats, tuple(specs), specs)
 
 
 def run_stats(program: Any, rows: int, spec: Spec,

@@ -112,8 +112,7 @@ def build_components(config: RunConfig, model: Transformer, mesh: Mesh, *,
   return RLComponents(sampler, eval_sampler, eval_sampled_sampler, learner, row_buckets)
 
 
-def largest_host_gather(config: RunConfig, components: RLComponents, reward_terms: int,
-                        processes: int | None = None) -> int:
+def largest_host_gather(config: RunConfig, components: RLComponents, reward_terms: int) -> int:
   """Bytes of the largest per-step host gather of a multi-process run: the prompt
   token ids, a per-row value (or the row's reward terms), the per-group length
   stats of one round, or a [rows, sequence] int32/float32 array fetched from the
@@ -123,7 +122,7 @@ def largest_host_gather(config: RunConfig, components: RLComponents, reward_term
   r = config.rollout
   sizes = config.group_sizes()
   prompts = max(r.prompts_for(g) for g in sizes)
-  local = -(-prompts // (processes or jax.process_count()))
+  local = -(-prompts // jax.process_count())
   sequence = max(r.prompt_buckets) + max(r.response_buckets)
   per_row = max(8, 4 * reward_terms)
   return max(local * max(r.prompt_buckets) * 4, local * max(sizes) * per_row,
