@@ -67,6 +67,11 @@ class _Section:
       raise ValueError(f"{self._key(field)}={getattr(self, field)!r} must be a local folder "
                        f"({why})")
 
+  def _int_at_least(self, field: str, low: int, meaning: str) -> None:
+    value = getattr(self, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"{self._key(field)}={value!r} must be an int >= {low} ({meaning})")
+
   def _bool(self, field: str) -> None:
     if not isinstance(getattr(self, field), bool):
       raise ValueError(f"{self._key(field)}={getattr(self, field)!r} must be True or False")
@@ -332,13 +337,8 @@ class RolloutSection(_Section):
                        f"rollout.max_new_tokens={self.max_new_tokens} (every response must "
                        "fit, and no bucket can be wider than the sampler's output)")
     checks.positive_int(self._root(), "rollout.eval_batch")
-    limit = self.max_rows_per_call
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-      raise ValueError(f"rollout.max_rows_per_call={limit!r} must be an int >= 0 (0 = no limit)")
-    segment = self.decode_segment
-    if isinstance(segment, bool) or not isinstance(segment, int) or segment < -1:
-      raise ValueError(f"rollout.decode_segment={segment!r} must be an int >= -1 "
-                       "(-1 = auto, 0 = fused sampler)")
+    self._int_at_least("max_rows_per_call", 0, "0 = no limit")
+    self._int_at_least("decode_segment", -1, "-1 = auto, 0 = fused sampler")
     for field in ("compaction", "segmented_eval", "overlap_rewards"):
       self._bool(field)
     checks.positive_int(self._root(), "rollout.min_compact_rows")
@@ -444,19 +444,14 @@ class TrainSection(_Section):
     checks.number_in(root, "train.stop_grace_s", 0.0)
     for key in ("eval_k", "log_completions_every", "log_completions", "export_every"):
       checks.non_negative_int(root, f"train.{key}")
-    project = self.wandb_project
-    if not isinstance(project, str):
-      raise ValueError(f"train.wandb_project={project!r} must be a string ('' = off)")
+    project = self._string("wandb_project", "'' = off")
     if project and importlib.util.find_spec("wandb") is None:
       raise ValueError(f"train.wandb_project={project!r} needs the wandb package, which is "
                        "not installed: pip install wandb (or set train.wandb_project='')")
     if self.eval_k == 1:
       raise ValueError("train.eval_k=1 must be 0 (off) or >= 2 (pass@k needs k samples; one "
                        "sample per example is eval_sampled_accuracy already)")
-    limit = self.max_consecutive_skipped
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-      raise ValueError(f"train.max_consecutive_skipped={limit!r} must be an int >= 0 "
-                       "(0 = never stop)")
+    self._int_at_least("max_consecutive_skipped", 0, "0 = never stop")
     for field in ("local_cache_dir", "export_dir", "initial_eval_dir"):
       self._string(field)
     self._local_folder("local_cache_dir",
