@@ -33,7 +33,7 @@ BUGS = {
       "updated = self._lambda + self.eta * (rate - self.params.delta)",
       "updated = self._lambda - self.eta * (rate - self.params.delta)",
       ["tests/test_controller.py"]),
-  "resumed_controller_rng": ("sagc_jax/control/sagc.py",
+  "resumed_controller_rng": ("sagc_jax/control/risk.py",
       '"state": {"state": int(rng["state"]), "inc": int(rng["inc"])},',
       '"state": {"state": int(rng["state"]) + 1, "inc": int(rng["inc"])},',
       ["tests/test_controller.py"]),

@@ -26,7 +26,8 @@ from sagc_jax.control import budget
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.per_prompt import PerPromptController
 from sagc_jax.control.prompt_aware import PromptAwareController, PromptsFor
-from sagc_jax.control.sagc import EVENTS, SAGCController, StaticController, straggler_flags
+from sagc_jax.control.risk import EVENTS, straggler_flags
+from sagc_jax.control.sagc import SAGCController, StaticController
 
 __all__ = [
     "CONTROLLER_KINDS",

@@ -69,7 +69,8 @@ import numpy as np
 
 from sagc_jax.control.protocol import ContextSource, GroupPlan, StepGroups
 from sagc_jax.control.context import BatchContext, FeatureBuckets, PromptHistory, tail_scores
-from sagc_jax.control.sagc import SAGCController, check_range, straggler_flags, validated_lengths
+from sagc_jax.control.risk import check_range, straggler_flags, validated_lengths
+from sagc_jax.control.sagc import SAGCController
 
 __all__ = ["PromptAwareController", "PromptsFor", "per_group_array"]
 
@@ -171,8 +172,7 @@ class PromptAwareController(SAGCController):
                      forgetting=forgetting, prior_alpha=prior_alpha, prior_beta=prior_beta,
                      initial_g=initial_g, seed=seed, event=event)
     self.features = FeatureBuckets(tuple(tail_edges), tuple(length_edges))
-    self.cell_prior_strength = check_range("cell_prior_strength", cell_prior_strength,
-                                           0.0, math.inf, True, True)
+    self.cell_prior_strength = check_range("cell_prior_strength", cell_prior_strength)
     self._prompts = _prompts_table(prompts_for, self.candidates)
     self._history = PromptHistory(history_size, history_forgetting)
     shape = (len(self.candidates), self.features.count)
