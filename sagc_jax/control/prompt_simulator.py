@@ -56,9 +56,9 @@ import numpy as np
 from sagc_jax.runtime import checks
 from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.context import BatchContext
-from sagc_jax.control.controller import StaticController, controller_from_config
 from sagc_jax.control.protocol import StepGroups
-from sagc_jax.control.simulator import cost_model_from_config, validate_config
+from sagc_jax.control.simulator import (arms, cost_model_from_config, run_lockstep,
+                                        straggler_summary, validate_config)
 
 __all__ = ["ARMS_CONTEXTUAL", "PromptPool", "format_prompt_table", "pool_from_config",
            "simulate_prompts"]
@@ -184,28 +184,6 @@ def pool_from_config(config: Any) -> PromptPool:
       **{k: pool[k] for k in _POOL_KEYS})
 
 
-def _arms(config: Any) -> list[tuple[str, Any]]:
-  section = config.controller.to_dict()
-  shared = {k: section[k] for k in ("tau", "delta", "forgetting", "prior_alpha",
-                                    "prior_beta", "seed", "event") if k in section}
-  arms = [(f"static_G{g}", StaticController(g, **shared)) for g in sorted(section["candidates"])]
-  for kind in ARMS_CONTEXTUAL:
-    section["kind"] = kind
-    arms.append((kind, controller_from_config({"controller": section, "sim": config.sim})))
-  return arms
-
-
-def _run_step(ctrl: Any, world: dict[str, np.ndarray], sim: Any) -> tuple[np.ndarray, float]:
-  """One controller decision on the step's context: (sizes per used prompt, seconds)."""
-  context = BatchContext(world["ids"], world["prompt_tokens"])
-  start = time.perf_counter()
-  plan = ctrl.plan(lambda: context)
-  sizes = plan.sizes
-  if sizes is None:
-    sizes = np.full(prompts_for(sim, plan.group_size), plan.group_size)
-  return sizes, time.perf_counter() - start
-
-
 def _groups(world: dict[str, np.ndarray], sizes: np.ndarray) -> dict[str, np.ndarray]:
   """Per-group max / median length and pass rate of the first len(sizes) prompts."""
   k = sizes.size
@@ -230,36 +208,37 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
   _validate(config)
   pool = pool_from_config(config)
   cost = cost_model_from_config(config)
-  arms = _arms(config)
-  traces = {name: [] for name, _ in arms}
-  started = time.perf_counter()
-  for step in range(config.sim.steps):
-    world = pool.draw(step)
-    for name, ctrl in arms:
-      sizes, seconds = _run_step(ctrl, world, config.sim)
-      k = sizes.size
-      groups = _groups(world, sizes)
-      start = time.perf_counter()
-      metrics = ctrl.observe_step(StepGroups(groups["max"], groups["median"],
-                                             prompt_ids=world["ids"][:k],
-                                             pass_rates=groups["pass"], group_sizes=sizes))
-      metrics["controller_s"] = seconds + time.perf_counter() - start
-      p = world["pass_rate"][:k]
-      metrics["signal"] = float(np.sum(4.0 * p * (1.0 - p) * np.log2(sizes)))
-      metrics["informative"] = float(np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
-      metrics["rows"] = float(sizes.sum())
-      metrics.update(cost.step_rows(int(sizes.sum()), groups["longest"], groups["real"],
-                                    int(world["prompt_tokens"][:k].max())))
-      traces[name].append(metrics)
-  elapsed = time.perf_counter() - started
-  columns = {name: {key: [r[key] for r in rows] for key in rows[0]}
-             for name, rows in traces.items()}
+
+  def step_metrics(ctrl, world):
+    context = BatchContext(world["ids"], world["prompt_tokens"])
+    start = time.perf_counter()
+    plan = ctrl.plan(lambda: context)
+    sizes = plan.sizes
+    if sizes is None:
+      sizes = np.full(prompts_for(config.sim, plan.group_size), plan.group_size)
+    seconds = time.perf_counter() - start
+    k = sizes.size
+    groups = _groups(world, sizes)
+    start = time.perf_counter()
+    metrics = ctrl.observe_step(StepGroups(groups["max"], groups["median"],
+                                           prompt_ids=world["ids"][:k],
+                                           pass_rates=groups["pass"], group_sizes=sizes))
+    metrics["controller_s"] = seconds + time.perf_counter() - start
+    p = world["pass_rate"][:k]
+    metrics["signal"] = float(np.sum(4.0 * p * (1.0 - p) * np.log2(sizes)))
+    metrics["informative"] = float(np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
+    metrics["rows"] = float(sizes.sum())
+    metrics.update(cost.step_rows(int(sizes.sum()), groups["longest"], groups["real"],
+                                  int(world["prompt_tokens"][:k].max())))
+    return metrics
+
+  columns, elapsed = run_lockstep(arms(config, ARMS_CONTEXTUAL), config.sim.steps,
+                                  pool.draw, step_metrics)
   summary = {name: _summarise(col) for name, col in columns.items()}
   _add_equal_budget_metrics(summary, columns)
-  candidates = sorted(config.controller.candidates)
   return {
       "config": config.to_dict(),
-      "candidates": candidates,
+      "candidates": sorted(config.controller.candidates),
       "summary": summary,
       "simulator_seconds": elapsed,
       "traces": columns,
@@ -270,10 +249,7 @@ def _summarise(col: dict[str, list[float]]) -> dict[str, float]:
   mean = lambda key: float(np.mean(col[key]))
   total = lambda key: float(np.sum(col[key]))
   return {
-      "straggler_rate": mean("straggler_rate"),
-      "group_straggler_rate": mean("group_straggler_rate"),
-      "step_straggler_rate": mean("step_straggler"),
-      "wall_clock_s": total("total_s"),
+      **straggler_summary(col),
       "mean_g": total("rows") / total("n_groups"),
       "mean_log2_g": mean("log2_g"),
       "signal": total("signal"),
@@ -288,11 +264,9 @@ def _add_equal_budget_metrics(summary: dict[str, dict[str, float]],
                               columns: dict[str, dict[str, list[float]]]) -> None:
   """Wall-clock to the smallest final signal of any arm, and signal at the shortest
   run's wall-clock (linear interpolation within a step)."""
-  curves = {}
-  for name, col in columns.items():
-    wall = np.concatenate([[0.0], np.cumsum(col["total_s"])])
-    signal = np.concatenate([[0.0], np.cumsum(col["signal"])])
-    curves[name] = (wall, signal)
+  cumulative = lambda values: np.concatenate([[0.0], np.cumsum(values)])
+  curves = {name: (cumulative(col["total_s"]), cumulative(col["signal"]))
+            for name, col in columns.items()}
   target = min(s[-1] for _, s in curves.values())
   budget = min(w[-1] for w, _ in curves.values())
   for name, (wall, signal) in curves.items():

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from sagc_jax.runtime import checks
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
-from sagc_jax.control.controller import SAGCController, StaticController, controller_from_config
+from sagc_jax.control.controller import StaticController, controller_from_config
 from sagc_jax.control.protocol import StepGroups
 
 
@@ -134,7 +134,7 @@ class CostModel:
 
 def validate_config(config: Any) -> None:
   """Fails fast, naming the key, on any invalid simulator setting."""
-  steps = checks.positive_int(config, "sim.steps")
+  checks.positive_int(config, "sim.steps")
   mode = checks.one_of(config, "sim.mode", ROLLOUT_MODES)
   max_len = checks.positive_int(config, "sim.max_len")
   checks.positive_int(config, "sim.prompt_len")
@@ -153,17 +153,12 @@ def validate_config(config: Any) -> None:
     checks.number_in(config, f"cost.{key}", 0.0)
   candidates = tuple(checks.lookup(config, "controller.candidates"))
   checks.group_budget(config, "sim", mode, candidates)
-  del steps
 
 
 def length_process_from_config(config: Any) -> LengthProcess:
-  sim = config.sim
-  return LengthProcess(
-      steps=sim.steps, max_len=sim.max_len, median_start=sim.median_start,
-      median_end=sim.median_end, sigma_start=sim.sigma_start, sigma_end=sim.sigma_end,
-      tail_prob_start=sim.tail_prob_start, tail_prob_end=sim.tail_prob_end,
-      tail_factor_min=sim.tail_factor_min, tail_factor_max=sim.tail_factor_max,
-      prompt_sigma=sim.prompt_sigma, seed=config.seed)
+  return LengthProcess(seed=config.seed, **{f.name: config.sim[f.name]
+                                            for f in dataclasses.fields(LengthProcess)
+                                            if f.name != "seed"})
 
 
 def cost_model_from_config(config: Any) -> CostModel:
@@ -194,16 +189,44 @@ def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],
   return None if best is None else float(best)
 
 
-def _arms(config: Any) -> list[tuple[str, SAGCController | StaticController]]:
+def arms(config: Any, kinds: Sequence[str]) -> list[tuple[str, Any]]:
+  """Every static G of ``controller.candidates`` (``static_G<g>``), then one arm per
+  controller kind of ``kinds``, all built from the one ``controller`` section (the
+  contextual kinds read P(G) from ``sim``)."""
   section = config.controller.to_dict()
-  section["kind"] = "sagc"
-  arms = []
   shared = {k: section[k] for k in ("tau", "delta", "forgetting", "prior_alpha",
                                     "prior_beta", "seed", "event") if k in section}
-  for g in sorted(section["candidates"]):
-    arms.append((f"static_G{g}", StaticController(g, **shared)))
-  arms.append(("sagc", controller_from_config(section)))
-  return arms
+  built = [(f"static_G{g}", StaticController(g, **shared)) for g in sorted(section["candidates"])]
+  for kind in kinds:
+    section["kind"] = kind
+    built.append((kind, controller_from_config({"controller": section, "sim": config.sim})))
+  return built
+
+
+def run_lockstep(arms: Sequence[tuple[str, Any]], steps: int, draw: Callable[[int], Any],
+                 step_metrics: Callable[[Any, Any], dict[str, float]]
+                 ) -> tuple[dict[str, dict[str, list[float]]], float]:
+  """Every arm on every step's ``draw(step)`` (common random numbers): the per-arm
+  columns of ``step_metrics(controller, world)`` and the seconds it all took."""
+  traces = {name: [] for name, _ in arms}
+  started = time.perf_counter()
+  for step in range(steps):
+    world = draw(step)
+    for name, ctrl in arms:
+      traces[name].append(step_metrics(ctrl, world))
+  columns = {name: {key: [r[key] for r in rows] for key in rows[0]}
+             for name, rows in traces.items()}
+  return columns, time.perf_counter() - started
+
+
+def straggler_summary(col: dict[str, list[float]]) -> dict[str, float]:
+  """The summary entries every simulator reports: straggler rates and wall-clock."""
+  return {
+      "straggler_rate": float(np.mean(col["straggler_rate"])),
+      "group_straggler_rate": float(np.mean(col["group_straggler_rate"])),
+      "step_straggler_rate": float(np.mean(col["step_straggler"])),
+      "wall_clock_s": float(np.sum(col["total_s"])),
+  }
 
 
 def simulate(config: Any) -> dict[str, Any]:
@@ -211,21 +234,21 @@ def simulate(config: Any) -> dict[str, Any]:
   validate_config(config)
   process = length_process_from_config(config)
   cost = cost_model_from_config(config)
-  arms = _arms(config)
-  candidates = arms[-1][1].candidates
+  controllers = arms(config, ("sagc",))
+  candidates = controllers[-1][1].candidates
   max_prompts = max(prompts_for(config.sim, g) for g in candidates)
-  traces = {name: [] for name, _ in arms}
-  started = time.perf_counter()
-  for step in range(config.sim.steps):
-    world = process.draw(step, max_prompts, max(candidates))
-    for name, ctrl in arms:
-      g = ctrl.plan().group_size
-      lengths = world[:prompts_for(config.sim, g), :g]
-      metrics = ctrl.observe_step(StepGroups(lengths.max(axis=1), np.median(lengths, axis=1)))
-      metrics.update(cost.step(lengths, config.sim.prompt_len))
-      traces[name].append(metrics)
-  elapsed = time.perf_counter() - started
-  summary = {name: _summarise(rows) for name, rows in traces.items()}
+
+  def step_metrics(ctrl, world):
+    g = ctrl.plan().group_size
+    lengths = world[:prompts_for(config.sim, g), :g]
+    metrics = ctrl.observe_step(StepGroups(lengths.max(axis=1), np.median(lengths, axis=1)))
+    metrics.update(cost.step(lengths, config.sim.prompt_len))
+    return metrics
+
+  columns, elapsed = run_lockstep(controllers, config.sim.steps,
+                                  lambda step: process.draw(step, max_prompts, max(candidates)),
+                                  step_metrics)
+  summary = {name: _summarise(col) for name, col in columns.items()}
   largest = f"static_G{max(candidates)}"
   for row in summary.values():
     row["speedup_vs_largest_static"] = summary[largest]["wall_clock_s"] / row["wall_clock_s"]
@@ -237,17 +260,14 @@ def simulate(config: Any) -> dict[str, Any]:
       "summary": summary,
       "best_fixed_mixture_log2_g": best_fixed_mixture(candidates, static_rates, delta),
       "simulator_seconds": elapsed,
-      "traces": {name: _columns(rows) for name, rows in traces.items()},
+      "traces": columns,
   }
 
 
-def _summarise(rows: list[dict[str, float]]) -> dict[str, float]:
-  col = lambda key: np.array([r[key] for r in rows])
+def _summarise(columns: dict[str, list[float]]) -> dict[str, float]:
+  col = lambda key: np.array(columns[key])
   return {
-      "straggler_rate": float(col("straggler_rate").mean()),
-      "group_straggler_rate": float(col("group_straggler_rate").mean()),
-      "step_straggler_rate": float(col("step_straggler").mean()),
-      "wall_clock_s": float(col("total_s").sum()),
+      **straggler_summary(columns),
       "rollout_s": float(col("rollout_s").sum()),
       "learner_s": float(col("learner_s").sum()),
       "mean_g": float(col("g").mean()),
@@ -255,10 +275,6 @@ def _summarise(rows: list[dict[str, float]]) -> dict[str, float]:
       "padding_efficiency": float(col("real_tokens").sum() / col("padded_tokens").sum()),
       "rollouts": float((col("g") * col("n_groups")).sum()),
   }
-
-
-def _columns(rows: list[dict[str, float]]) -> dict[str, list[float]]:
-  return {key: [r[key] for r in rows] for key in rows[0]}
 
 
 def format_table(result: dict[str, Any]) -> str:
