@@ -171,7 +171,7 @@ class PerPromptController(PromptAwareController):
     picked = allocate_group_sizes(values, self.candidates, k * base)
     proposal.used = k
     proposal.sizes = np.asarray(self.candidates, np.int64)[picked]
-    proposal.predicted = float(self._cell_means()[picked, buckets].mean())
+    proposal.predicted = float(self.cell_posterior_mean()[picked, buckets].mean())
     self._last_sizes = proposal.sizes
     return proposal.sizes.copy()
 

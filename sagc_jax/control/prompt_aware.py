@@ -92,21 +92,18 @@ class _Proposal:
   predicted: float = 0.0           # posterior-mean straggler signal of the decision
 
   def to_json(self) -> dict[str, Any]:
-    return {"ids": self.ids.tolist(), "lengths": self.lengths.tolist(),
-            "buckets": self.buckets.tolist(), "weights": self.weights.tolist(),
-            "covered": self.covered.tolist(), "used": self.used,
-            "sizes": None if self.sizes is None else self.sizes.tolist(),
-            "predicted": self.predicted}
+    values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in values.items()}
 
   @classmethod
   def from_json(cls, state: Mapping[str, Any]) -> "_Proposal":
-    return cls(ids=np.asarray(state["ids"], np.int64),
-               lengths=np.asarray(state["lengths"], np.int64),
-               buckets=np.asarray(state["buckets"], np.int64),
-               weights=np.asarray(state["weights"], np.float64),
-               covered=np.asarray(state["covered"], bool), used=int(state["used"]),
-               sizes=None if state["sizes"] is None else np.asarray(state["sizes"], np.int64),
-               predicted=float(state["predicted"]))
+    arrays = {k: None if state[k] is None else np.asarray(state[k], dtype)
+              for k, dtype in _PROPOSAL_ARRAYS.items()}
+    return cls(**arrays, used=int(state["used"]), predicted=float(state["predicted"]))
+
+
+_PROPOSAL_ARRAYS = {"ids": np.int64, "lengths": np.int64, "buckets": np.int64,
+                    "weights": np.float64, "covered": bool, "sizes": np.int64}
 
 
 def _prompts_table(prompts_for: PromptsFor,
@@ -162,15 +159,11 @@ class PromptAwareController(SAGCController):
   kind = "prompt_aware"
 
   def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
-               delta: float = 0.25, *, prompts_for: PromptsFor = None, eta: float = 1.0,
-               lambda_max: float = 50.0, forgetting: float = 0.99, prior_alpha: float = 1.0,
-               prior_beta: float = 1.0, initial_g: int | None = None, seed: int = 0,
-               event: str = "group", tail_edges: Sequence[float] = (0.8, 1.25),
+               delta: float = 0.25, *, prompts_for: PromptsFor = None,
+               tail_edges: Sequence[float] = (0.8, 1.25),
                length_edges: Sequence[float] = (1.0,), cell_prior_strength: float = 2.0,
-               history_size: int = 20000, history_forgetting: float = 0.7):
-    super().__init__(candidates, tau, delta, eta=eta, lambda_max=lambda_max,
-                     forgetting=forgetting, prior_alpha=prior_alpha, prior_beta=prior_beta,
-                     initial_g=initial_g, seed=seed, event=event)
+               history_size: int = 20000, history_forgetting: float = 0.7, **sagc: Any):
+    super().__init__(candidates, tau, delta, **sagc)
     self.features = FeatureBuckets(tuple(tail_edges), tuple(length_edges))
     self.cell_prior_strength = check_range("cell_prior_strength", cell_prior_strength)
     self._prompts = _prompts_table(prompts_for, self.candidates)
@@ -202,7 +195,7 @@ class PromptAwareController(SAGCController):
     g = super().propose()
     if self._proposal is not None:
       self._proposal.used = self.prompts_for(g, len(self._proposal.ids))
-      self._proposal.predicted = self._predict(self._cell_means(), self._index)
+      self._proposal.predicted = self._predict(self.cell_posterior_mean(), self._index)
     return g
 
   def plan(self, context: ContextSource | None = None) -> GroupPlan:
@@ -216,7 +209,8 @@ class PromptAwareController(SAGCController):
   def cell_posterior_mean(self) -> np.ndarray:
     """Posterior mean straggler probability per (candidate, bucket), shape
     ``[len(candidates), features.count]``."""
-    return self._cell_means()
+    a, b = self._cell_params()
+    return a / (a + b)
 
   def observe(self, group_max: Any, group_median: Any, *, prompt_ids: Any = None,
               pass_rates: Any = None, group_sizes: Any = None) -> dict[str, float]:
@@ -234,10 +228,8 @@ class PromptAwareController(SAGCController):
                                                         integer=False)
     flags = straggler_flags(gmax, gmed, self.params.tau)
     proposal = self._proposal
-    if proposal is not None:
-      predicted = proposal.predicted
-    else:
-      predicted = float(self.posterior_mean()[self._index])
+    predicted = (float(self.posterior_mean()[self._index]) if proposal is None
+                 else proposal.predicted)
     uniform = bool((size_index == self._index).all())
     metrics = self._record_step(flags, None if uniform else size_index)
     self._update_cells(size_index, buckets, flags)
@@ -275,14 +267,10 @@ class PromptAwareController(SAGCController):
                        f"(tail_edges={self.features.tail_edges}, "
                        f"length_edges={self.features.length_edges}): its cells would "
                        "mean something else")
-    straggle = np.asarray(state["cells"]["straggle"], np.float64)
-    ok = np.asarray(state["cells"]["ok"], np.float64)
-    if straggle.shape != self._cell_straggle.shape or ok.shape != straggle.shape:
-      raise ValueError(f"state cells have shape {straggle.shape}, expected "
-                       f"{self._cell_straggle.shape}")
-    super().load_state_dict(state)
+    super().load_state_dict(state)     # same candidates and buckets: the cells' shape
     self._history.load_state_dict(state["history"])
-    self._cell_straggle, self._cell_ok = straggle, ok
+    self._cell_straggle = np.asarray(state["cells"]["straggle"], np.float64)
+    self._cell_ok = np.asarray(state["cells"]["ok"], np.float64)
     self._score_sum = np.asarray(state["tail_score"]["sum"], np.float64)
     self._score_count = np.asarray(state["tail_score"]["count"], np.float64)
     proposal = state["proposal"]
@@ -311,10 +299,6 @@ class PromptAwareController(SAGCController):
     kappa = self.cell_prior_strength
     return kappa * mean + self._cell_straggle, kappa * (1.0 - mean) + self._cell_ok
 
-  def _cell_means(self) -> np.ndarray:
-    a, b = self._cell_params()
-    return a / (a + b)
-
   def _choose(self) -> int:
     if self._proposal is None:
       return super()._choose()
@@ -336,12 +320,11 @@ class PromptAwareController(SAGCController):
 
   def _observed_sizes(self, group_sizes: Any, n: int) -> np.ndarray:
     """Index in ``candidates`` of every group's size; a prompt-aware step uses ``g``."""
-    if group_sizes is None:
-      return np.full(n, self._index)
-    sizes = per_group_array("group_sizes", group_sizes, n, integer=True)
-    if (sizes != self.g).any():
-      raise ValueError(f"group_sizes {sorted(set(sizes.tolist()))} differ from the "
-                       f"proposed G={self.g}: a prompt_aware step uses one size")
+    if group_sizes is not None:
+      sizes = per_group_array("group_sizes", group_sizes, n, integer=True)
+      if (sizes != self.g).any():
+        raise ValueError(f"group_sizes {sorted(set(sizes.tolist()))} differ from the "
+                         f"proposed G={self.g}: a prompt_aware step uses one size")
     return np.full(n, self._index)
 
   def _observed_prompts(self, prompt_ids: Any, n: int):
@@ -397,12 +380,8 @@ class PromptAwareController(SAGCController):
     hits = np.bincount(cell, weights=flags[mask].astype(np.float64), minlength=n_cells)
     straggle, ok = self._cell_straggle.reshape(-1), self._cell_ok.reshape(-1)
     gamma = self.params.forgetting
-    if self._forget_unused:
-      straggle *= gamma
-      ok *= gamma
-    else:
-      seen = trials > 0
-      straggle[seen] *= gamma
-      ok[seen] *= gamma
+    seen = slice(None) if self._forget_unused else trials > 0   # per-cell forgetting
+    straggle[seen] *= gamma
+    ok[seen] *= gamma
     straggle += hits
     ok += trials - hits
