@@ -76,81 +76,69 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class PromptPool:
   """A pool of heterogeneous prompts and its drifting length / pass-rate model
-  (module docstring). ``draw`` is deterministic in ``(seed, step)``."""
+  (module docstring), read from the config's ``sim`` section (the base simulator's
+  schedules and caps) and its ``pool`` section. ``draw`` is deterministic in
+  ``(seed, step)``."""
 
-  steps: int
+  sim: Any
+  pool: Any
   per_step: int                 # M: prompts the loader hands out per step
   max_g: int
-  max_len: int
-  median: tuple[float, float]
-  sigma: tuple[float, float]
-  tail_prob: tuple[float, float]
-  tail_factor: tuple[float, float]
-  prompt_sigma: float
-  prompt_len: int
-  prompt_len_sigma: float
-  sigma_spread: float
-  tail_spread: float
-  median_difficulty_corr: float
-  tail_difficulty_corr: float
-  prompt_len_difficulty_corr: float
-  pass_logit_mean: float
-  pass_logit_scale: float
-  pass_logit_gain: float
-  size: int
   seed: int
 
   def __post_init__(self):
+    sim, pool = self.sim, self.pool
     rng = np.random.Generator(np.random.PCG64([self.seed, 7]))
-    d, e1, e2, e3, e4 = rng.standard_normal((5, self.size))
+    d, e1, e2, e3, e4 = rng.standard_normal((5, pool.size))
     mix = lambda r, e: r * d + np.sqrt(1.0 - r * r) * e
-    tokens = self.prompt_len * np.exp(self.prompt_len_sigma
-                                      * mix(self.prompt_len_difficulty_corr, e4))
+    tokens = sim.prompt_len * np.exp(pool.prompt_len_sigma
+                                     * mix(pool.prompt_len_difficulty_corr, e4))
     static = {
-        "median_factor": np.exp(self.prompt_sigma * mix(self.median_difficulty_corr, e1)),
-        "sigma_factor": np.exp(self.sigma_spread * e2),
-        "tail_offset": self.tail_spread * mix(self.tail_difficulty_corr, e3),
-        "pass_offset": self.pass_logit_mean - self.pass_logit_scale * d,
-        "prompt_tokens": np.clip(np.rint(tokens), 8, 8 * self.prompt_len).astype(np.int64),
+        "median_factor": np.exp(sim.prompt_sigma * mix(pool.median_difficulty_corr, e1)),
+        "sigma_factor": np.exp(pool.sigma_spread * e2),
+        "tail_offset": pool.tail_spread * mix(pool.tail_difficulty_corr, e3),
+        "pass_offset": pool.pass_logit_mean - pool.pass_logit_scale * d,
+        "prompt_tokens": np.clip(np.rint(tokens), 8, 8 * sim.prompt_len).astype(np.int64),
     }
     object.__setattr__(self, "_static", static)
 
   def prompt_ids(self, step: int) -> np.ndarray:
     """The ``per_step`` prompt ids the loader hands out at ``step`` (epochs reshuffled)."""
+    size = self.pool.size
     start = step * self.per_step
     positions = np.arange(start, start + self.per_step)
     ids = np.empty(self.per_step, np.int64)
-    for epoch in np.unique(positions // self.size):
-      order = np.random.Generator(np.random.PCG64([self.seed, 11, int(epoch)])).permutation(
-          self.size)
-      here = positions // self.size == epoch
-      ids[here] = order[positions[here] % self.size]
+    for epoch in np.unique(positions // size):
+      order = np.random.Generator(np.random.PCG64([self.seed, 11, int(epoch)])).permutation(size)
+      here = positions // size == epoch
+      ids[here] = order[positions[here] % size]
     return ids
 
   def draw(self, step: int) -> dict[str, np.ndarray]:
     """The step's prompts: ``ids``, ``prompt_tokens``, true ``pass_rate`` and
     ``tail_prob`` [M], and ``lengths`` / ``passed`` [M, max_g] (int / bool)."""
-    x = step / max(self.steps - 1, 1)
-    lerp = lambda pair: pair[0] + (pair[1] - pair[0]) * x
+    sim = self.sim
+    x = step / max(sim.steps - 1, 1)
+    lerp = lambda key: sim[f"{key}_start"] + (sim[f"{key}_end"] - sim[f"{key}_start"]) * x
     ids = self.prompt_ids(step)
     s = {k: v[ids] for k, v in self._static.items()}
-    median = lerp(self.median) * s["median_factor"]
-    sigma = lerp(self.sigma) * s["sigma_factor"]
-    q0 = lerp(self.tail_prob)
+    median = lerp("median") * s["median_factor"]
+    sigma = lerp("sigma") * s["sigma_factor"]
+    q0 = lerp("tail_prob")
     tail_prob = _sigmoid(np.log(q0 / (1.0 - q0)) + s["tail_offset"])
-    pass_rate = _sigmoid(s["pass_offset"] + self.pass_logit_gain * x)
+    pass_rate = _sigmoid(s["pass_offset"] + self.pool.pass_logit_gain * x)
     rng = np.random.Generator(np.random.PCG64([self.seed, step]))
     shape = (self.per_step, self.max_g)
     body = np.exp(sigma[:, None] * rng.standard_normal(shape))
     tail = rng.random(shape) < tail_prob[:, None]
-    factor = rng.uniform(*self.tail_factor, shape)
+    factor = rng.uniform(sim.tail_factor_min, sim.tail_factor_max, shape)
     lengths = median[:, None] * body * np.where(tail, factor, 1.0)
     return {
         "ids": ids,
         "prompt_tokens": s["prompt_tokens"],
         "pass_rate": pass_rate,
         "tail_prob": tail_prob,
-        "lengths": np.clip(np.rint(lengths), 1, self.max_len).astype(np.int64),
+        "lengths": np.clip(np.rint(lengths), 1, sim.max_len).astype(np.int64),
         "passed": rng.random(shape) < pass_rate[:, None],
     }
 
@@ -172,16 +160,9 @@ def _validate(config: Any) -> None:
 
 
 def pool_from_config(config: Any) -> PromptPool:
-  sim, pool = config.sim, config.pool
   candidates = tuple(config.controller.candidates)
-  return PromptPool(
-      steps=sim.steps, per_step=max(prompts_for(sim, g) for g in candidates),
-      max_g=max(candidates), max_len=sim.max_len,
-      median=(sim.median_start, sim.median_end), sigma=(sim.sigma_start, sim.sigma_end),
-      tail_prob=(sim.tail_prob_start, sim.tail_prob_end),
-      tail_factor=(sim.tail_factor_min, sim.tail_factor_max), prompt_sigma=sim.prompt_sigma,
-      prompt_len=sim.prompt_len, seed=config.seed,
-      **{k: pool[k] for k in _POOL_KEYS})
+  return PromptPool(config.sim, config.pool, seed=config.seed, max_g=max(candidates),
+                    per_step=max(prompts_for(config.sim, g) for g in candidates))
 
 
 def _groups(world: dict[str, np.ndarray], sizes: np.ndarray) -> dict[str, np.ndarray]:
