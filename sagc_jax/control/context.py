@@ -229,9 +229,6 @@ class PromptHistory:
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     records = collections.OrderedDict()
     for row in state["records"]:
-      if len(row) != 6 or not row[2] > 0:
-        raise ValueError(f"prompt history record {row!r:.80} must have 6 fields and a "
-                         "positive tail weight")
       records[int(row[0])] = [float(v) for v in row[1:5]] + [
           math.nan if row[5] is None else float(row[5])]
     if len(records) > self.capacity:

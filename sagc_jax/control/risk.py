@@ -108,22 +108,23 @@ class _RiskModelParams:
 class GroupSizeController:
   """Shared machinery: validation, straggler statistics, Beta risk posteriors.
 
-  Subclasses implement ``_choose`` (the next G) and may extend the state.
+  Subclasses override ``_choose`` (the next G; the default keeps the current one,
+  a static size) and ``_update_dual``, and may extend the state.
   Both controllers keep the per-candidate Beta posteriors so a static baseline
   reports the same risk metrics as SAGC.
   """
 
   kind = "base"
   # The published SAGC discounts every candidate's evidence every step and keeps the
-  # Thompson selection at the dual's cap; this module's default does neither (module
-  # docstring, "Deviations"). Subclasses may restore the published rules to measure
+  # Thompson selection at the dual's cap; the default here does neither (sagc's
+  # module docstring, "Deviations"). Subclasses may restore the published rules to measure
   # the difference (tests/test_controller.py does); neither flag is part of the state.
   _forget_unused = False
   _back_off_at_cap = True
 
   def __init__(self, candidates: Sequence[int], *, tau: float, delta: float,
-               forgetting: float, prior_alpha: float, prior_beta: float,
-               seed: int, min_candidates: int, event: str = "group"):
+               min_candidates: int, forgetting: float = 0.99, prior_alpha: float = 1.0,
+               prior_beta: float = 1.0, seed: int = 0, event: str = "group"):
     self.candidates = _validate_candidates(candidates, min_candidates)
     if event not in EVENTS:
       raise ValueError(f"event={event!r} is not one of {EVENTS}")
@@ -338,7 +339,8 @@ class GroupSizeController:
 
   # ---------------------------------------------------------- subclass hooks
   def _choose(self) -> int:
-    raise NotImplementedError
+    """Index of the next G: by default the current one (a static size)."""
+    return self._index
 
   def _update_dual(self, rate: float) -> None:
     del rate

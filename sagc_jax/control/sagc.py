@@ -103,7 +103,8 @@ __all__ = ["SAGCController", "StaticController"]
 class SAGCController(GroupSizeController):
   """Straggler-Aware Group Control (see the module docstring for the algorithm).
 
-  Args:
+  Args (``forgetting``, ``prior_alpha``, ``prior_beta``, ``seed`` and ``event`` are
+  ``GroupSizeController``'s, which holds their defaults):
     candidates: allowed group sizes (at least two, positive, distinct; sorted
       internally).
     tau: straggler threshold on max/median response length, > 1.
@@ -134,16 +135,11 @@ class SAGCController(GroupSizeController):
 
   def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
                delta: float = 0.25, *, eta: float = 1.0, lambda_max: float = 50.0,
-               forgetting: float = 0.99, prior_alpha: float = 1.0,
-               prior_beta: float = 1.0, initial_g: int | None = None, seed: int = 0,
-               event: str = "group"):
-    super().__init__(candidates, tau=tau, delta=delta, forgetting=forgetting,
-                     prior_alpha=prior_alpha, prior_beta=prior_beta, seed=seed,
-                     min_candidates=2, event=event)
+               initial_g: int | None = None, **risk: Any):
+    super().__init__(candidates, tau=tau, delta=delta, min_candidates=2, **risk)
     self.eta = check_range("eta", eta)
     self.lambda_max = check_range("lambda_max", lambda_max)
-    if initial_g is None:
-      initial_g = self.candidates[0]
+    initial_g = self.candidates[0] if initial_g is None else initial_g
     if initial_g not in self.candidates:
       raise ValueError(f"initial_g={initial_g!r} is not one of candidates {self.candidates}")
     self._index = self.candidates.index(int(initial_g))
@@ -195,23 +191,16 @@ class StaticController(GroupSizeController):
   """Fixed group size with the SAGC interface and metrics (baseline arms).
 
   It still tracks the Beta risk posterior of its G and the straggler rate,
-  so static and SAGC runs produce the same metric columns (lambda stays 0).
+  so static and SAGC runs produce the same metric columns (lambda stays 0). The
+  settings beyond ``g`` and ``candidates`` are SAGC's.
   """
 
   kind = "static"
 
   def __init__(self, g: int = 8, tau: float = 2.0, delta: float = 0.25, *,
-               candidates: Sequence[int] | None = None, forgetting: float = 0.99,
-               prior_alpha: float = 1.0, prior_beta: float = 1.0, seed: int = 0,
-               event: str = "group"):
-    if candidates is None:
-      candidates = (g,)
-    super().__init__(candidates, tau=tau, delta=delta, forgetting=forgetting,
-                     prior_alpha=prior_alpha, prior_beta=prior_beta, seed=seed,
-                     min_candidates=1, event=event)
+               candidates: Sequence[int] | None = None, **risk: Any):
+    super().__init__((g,) if candidates is None else candidates, tau=tau, delta=delta,
+                     min_candidates=1, **risk)
     if g not in self.candidates:
       raise ValueError(f"static g={g!r} is not one of candidates {self.candidates}")
     self._index = self.candidates.index(int(g))
-
-  def _choose(self) -> int:
-    return self._index

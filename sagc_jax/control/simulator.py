@@ -65,24 +65,17 @@ class LengthProcess:
   prompt_sigma: float
   seed: int
 
-  def _progress(self, step: int) -> float:
-    return step / max(self.steps - 1, 1)
-
-  def schedule(self, step: int) -> tuple[float, float, float]:
-    """(median, sigma, tail probability) at ``step``."""
-    x = self._progress(step)
-    lerp = lambda a, b: a + (b - a) * x
-    return (lerp(self.median_start, self.median_end),
-            lerp(self.sigma_start, self.sigma_end),
-            lerp(self.tail_prob_start, self.tail_prob_end))
-
   def draw(self, step: int, prompts: int, group: int) -> np.ndarray:
     """Lengths of step ``step`` as an int matrix ``[prompts, group]``.
 
     Deterministic in ``(seed, step)``; arms read top-left blocks of the same
     matrix (common random numbers).
     """
-    median, sigma, tail_prob = self.schedule(step)
+    x = step / max(self.steps - 1, 1)
+    lerp = lambda a, b: a + (b - a) * x
+    median = lerp(self.median_start, self.median_end)
+    sigma = lerp(self.sigma_start, self.sigma_end)
+    tail_prob = lerp(self.tail_prob_start, self.tail_prob_end)
     rng = np.random.Generator(np.random.PCG64([self.seed, step]))
     difficulty = np.exp(self.prompt_sigma * rng.standard_normal((prompts, 1)))
     body = np.exp(sigma * rng.standard_normal((prompts, group)))
@@ -281,10 +274,9 @@ def format_table(result: dict[str, Any]) -> str:
   """Human-readable comparison table (one line per arm)."""
   header = (f"{'arm':<12} {'groups':>7} {'steps':>7} {'wall_s':>10} {'rollout_s':>10} "
             f"{'speedup':>8} {'mean_G':>7} {'log2_G':>7} {'pad_eff':>8}")
+  event = result["config"]["controller"].get("event", "group")
   lines = [f"straggler rates: 'groups' = fraction of groups, 'steps' = fraction of steps "
-           f"with a straggler; the constraint uses "
-           f"{result['config']['controller'].get('event', 'group')!r}", header,
-           "-" * len(header)]
+           f"with a straggler; the constraint uses {event!r}", header, "-" * len(header)]
   for name, row in result["summary"].items():
     lines.append(
         f"{name:<12} {row['group_straggler_rate']:>7.3f} {row['step_straggler_rate']:>7.3f} "
@@ -293,7 +285,6 @@ def format_table(result: dict[str, Any]) -> str:
         f"{row['mean_g']:>7.2f} {row['mean_log2_g']:>7.3f} {row['padding_efficiency']:>8.3f}")
   best = result["best_fixed_mixture_log2_g"]
   delta = result["config"]["controller"]["delta"]
-  event = result["config"]["controller"].get("event", "group")
   lines.append(f"best fixed randomised G with {event} straggler rate <= {delta}: mean log2 G = "
                + ("infeasible" if best is None else f"{best:.3f}"))
   return "\n".join(lines)
