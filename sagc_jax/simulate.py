@@ -37,22 +37,22 @@ def _define_flags():
 def main(argv: Sequence[str], flags) -> None:
   reject_positional(argv)
   config = flags.config
-  from sagc_jax.control.simulator import format_table, simulate
-  from sagc_jax.experiments.claims import simulate_claims
   from sagc_jax.experiments.plots import plot_simulation
 
   prompts = "pool" in config
   if prompts:
-    from sagc_jax.control.prompt_simulator import format_prompt_table, simulate_prompts
+    from sagc_jax.control.prompt_simulator import format_prompt_table as format_table
+    from sagc_jax.control.prompt_simulator import simulate_prompts as simulate
     from sagc_jax.experiments.prompt_claims import simulate_prompt_claims as simulate_claims
-    result = simulate_prompts(config)
   else:
-    result = simulate(config)
+    from sagc_jax.control.simulator import format_table, simulate
+    from sagc_jax.experiments.claims import simulate_claims
+  result = simulate(config)
   print(f"SAGC simulator{' (prompt pool)' if prompts else ''}: {config.sim.steps} steps, "
         f"mode={config.sim.mode}, "
         f"candidates={tuple(config.controller.candidates)}, tau={config.controller.tau}, "
         f"delta={config.controller.delta} ({result['simulator_seconds']:.2f} s)")
-  print(format_prompt_table(result) if prompts else format_table(result))
+  print(format_table(result))
   out = Path(flags.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=1))

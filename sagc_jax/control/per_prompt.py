@@ -157,11 +157,10 @@ class PerPromptController(PromptAwareController):
       return self._proposal.sizes.copy()
     if context is None:
       raise ValueError("propose_groups needs a BatchContext (the step's upcoming prompts)")
-    proposal = self._read_context(context)
-    self._proposal = proposal
+    self._proposal = proposal = self._read_context(context)
     self._index = self._choose()
     self._pending = True
-    base = self.candidates[self._index]
+    base = self.base_g
     k = self.prompts_for(base, len(proposal.ids))
     buckets = proposal.buckets[:k]
     weights = proposal.weights[:k]

@@ -25,6 +25,7 @@ comparison table, and writes ``--out`` (JSON) and ``--plot`` (PNG).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any, Callable, Sequence
 
@@ -141,11 +142,9 @@ def validate_config(config: Any) -> None:
   high = checks.number_in(config, "sim.tail_factor_max", 1.0)
   if high < low:
     raise ValueError(f"sim.tail_factor_max={high} is below sim.tail_factor_min={low}")
-  for key in ("prefill_s_per_token", "decode_s_per_iter", "decode_s_per_row_iter",
-              "learner_s_per_token", "step_overhead_s"):
-    checks.number_in(config, f"cost.{key}", 0.0)
-  candidates = tuple(checks.lookup(config, "controller.candidates"))
-  checks.group_budget(config, "sim", mode, candidates)
+  for field in dataclasses.fields(CostModel):
+    checks.number_in(config, f"cost.{field.name}", 0.0)
+  checks.group_budget(config, "sim", mode, tuple(checks.lookup(config, "controller.candidates")))
 
 
 def length_process_from_config(config: Any) -> LengthProcess:
@@ -168,18 +167,13 @@ def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],
   and every pair straddling ``delta`` is exact. Returns None when no mixture is
   feasible.
   """
-  utility = np.log2(np.asarray(candidates, dtype=np.float64))
-  best = None
-  for i, (u_i, p_i) in enumerate(zip(utility, rates)):
-    if p_i <= delta:
-      best = u_i if best is None else max(best, u_i)
-    for u_j, p_j in zip(utility[i + 1:], rates[i + 1:]):
-      lo, hi = sorted([(p_i, u_i), (p_j, u_j)])
-      if lo[0] < delta < hi[0]:
-        w = (delta - lo[0]) / (hi[0] - lo[0])
-        value = (1 - w) * lo[1] + w * hi[1]
-        best = value if best is None else max(best, value)
-  return None if best is None else float(best)
+  points = list(zip(rates, np.log2(np.asarray(candidates, dtype=np.float64))))  # (p_k, u_k)
+  values = [u for p, u in points if p <= delta]
+  for lo, hi in (sorted(pair) for pair in itertools.combinations(points, 2)):
+    if lo[0] < delta < hi[0]:
+      w = (delta - lo[0]) / (hi[0] - lo[0])
+      values.append((1 - w) * lo[1] + w * hi[1])
+  return float(max(values)) if values else None
 
 
 def arms(config: Any, kinds: Sequence[str]) -> list[tuple[str, Any]]:
