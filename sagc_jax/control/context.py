@@ -74,25 +74,21 @@ class BatchContext:
   prompt_lengths: np.ndarray
 
   def __post_init__(self):
-    arrays = []
     for name in ("prompt_ids", "prompt_lengths"):
-      value = getattr(self, name)
-      arr = np.asarray(value)
+      arr = np.asarray(getattr(self, name))
       if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"BatchContext.{name} must be a non-empty 1-D array, "
                          f"got shape {arr.shape}")
       if arr.dtype.kind not in "iu":
         raise ValueError(f"BatchContext.{name} must hold integers, got dtype {arr.dtype}")
-      arrays.append(arr.astype(np.int64))
-    ids, lengths = arrays
+      object.__setattr__(self, name, arr.astype(np.int64))
+    ids, lengths = self.prompt_ids, self.prompt_lengths
     if ids.size != lengths.size:
       raise ValueError(f"BatchContext has {ids.size} prompt_ids but {lengths.size} "
                        "prompt_lengths: one length per prompt")
     if (lengths < 0).any():
       raise ValueError(f"BatchContext.prompt_lengths must be >= 0, got "
                        f"{lengths[lengths < 0][:4].tolist()}")
-    object.__setattr__(self, "prompt_ids", ids)
-    object.__setattr__(self, "prompt_lengths", lengths)
 
   def __len__(self) -> int:
     return int(self.prompt_ids.size)

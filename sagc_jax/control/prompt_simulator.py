@@ -169,7 +169,6 @@ def _groups(world: dict[str, np.ndarray], sizes: np.ndarray) -> dict[str, np.nda
   """Per-group max / median length and pass rate of the first len(sizes) prompts."""
   k = sizes.size
   out = {name: np.empty(k) for name in ("max", "median", "pass")}
-  longest = 0
   real = 0.0
   for g in np.unique(sizes):
     rows = np.flatnonzero(sizes == g)
@@ -177,9 +176,8 @@ def _groups(world: dict[str, np.ndarray], sizes: np.ndarray) -> dict[str, np.nda
     out["max"][rows] = block.max(axis=1)
     out["median"][rows] = np.median(block, axis=1)
     out["pass"][rows] = world["passed"][rows, :g].mean(axis=1)
-    longest = max(longest, int(out["max"][rows].max()))
     real += float(block.sum())
-  out["longest"], out["real"] = longest, real
+  out["longest"], out["real"] = int(out["max"].max()), real
   return out
 
 
@@ -194,9 +192,8 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
     context = BatchContext(world["ids"], world["prompt_tokens"])
     start = time.perf_counter()
     plan = ctrl.plan(lambda: context)
-    sizes = plan.sizes
-    if sizes is None:
-      sizes = np.full(prompts_for(config.sim, plan.group_size), plan.group_size)
+    g = plan.group_size
+    sizes = np.full(prompts_for(config.sim, g), g) if plan.sizes is None else plan.sizes
     seconds = time.perf_counter() - start
     k = sizes.size
     groups = _groups(world, sizes)
