@@ -196,9 +196,7 @@ class PromptHistory:
                               for a in (scores, sizes, lengths))
     rates = None if pass_rates is None else np.asarray(pass_rates, np.float64).tolist()
     for i, pid in enumerate(prompt_ids):
-      rec = records.pop(pid, None)
-      if rec is None:
-        rec = [0.0, 0.0, 0.0, 0.0, math.nan]
+      rec = records.pop(pid, None) or [0.0, 0.0, 0.0, 0.0, math.nan]   # new: no evidence
       rec[0] = gamma * rec[0] + scores[i]
       rec[1] = gamma * rec[1] + 1.0
       if rates is not None:
