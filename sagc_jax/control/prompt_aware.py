@@ -106,11 +106,11 @@ _PROPOSAL_ARRAYS = {"ids": np.int64, "lengths": np.int64, "buckets": np.int64,
                     "weights": np.float64, "covered": bool, "sizes": np.int64}
 
 
-def _prompts_table(prompts_for: PromptsFor,
-                  candidates: Sequence[int]) -> tuple[int, ...] | None:
+def _prompts_table(prompts_for: PromptsFor, candidates: Sequence[int]) -> dict[int, int] | None:
+  """P(G) of every candidate (in candidate order), checked; None: the whole context."""
   if prompts_for is None:
     return None
-  counts = []
+  counts = {}
   for g in candidates:
     try:
       p = prompts_for[g] if isinstance(prompts_for, Mapping) else prompts_for(g)
@@ -118,8 +118,8 @@ def _prompts_table(prompts_for: PromptsFor,
       raise ValueError(f"prompts_for has no entry for candidate G={g}") from None
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
       raise ValueError(f"prompts_for gives P({g})={p!r}: must be a positive int")
-    counts.append(int(p))
-  return tuple(counts)
+    counts[g] = int(p)
+  return counts
 
 
 def per_group_array(name: str, value: Any, n: int, *, integer: bool) -> np.ndarray:
@@ -181,9 +181,7 @@ class PromptAwareController(SAGCController):
   # ---------------------------------------------------------------- public API
   def prompts_for(self, g: int, context_size: int) -> int:
     """P(g), the prompts a step at size ``g`` samples from a context of that size."""
-    if self._prompts is None:
-      return context_size
-    return self._prompts[self.candidates.index(g)]
+    return context_size if self._prompts is None else self._prompts[g]
 
   def propose(self, context: BatchContext | None = None) -> int:
     """G for the next step; the step then samples the first ``P(G)`` prompts of
@@ -281,9 +279,9 @@ class PromptAwareController(SAGCController):
     """Features of the prompts any candidate could use; raises before any change."""
     if not isinstance(context, BatchContext):
       raise ValueError(f"context must be a BatchContext, got {type(context).__name__}")
-    need = len(context) if self._prompts is None else max(self._prompts)
+    need = len(context) if self._prompts is None else max(self._prompts.values())
     if len(context) < need:
-      g = self.candidates[self._prompts.index(need)]
+      g = next(g for g, p in self._prompts.items() if p == need)   # the smallest such G
       raise ValueError(f"context holds {len(context)} prompts, but candidate G={g} "
                        f"samples P({g})={need}: pass at least {need}")
     ids = context.prompt_ids[:need]
