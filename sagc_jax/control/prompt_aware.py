@@ -79,6 +79,11 @@ __all__ = ["PromptAwareController", "PromptsFor", "per_group_array"]
 PromptsFor = Union[Callable[[int], int], Mapping[int, int], None]
 
 
+# The array fields of a _Proposal and their dtypes (its JSON holds them as lists).
+_PROPOSAL_ARRAYS = {"ids": np.int64, "lengths": np.int64, "buckets": np.int64,
+                    "weights": np.float64, "covered": bool, "sizes": np.int64}
+
+
 @dataclasses.dataclass
 class _Proposal:
   """What ``propose`` read from the context: the prompts any candidate could use."""
@@ -100,10 +105,6 @@ class _Proposal:
     arrays = {k: None if state[k] is None else np.asarray(state[k], dtype)
               for k, dtype in _PROPOSAL_ARRAYS.items()}
     return cls(**arrays, used=int(state["used"]), predicted=float(state["predicted"]))
-
-
-_PROPOSAL_ARRAYS = {"ids": np.int64, "lengths": np.int64, "buckets": np.int64,
-                    "weights": np.float64, "covered": bool, "sizes": np.int64}
 
 
 def _prompts_table(prompts_for: PromptsFor, candidates: Sequence[int]) -> dict[int, int] | None:

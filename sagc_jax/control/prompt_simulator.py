@@ -57,7 +57,7 @@ from sagc_jax.runtime import checks
 from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.protocol import StepGroups
-from sagc_jax.control.simulator import (arms, cost_model_from_config, run_lockstep,
+from sagc_jax.control.simulator import (build_arms, cost_model_from_config, run_lockstep,
                                         straggler_summary, validate_config)
 
 __all__ = ["ARMS_CONTEXTUAL", "PromptPool", "format_prompt_table", "pool_from_config",
@@ -210,7 +210,7 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
                                   int(world["prompt_tokens"][:k].max())))
     return metrics
 
-  columns, elapsed = run_lockstep(arms(config, ARMS_CONTEXTUAL), config.sim.steps,
+  columns, elapsed = run_lockstep(build_arms(config, ARMS_CONTEXTUAL), config.sim.steps,
                                   pool.draw, step_metrics)
   summary = {name: _summarise(col) for name, col in columns.items()}
   _add_equal_budget_metrics(summary, columns)

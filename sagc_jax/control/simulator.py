@@ -176,7 +176,7 @@ def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],
   return float(max(values)) if values else None
 
 
-def arms(config: Any, kinds: Sequence[str]) -> list[tuple[str, Any]]:
+def build_arms(config: Any, kinds: Sequence[str]) -> list[tuple[str, Any]]:
   """Every static G of ``controller.candidates`` (``static_G<g>``), then one arm per
   controller kind of ``kinds``, all built from the one ``controller`` section (the
   contextual kinds read P(G) from ``sim``)."""
@@ -221,7 +221,7 @@ def simulate(config: Any) -> dict[str, Any]:
   validate_config(config)
   process = length_process_from_config(config)
   cost = cost_model_from_config(config)
-  controllers = arms(config, ("sagc",))
+  controllers = build_arms(config, ("sagc",))
   candidates = controllers[-1][1].candidates
   max_prompts = max(prompts_for(config.sim, g) for g in candidates)
 
