@@ -2,7 +2,7 @@
 {GRPO, DAPO} x {static G, SAGC} x seeds, trained one arm after another, then the
 report (results.csv, summary table, claims.md, plots). ``--arms`` runs a subset,
 ``--merge_only`` only rebuilds the report. The library is
-``sagc_jax.experiments.compare``.
+``sagc_jax.experiments.arms`` (the runs) and ``sagc_jax.experiments.compare`` (the report).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def main(argv: Sequence[str], flags) -> None:
   reject_positional(argv)
   from absl import logging
 
-  from sagc_jax.experiments.compare import (report, run_arms, run_configs, seed_count,
-                                            select_arms)
+  from sagc_jax.experiments.arms import run_arms, run_configs, seed_count, select_arms
+  from sagc_jax.experiments.compare import report
   from sagc_jax.experiments.machine import machine_info
   from sagc_jax.runtime.storage import is_remote
   import tensorflow_datasets as tfds

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from sagc_jax.experiments import compare
+from sagc_jax.experiments import arms as arms_lib, compare
 from sagc_jax.config import learner_config, preset, validate
 from test_trainer import small_config
 
@@ -28,7 +28,7 @@ def with_compare(config, algorithms):
 
 def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
   config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
-  arms = compare.arm_configs(config)
+  arms = arms_lib.arm_configs(config)
   assert sorted(arms) == sorted(f"{a}_{k}" for a in ("grpo", "dapo")
                                 for k in ("static4", "static8", "static16", "sagc"))
   for name, arm in arms.items():
@@ -49,18 +49,18 @@ def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
 def test_static_sizes_choose_the_static_arms():
   config = with_compare(preset("grpo", "sagc"), ("grpo",))
   config.compare.static_sizes = (4, 16)
-  assert sorted(compare.arm_configs(config)) == ["grpo_sagc", "grpo_static16", "grpo_static4"]
+  assert sorted(arms_lib.arm_configs(config)) == ["grpo_sagc", "grpo_static16", "grpo_static4"]
   for bad in ((4, 4), (1, 16), (4.0,)):
     config.compare.static_sizes = bad
     with pytest.raises(ValueError, match=r"compare.static_sizes=.*distinct ints >= 2"):
-      compare.arm_configs(config)
+      arms_lib.arm_configs(config)
 
 
 def test_contextual_kinds_add_arms_beside_sagc():
   config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
   config.compare.static_sizes = (16,)
   config.compare.contextual = ("prompt_aware", "per_prompt")
-  arms = compare.arm_configs(config)
+  arms = arms_lib.arm_configs(config)
   assert sorted(arms) == sorted(f"{a}_{k}" for a in ("grpo", "dapo")
                                 for k in ("static16", "sagc", "prompt_aware", "per_prompt"))
   assert arms["dapo_per_prompt"].controller.kind == "per_prompt"
@@ -69,14 +69,14 @@ def test_contextual_kinds_add_arms_beside_sagc():
   for bad in (("sagc",), ("per_prompt", "per_prompt")):
     config.compare.contextual = bad
     with pytest.raises(ValueError, match=r"compare.contextual=.*distinct kinds"):
-      compare.arm_configs(config)
+      arms_lib.arm_configs(config)
 
 
 def test_real_model_comparison_config_has_eighteen_valid_runs():
   namespace = {}
   exec((REPO / "configs" / "compare_smollm2_cpu.py").read_text(), namespace)
-  runs = compare.run_configs(namespace["get_config"]())
-  assert sorted({compare.split_run_name(n)[0] for n in runs}) == sorted(
+  runs = arms_lib.run_configs(namespace["get_config"]())
+  assert sorted({arms_lib.split_run_name(n)[0] for n in runs}) == sorted(
       f"{a}_{k}" for a in ("grpo", "dapo") for k in ("static4", "static16", "sagc"))
   assert len(runs) == 18
   for arm in runs.values():
@@ -88,30 +88,30 @@ def test_arms_run_the_recipes_and_grpo_keeps_the_files_kl():
   config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
   config.learner.kl_coef = 0.01
   config.learner.clip_high = 0.3           # tuned for one algorithm: not shared
-  arms = compare.arm_configs(config)
+  arms = arms_lib.arm_configs(config)
   grpo, dapo = learner_config(arms["grpo_sagc"]), learner_config(arms["dapo_sagc"])
   assert (grpo.kl_coef, grpo.clip_high) == (0.01, 0.2)
   assert (dapo.kl_coef, dapo.clip_high) == (0.0, 0.28)
   with pytest.raises(ValueError, match="unknown arm"):
-    compare.select_arms(arms, "grpo_sagc,ppo_sagc")
+    arms_lib.select_arms(arms, "grpo_sagc,ppo_sagc")
 
 
 def test_every_arm_runs_once_per_seed_with_seed_dependent_data_and_sampling():
   config = with_compare(preset("grpo", "sagc"), ("grpo",))
   config.compare.seeds = 3
-  runs = compare.run_configs(config)
+  runs = arms_lib.run_configs(config)
   assert len(runs) == 4 * 3
   for name, run in runs.items():
-    arm, k = compare.split_run_name(name)
+    arm, k = arms_lib.split_run_name(name)
     assert run.seed == config.seed + k and 0 <= k < 3
     assert run.controller.kind == ("sagc" if arm.endswith("sagc") else "static")
-  assert sorted(compare.select_arms(runs, "grpo_sagc")) == [
+  assert sorted(arms_lib.select_arms(runs, "grpo_sagc")) == [
       "grpo_sagc_seed0", "grpo_sagc_seed1", "grpo_sagc_seed2"]
-  assert list(compare.select_arms(runs, "grpo_static4_seed1")) == ["grpo_static4_seed1"]
-  assert compare.split_run_name("grpo_sagc") == ("grpo_sagc", 0)
+  assert list(arms_lib.select_arms(runs, "grpo_static4_seed1")) == ["grpo_static4_seed1"]
+  assert arms_lib.split_run_name("grpo_sagc") == ("grpo_sagc", 0)
   config.compare.seeds = 0
   with pytest.raises(ValueError, match="compare.seeds=0 must be a positive int"):
-    compare.run_configs(config)
+    arms_lib.run_configs(config)
 
 
 def test_confidence_intervals_use_student_t():
@@ -225,10 +225,10 @@ def test_claims_md_pairs_each_contextual_arm_with_sagc_of_its_seed(tmp_path):
 
 def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
   config = with_compare(small_config(shared, steps=2), ("grpo",))
-  arms = compare.arm_configs(config)
+  arms = arms_lib.arm_configs(config)
   assert sorted(arms) == ["grpo_sagc", "grpo_static2", "grpo_static4"]
   messages = []
-  compare.run_arms(config, tmp_path, arms, log=messages.append)
+  arms_lib.run_arms(config, tmp_path, arms, log=messages.append)
   policy = (tmp_path / "shared" / "sft_model").absolute()
   for name in arms:
     run_config = json.loads((tmp_path / "arms" / name / "config.json").read_text())
@@ -239,7 +239,7 @@ def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
             for name in arms]
   assert sorted(row.get("eval_reused", 0.0) for row in before) == [0.0, 1.0, 1.0]
   assert len({row["eval_sampled_accuracy"] for row in before}) == 1
-  compare.run_arms(config, tmp_path, arms, log=messages.append)
+  arms_lib.run_arms(config, tmp_path, arms, log=messages.append)
   assert sum("finished earlier, skipped" in m for m in messages) == 3
   rows = compare.report(tmp_path, log=messages.append)
   by_arm = {r["arm"]: r for r in rows}

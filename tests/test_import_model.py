@@ -122,17 +122,17 @@ def test_model_path_may_name_a_gguf_file_converted_once(tiny_gguf, tmp_path):
 
 def test_a_comparison_runs_every_arm_from_the_one_converted_gguf_folder(tiny_gguf, tmp_path,
                                                                        monkeypatch):
-  from sagc_jax.experiments import compare
+  from sagc_jax.experiments import arms as arms_lib
 
   config = base_config()
   config.model.path = str(tiny_gguf[0])
   config.train.local_cache_dir = str(tmp_path / "cache")
   config.compare = ml_collections.ConfigDict(dict(algorithms=("grpo",), seeds=1))
   started = []
-  monkeypatch.setattr(compare, "_train_arm",
+  monkeypatch.setattr(arms_lib, "_train_arm",
                       lambda arm, arm_dir: started.append(arm.model.path) or {})
-  arms = dict(list(compare.run_configs(config).items())[:2])
-  compare.run_arms(config, tmp_path / "cmp", arms, log=lambda m: None)
+  arms = dict(list(arms_lib.run_configs(config).items())[:2])
+  arms_lib.run_arms(config, tmp_path / "cmp", arms, log=lambda m: None)
   converted = gguf_import.cached_import(str(tiny_gguf[0]), tmp_path / "cache",
                                         log=lambda m: None)
   assert started == [str(converted.absolute())] * 2

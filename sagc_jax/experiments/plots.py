@@ -1,13 +1,15 @@
-"""PNG plots of a training run: G and lambda, straggler events, reward vs time.
+"""PNG plots of a training run (G and lambda, straggler events, reward vs time), of a
+simulation and of a comparison's runs (``sagc_jax.experiments.compare``).
 
-Also the helpers the comparison plots share (``sagc_jax.experiments.compare``): line
-styles that keep coinciding lines visible, a confidence band clipped to a rate's range,
-a rolling share of steps at each G, and a legend placed outside the data.
+Their shared helpers: line styles that keep coinciding lines visible, a confidence
+band clipped to a rate's range, a rolling share of steps at each G, and a legend
+placed outside the data.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -28,6 +30,20 @@ LINE_STYLES = (
     {"ls": (0, (1, 1)), "lw": 1.0},
 )
 ROLLING_WINDOW = 50    # steps in the simulator's rolling share of each G
+
+
+def _pyplot():
+  """matplotlib's pyplot on the file-only backend (imported when a plot is made)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def trailing_mean(x: Sequence[float], window: int = 5) -> np.ndarray:
+  """The ``window``-step trailing means of ``x`` (``x`` itself when shorter)."""
+  x = np.asarray(x, float)
+  return x if len(x) < window else np.convolve(x, np.ones(window) / window, mode="valid")
 
 
 def line_style(i: int) -> dict[str, Any]:
@@ -82,9 +98,7 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
              path: str | os.PathLike, title: str = "") -> None:
   """Six panels over RL steps: G, lambda, straggler rate, reward (and each reward term),
   accuracy (train and held-out), seconds per step; legends to the right of the data."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = _pyplot()
 
   steps = np.array([r["step"] for r in history])
   col = lambda key: np.array([r.get(key, np.nan) for r in history], float)
@@ -146,9 +160,7 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
 def plot_simulation(result: dict[str, Any], path: str | os.PathLike) -> None:
   """PNG of SAGC's rolling share of each G, lambda and posterior means, and every arm's
   running straggler rate."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = _pyplot()
 
   trace = result["traces"]["sagc"]
   steps = np.arange(len(trace["g"]))
@@ -178,3 +190,122 @@ def plot_simulation(result: dict[str, Any], path: str | os.PathLike) -> None:
   stamp(fig)
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
+                    machine: dict[str, Any] | None = None) -> list[Path]:
+  """Writes the four comparison plots; returns their paths."""
+  from sagc_jax.experiments.arms import split_run_name
+  from sagc_jax.experiments.claims import mean_ci
+
+  plt = _pyplot()
+  paths = []
+  # G, lambda and the posterior are per-run traces: the first seed of each SAGC arm.
+  first_seed = {}
+  for arm in arms:
+    first_seed.setdefault(split_run_name(arm["name"])[0], arm)
+  sagc = [a for a in first_seed.values() if a["config"]["controller"]["kind"] == "sagc"]
+
+  def save(fig, name):
+    path = workdir / name
+    stamp(fig, machine)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+
+  # One G panel per SAGC arm: GRPO's and DAPO's G traces often coincide, and on one
+  # panel DAPO's hid GRPO's. Lambda shares a panel, in line styles that keep both visible.
+  fig, axes = plt.subplots(len(sagc) + 1, 1, figsize=(10, 2.2 * len(sagc) + 3), sharex=True,
+                           squeeze=False)
+  axes = axes[:, 0]
+  for i, arm in enumerate(sagc):
+    steps = [r["step"] for r in arm["rows"]]
+    axes[i].step(steps, [r["g"] for r in arm["rows"]], where="post", color=f"C{i}",
+                 label=arm["name"])
+    axes[i].set_ylabel("G")
+    axes[-1].plot(steps, [r["lambda"] for r in arm["rows"]], color=f"C{i}", label=arm["name"],
+                  **line_style(i))
+  axes[-1].set_ylabel("lambda")
+  axes[-1].set_xlabel("step")
+  for ax in axes:
+    outside_legend(ax)
+  save(fig, "g_lambda.png")
+
+  by_arm: dict[str, list[dict[str, Any]]] = {}
+  for arm in arms:
+    by_arm.setdefault(split_run_name(arm["name"])[0], []).append(arm)
+
+  def algorithm(name):
+    return (by_arm[name][0]["config"].get("learner") or {}).get("algorithm") or \
+        name.split("_")[0]
+
+  # One panel per algorithm (its arms of one G would overlap the other's); each variant
+  # (static G, SAGC) keeps its colour and line style in every panel.
+  algorithms = list(dict.fromkeys(algorithm(n) for n in by_arm))
+  variants = list(dict.fromkeys(n.removeprefix(algorithm(n) + "_") for n in by_arm))
+
+  def panels(ylabel):
+    fig, axes = plt.subplots(len(algorithms), 1, figsize=(10, 3.2 * len(algorithms) + 0.6),
+                             sharex=True, sharey=True, squeeze=False)
+    for alg, ax in zip(algorithms, axes[:, 0]):
+      ax.set_title(alg, fontsize=9)
+      ax.set_ylabel(ylabel)
+    return fig, dict(zip(algorithms, axes[:, 0]))
+
+  def band(axes, name, x, curves, low=-np.inf, high=np.inf):
+    """Mean over seeds with a 95% t band clipped to [low, high] (curves cut to the
+    shortest run)."""
+    n = min(len(c) for c in curves)
+    stats = [mean_ci([c[i] for c in curves]) for i in range(n)]
+    mean = np.array([m for m, _, _ in stats])
+    k = variants.index(name.removeprefix(algorithm(name) + "_"))
+    ax = axes[algorithm(name)]
+    ax.plot(x[:n], mean, color=f"C{k}", label=f"{name} (n={len(curves)})", **line_style(k))
+    if len(curves) > 1:
+      lower, upper = rate_band(mean, np.array([h for _, h, _ in stats]), low, high)
+      ax.fill_between(x[:n], lower, upper, color=f"C{k}", alpha=0.15, lw=0)
+
+  events = sorted({a["config"]["controller"].get("event", "group") for a in arms})
+  unit = {"group": "straggling groups / groups", "step": "steps with a straggler / steps"}
+  fig, axes = panels("running straggler rate\n(" + "; ".join(unit[e] for e in events) + ")")
+  for name, runs in by_arm.items():
+    curves = []
+    for run in runs:
+      rate = np.array([r["straggler_rate"] for r in run["rows"]])
+      curves.append(np.cumsum(rate) / np.arange(1, len(rate) + 1))
+    # A rate: its band is clipped to [0, 1].
+    band(axes, name, np.arange(1, max(len(c) for c in curves) + 1), curves, 0.0, 1.0)
+  for ax in axes.values():
+    for delta in sorted({a["config"]["controller"]["delta"] for a in arms}):
+      ax.axhline(delta, color="k", ls="--", lw=0.8, label=f"delta = {delta}")
+    ax.set_ylim(-0.02, None)
+    outside_legend(ax, fontsize=7)
+  ax.set_xlabel("step")
+  save(fig, "stragglers.png")
+
+  fig, axes = panels("train reward (5-step mean)")
+  for name, runs in by_arm.items():
+    n = min(len(run["rows"]) for run in runs)
+    clock = np.mean([np.cumsum([r["time_total_s"] for r in run["rows"][:n]]) for run in runs],
+                    axis=0)
+    rewards = [trailing_mean([r["reward_mean"] for r in run["rows"][:n]]) for run in runs]
+    # Not clipped: a custom reward term (a penalty) can make the reward negative.
+    band(axes, name, clock[n - len(rewards[0]):], rewards)
+  for ax in axes.values():
+    outside_legend(ax, fontsize=7)
+  ax.set_xlabel("wall-clock s (cumulative step time, mean over seeds)")
+  save(fig, "reward_vs_time.png")
+
+  fig, axes = plt.subplots(max(len(sagc), 1), 1, figsize=(10, 3 * max(len(sagc), 1)),
+                           squeeze=False)
+  for ax, arm in zip(axes[:, 0], sagc):
+    keys = sorted((k for k in arm["rows"][0] if k.startswith("p_mean/G")),
+                  key=lambda k: int(k.split("G")[-1]))
+    for i, key in enumerate(keys):
+      ax.plot([r["step"] for r in arm["rows"]], [r[key] for r in arm["rows"]],
+              label=key.split("/")[1], **line_style(i))
+    ax.set_title(arm["name"], fontsize=9)
+    ax.set_ylabel("posterior mean p(G)")
+    outside_legend(ax)
+  save(fig, "posterior.png")
+  return paths
