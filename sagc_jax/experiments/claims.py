@@ -101,6 +101,14 @@ def _by_seed(rows: Sequence[dict[str, Any]], match: Callable[[dict], bool]) -> d
   return {int(r["seed"]): r for r in rows if match(r)}
 
 
+def _per_seed(ours: dict[int, dict], base: dict[int, dict], key: str,
+              op: Callable[[float, float], float]) -> list[float]:
+  """``op(ours, base)`` of ``key`` for each seed of ``ours`` (in its order) that ``base``
+  ran too, where both values are finite."""
+  return [op(row[key], base[seed][key]) for seed, row in ours.items()
+          if seed in base and _finite(row.get(key)) and _finite(base[seed].get(key))]
+
+
 def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
   mean, half, n = stat
   if n == 0:
@@ -122,15 +130,10 @@ def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
   largest = _by_seed(rows, lambda r: r["controller"] == "static"
                      and int(r["static_g"]) == static_gs[-1])
   detail = f"vs static G={static_gs[-1]}"
-  values: list[float] = []
   if claim.kind in ("paired_difference", "paired_speedup"):
-    for seed, s in sagc.items():
-      base = largest.get(seed)
-      if base is None or not (_finite(s.get(claim.key)) and _finite(base.get(claim.key))):
-        continue
-      values.append(s[claim.key] - base[claim.key] if claim.kind == "paired_difference"
-                    else base[claim.key] / s[claim.key])
-    stat = mean_ci(values)
+    op = (lambda ours, base: ours - base) if claim.kind == "paired_difference" else (
+        lambda ours, base: base / ours)
+    stat = mean_ci(_per_seed(sagc, largest, claim.key, op))
   elif claim.kind == "posterior":
     values = [s["p_largest_end"] - s["p_smallest_end"] for s in sagc.values()
               if _finite(s.get("p_largest_end")) and _finite(s.get("p_smallest_end"))]
@@ -164,11 +167,9 @@ def claims_table(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any
 
 
 def _cell(entry: dict[str, Any]) -> str:
-  mean, half, n = entry["stat"]
-  fmt = entry["claim"].fmt
-  if not n:
+  if not entry["stat"][2]:
     return "–"
-  value = f"{mean:{fmt}}" + ("" if n < 2 else f" ± {half:{fmt.lstrip('+')}}")
+  value = format_ci(entry["stat"], entry["claim"].fmt)
   if entry["claim"].kind == "paired_speedup":
     value += "x"
   return value + (f" ({entry['detail']})" if entry["detail"] else "")
@@ -225,24 +226,20 @@ def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, s
   seeds that both arms ran (rows keyed by ``arm`` and ``seed``; non-finite values
   are left out, and a cell says when fewer seeds remain) and its verdict
   (``paired_verdict``)."""
-  by_seed = {(r["arm"], int(r["seed"])): r for r in rows}
+  by_arm: dict[str, dict[int, dict]] = {}
+  for r in sorted(rows, key=lambda r: int(r["seed"])):
+    by_arm.setdefault(r["arm"], {})[int(r["seed"])] = r
   seeds = sorted({int(r["seed"]) for r in rows})
   lines = ["| quantity | " + " | ".join(f"{title} | verdict" for title, _, _ in pairs) + " |",
            "|---|" + "---|---|" * len(pairs)]
   for q in quantities:
     fmt = q.fmt or (".3f" if q.kind == "ratio" else "+.3f")
     null = 1.0 if q.kind == "ratio" else 0.0
+    op = (lambda ours, base: ours / base) if q.kind == "ratio" else (
+        lambda ours, base: ours - base)
     cells = []
     for _, arm, base in pairs:
-      values = []
-      for seed in seeds:
-        ours, theirs = by_seed.get((arm, seed)), by_seed.get((base, seed))
-        if ours is None or theirs is None or not (_finite(ours.get(q.key))
-                                                   and _finite(theirs.get(q.key))):
-          continue
-        values.append(ours[q.key] / theirs[q.key] if q.kind == "ratio"
-                      else ours[q.key] - theirs[q.key])
-      stat = mean_ci(values)
+      stat = mean_ci(_per_seed(by_arm.get(arm, {}), by_arm.get(base, {}), q.key, op))
       n = stat[2]
       fewer = f" ({n} of {len(seeds)} seeds)" if 0 < n < len(seeds) else ""
       cells.append(f"{format_ci(stat, fmt)}{fewer} | {paired_verdict(stat, null, q.better)}")

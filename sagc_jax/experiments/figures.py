@@ -57,6 +57,12 @@ def _aot(preset: str, topology: str = "v5e:4x4") -> Callable[[Path], list[str]]:
                     f"--out={d / 'aot.json'}"]
 
 
+def _compare(config: str, override: Sequence[str] = (),
+             arms: Sequence[str] = ()) -> Callable[[Path], list[str]]:
+  return lambda d: [_PY, "-m", "sagc_jax.compare", f"--config=configs/{config}.py", *override,
+                    f"--workdir={d}", *arms]
+
+
 # The docs/results.md sections the jobs regenerate (each names its jobs' command).
 _EVENT = "Simulator: which straggler event"
 _PROMPTS = "Simulator: prompt heterogeneity"
@@ -94,31 +100,22 @@ JOBS = (
         "(3 seeds)", 0.5,
         _simulate(["--config=configs/simulate_prompts.py", "--config.sim.tail_prob_start=0.2",
                    "--config.sim.tail_prob_end=0.3"], claims=3), section=_PROMPTS),
-    Job("bench_controller", "Benchmarks: controller overhead", 0.5,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "controller", f"--out={d / 'bench.json'}"],
-        section="Controller overhead"),
-    Job("bench_sampler", "Benchmarks: sampler vs transformers", 12.0,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "sampler", f"--out={d / 'bench.json'}"],
-        section="Sampler vs transformers"),
-    Job("bench_learner", "Benchmarks: learner packed vs padded", 6.0,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "learner", f"--out={d / 'bench.json'}"],
-        section="Learner: packed vs padded vs Tunix"),
-    Job("bench_overlap", "Benchmarks: scoring while the tail decodes", 2.5,
-        lambda d: [_PY, "-m", "sagc_jax.bench", "overlap", f"--out={d / 'bench.json'}"],
-        section="Scoring while the tail decodes"),
+    *(Job(f"bench_{bench}", f"Benchmarks: {title}", minutes,
+          lambda d, bench=bench: [_PY, "-m", "sagc_jax.bench", bench, f"--out={d / 'bench.json'}"],
+          section=section)
+      for bench, title, minutes, section in (
+          ("controller", "controller overhead", 0.5, "Controller overhead"),
+          ("sampler", "sampler vs transformers", 12.0, "Sampler vs transformers"),
+          ("learner", "learner packed vs padded", 6.0, "Learner: packed vs padded vs Tunix"),
+          ("overlap", "scoring while the tail decodes", 2.5, "Scoring while the tail decodes"))),
     Job("compare_quick", "Comparing GRPO and DAPO: the quick tiny comparison (3 seeds)", 16.0,
-        lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_tiny_cpu.py",
-                   f"--workdir={d}"],
-        section="Quick comparison: SAGC vs static G = 16"),
+        _compare("compare_tiny_cpu"), section="Quick comparison: SAGC vs static G = 16"),
     Job("compare_paper_regime", "The paper's regime on CPU: comparison + claims (3 seeds)",
-        29.0, lambda d: [_PY, "-m", "sagc_jax.compare",
-                         "--config=configs/compare_paper_regime_cpu.py", f"--workdir={d}"],
-        section="The paper's regime on CPU"),
+        29.0, _compare("compare_paper_regime_cpu"), section="The paper's regime on CPU"),
     Job("compare_paper_regime_evals", "The paper's regime on CPU: accuracy at equal "
         "wall-clock (SAGC and static 16, evaluations every 4 steps)", 16.0,
-        lambda d: [_PY, "-m", "sagc_jax.compare", "--config=configs/compare_paper_regime_cpu.py",
-                   "--config.train.eval_every=4", f"--workdir={d}",
-                   "--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"],
+        _compare("compare_paper_regime_cpu", ["--config.train.eval_every=4"],
+                 ["--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
         section="The paper's regime at equal wall-clock"),
     *(Job(f"aot_{preset}", f"Sizing a 3B run: {title} on v5e:4x4 (TPU AOT)", 8.0,
           _aot(preset), section=section, needs="libtpu")

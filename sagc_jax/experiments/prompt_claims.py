@@ -19,21 +19,22 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from sagc_jax.control.prompt_simulator import ARMS_CONTEXTUAL, simulate_prompts
-from sagc_jax.experiments.claims import Paired, mean_ci, paired_markdown, seeded_configs
+from sagc_jax.experiments.claims import (Paired, format_ci, mean_ci, paired_markdown,
+                                          seeded_configs)
 
 __all__ = ["prompt_claim_rows", "prompt_claims_markdown", "simulate_prompt_claims"]
 
-# (row key, column title, scale, format) of the per-arm table.
+# (row key, column title, format) of the per-arm table.
 _COLUMNS = (
-    ("group_straggler_rate", "group straggler rate", 1.0, ".3f"),
-    ("step_straggler_rate", "step straggler rate", 1.0, ".3f"),
-    ("wall_clock_h", "wall-clock (simulated h)", 1.0, ".2f"),
-    ("signal_k", "signal (k)", 1.0, ".2f"),
-    ("informative_k", "informative groups (k)", 1.0, ".2f"),
-    ("mean_g", "mean G", 1.0, ".2f"),
-    ("time_to_target_h", "h to target signal", 1.0, ".2f"),
-    ("signal_at_equal_time_k", "signal at equal wall-clock (k)", 1.0, ".2f"),
-    ("controller_us", "controller µs / step", 1.0, ".0f"),
+    ("group_straggler_rate", "group straggler rate", ".3f"),
+    ("step_straggler_rate", "step straggler rate", ".3f"),
+    ("wall_clock_h", "wall-clock (simulated h)", ".2f"),
+    ("signal_k", "signal (k)", ".2f"),
+    ("informative_k", "informative groups (k)", ".2f"),
+    ("mean_g", "mean G", ".2f"),
+    ("time_to_target_h", "h to target signal", ".2f"),
+    ("signal_at_equal_time_k", "signal at equal wall-clock (k)", ".2f"),
+    ("controller_us", "controller µs / step", ".0f"),
 )
 # The paired comparison with SAGC (arm / SAGC or arm - SAGC, per seed).
 _PAIRED = (
@@ -66,22 +67,17 @@ def prompt_claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]
   return rows
 
 
-def _cell(values: Sequence[float], fmt: str) -> str:
-  mean, half, n = mean_ci(values)
-  return f"{mean:{fmt}}" if n < 2 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
-
-
 def prompt_claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
   """The per-arm table and the seed-paired comparison with SAGC (markdown)."""
   arms = list(dict.fromkeys(r["arm"] for r in rows))
   seeds = sorted({int(r["seed"]) for r in rows})
   lines = [f"Per arm, mean ± 95% CI over {len(seeds)} seeds:", "",
-           "| arm | " + " | ".join(title for _, title, _, _ in _COLUMNS) + " |",
+           "| arm | " + " | ".join(title for _, title, _ in _COLUMNS) + " |",
            "|---|" + "---|" * len(_COLUMNS)]
   for arm in arms:
     mine = [r for r in rows if r["arm"] == arm]
-    lines.append(f"| {arm} | " + " | ".join(_cell([r[key] * scale for r in mine], fmt)
-                                          for key, _, scale, fmt in _COLUMNS) + " |")
+    lines.append(f"| {arm} | " + " | ".join(format_ci(mean_ci([r[key] for r in mine]), fmt)
+                                          for key, _, fmt in _COLUMNS) + " |")
   contextual = [a for a in ARMS_CONTEXTUAL if a != "sagc" and a in arms]
   lines += ["", "Against SAGC, per seed then mean ± 95% CI:", "",
             paired_markdown(rows, [(a, a, "sagc") for a in contextual], _PAIRED)]
