@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 def run_absl_tool(main: Callable[[Sequence[str], object], None],
                   define_flags: Callable[[], object]) -> None:
   """Defines the flags, parses ``sys.argv`` (config-file flags define their override
-  flags from it), runs ``main(argv, FLAGS)`` under ``absl.app``."""
+  flags from it), runs ``main(argv, FLAGS)`` under ``absl.app`` once ``argv`` holds no
+  positional argument."""
   from sagc_jax.runtime.platform import prepare_process
 
   prepare_process()             # before JAX starts: no TPU probe on hosts without one
@@ -45,8 +46,12 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   # type it cannot override.
   except (absl_flags.Error, AttributeError, KeyError, TypeError) as err:
     _fail(_override_message(str(err), argv))
+  def checked_main(args: Sequence[str]) -> None:
+    reject_positional(args)
+    main(args, flags)
+
   try:
-    app.run(lambda args: main(args, flags), argv=argv, flags_parser=lambda _: remaining)
+    app.run(checked_main, argv=argv, flags_parser=lambda _: remaining)
   except (ValueError, OSError) as err:     # bad settings, unreadable or missing files
     _fail(str(err))
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 
 def _define_flags():
@@ -28,7 +28,6 @@ def _define_flags():
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   from absl import logging
 
   from sagc_jax.experiments.arms import run_arms, run_configs, seed_count, select_arms

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 
 def _define_flags():
@@ -34,7 +34,6 @@ def _define_flags():
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   from absl import logging
   logging.set_verbosity(logging.WARNING)       # orbax logs every file at INFO
   from sagc_jax.training.export import export

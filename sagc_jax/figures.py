@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 
 def _define_flags():
@@ -26,7 +26,6 @@ def _define_flags():
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   from sagc_jax.experiments.figures import regenerate, select_jobs
 
   jobs = select_jobs(flags.only, flags.skip)

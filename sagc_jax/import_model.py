@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 
 def _define_flags():
@@ -27,7 +27,6 @@ def _define_flags():
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   from absl import logging
 
   from sagc_jax.models.gguf_import import import_gguf

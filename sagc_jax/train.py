@@ -17,7 +17,7 @@ import sys
 import traceback
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 def _define_flags():
   from absl import flags
@@ -65,7 +65,6 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   if flags.max_steps is not None and flags.max_steps < 1:
     raise ValueError(f"--max_steps={flags.max_steps} must be >= 1 (leave it out to train to "
                      "train.steps)")
@@ -127,9 +126,10 @@ def main(argv: Sequence[str], flags) -> None:
     # for the dead process's heartbeat timeout (~1-2 minutes) and then abort anyway.
     import jax
     traceback.print_exc()
+    first_line = (str(err).strip().splitlines() or [""])[0][:300]
     _exit_now(f"error: process {jax.process_index()} of "
               f"{jax.process_count()} stopped: {type(err).__name__}: "
-              f"{_first_line(err)}\n(in a multi-process run this usually means another "
+              f"{first_line}\n(in a multi-process run this usually means another "
               "process died first: see its log; rerun the same command to resume from the "
               "last checkpoint)", 1)
   if trainer.stopped_in is not None or summary.get("preempted"):
@@ -149,11 +149,6 @@ def main(argv: Sequence[str], flags) -> None:
       plot_run(trainer.history, trainer.eval_history, path,
                title=trainer.config.label)
       print(f"  plot: {path}\n  metrics: {trainer.workdir / 'metrics.jsonl'}")
-
-
-def _first_line(err: BaseException) -> str:
-  lines = str(err).strip().splitlines()
-  return lines[0][:300] if lines else ""
 
 
 def _exit_now(message: str, status: int) -> None:

@@ -41,16 +41,6 @@ def _write(path: Path, text: str) -> None:
   os.replace(partial, path)
 
 
-def write_arm_config(config: Any, run_dir: Path) -> Path:
-  """``config`` as ``run_dir/arm_config.json`` and the config file that reads it
-  (returned), both written atomically."""
-  run_dir.mkdir(parents=True, exist_ok=True)
-  _write(run_dir / ARM_CONFIG, config.to_json_best_effort(indent=1))
-  loader = run_dir / "arm_config.py"
-  _write(loader, _LOADER)
-  return loader
-
-
 def read_arm_config(run_dir: Path) -> Any:
   """The run's config: its JSON over today's defaults (validated by the trainer)."""
   from sagc_jax.config import base_config
@@ -67,7 +57,10 @@ def run_in_child(config: Any, run_dir: Path) -> dict[str, Any]:
   SIGINT and SIGTERM received meanwhile are passed to the child (which checkpoints
   and exits 0); a child that fails raises ``RuntimeError`` naming the run.
   """
-  loader = write_arm_config(config, run_dir)
+  run_dir.mkdir(parents=True, exist_ok=True)
+  _write(run_dir / ARM_CONFIG, config.to_json_best_effort(indent=1))   # both atomically
+  loader = run_dir / "arm_config.py"
+  _write(loader, _LOADER)
   child = subprocess.Popen([sys.executable, "-m", "sagc_jax.train", f"--config={loader}",
                             f"--workdir={run_dir}"], start_new_session=True)
   forwarded = []

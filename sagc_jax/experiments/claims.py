@@ -109,16 +109,16 @@ def _per_seed(ours: dict[int, dict], base: dict[int, dict], key: str,
           if seed in base and _finite(row.get(key)) and _finite(base[seed].get(key))]
 
 
+def _too_few(stat: tuple[float, float, int]) -> str | None:
+  """``n/a`` without a value, ``?`` with one (no interval), else None."""
+  return "n/a" if stat[2] == 0 else "?" if stat[2] < 2 else None
+
+
 def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
-  mean, half, n = stat
-  if n == 0:
-    return "n/a"
-  if n < 2:
-    return "?"
-  lo, hi = mean - half, mean + half
-  holds = {"below": hi < null, "above": lo > null, "not_above": lo <= null,
-           "not_below": hi >= null}[side]
-  return "✓" if holds else "✗"
+  mean, half, _ = stat
+  holds = {"below": mean + half < null, "above": mean - half > null,
+           "not_above": mean - half <= null, "not_below": mean + half >= null}[side]
+  return _too_few(stat) or ("✓" if holds else "✗")
 
 
 def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -206,11 +206,9 @@ def paired_verdict(stat: tuple[float, float, int], null: float, better: str | No
   """``better`` / ``worse`` when the 95% interval excludes ``null`` on that side
   (``higher`` / ``lower`` when no side is better), ``no difference`` when it does not,
   ``?`` with one seed and ``n/a`` with none."""
-  mean, half, n = stat
-  if n == 0:
-    return "n/a"
-  if n < 2:
-    return "?"
+  if _too_few(stat):
+    return _too_few(stat)
+  mean, half, _ = stat
   side = "above" if mean - half > null else "below" if mean + half < null else None
   if side is None:
     return "no difference"

@@ -20,6 +20,7 @@ of docs/results.md each one regenerates (``Job.section``; that section names the
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -136,11 +137,6 @@ def select_jobs(only: str | None, skip: str | None) -> list[Job]:
   return [j for j in JOBS if j.name in wanted and j.name not in unwanted]
 
 
-def _available(module: str) -> bool:
-  import importlib.util
-  return not module or importlib.util.find_spec(module) is not None
-
-
 def regenerate(out: Path, jobs: Sequence[Job], *, force: bool = False,
                log: Callable[[str], None] = print) -> list[dict]:
   """Runs ``jobs`` into ``out``; returns one status record per job (also index.md)."""
@@ -155,7 +151,7 @@ def regenerate(out: Path, jobs: Sequence[Job], *, force: bool = False,
     if done.exists() and not force:
       record = json.loads(done.read_text())
       log(f"[{i}/{len(jobs)}] {job.name}: done before ({record['seconds']:.0f} s), skipped")
-    elif not _available(job.needs):
+    elif job.needs and importlib.util.find_spec(job.needs) is None:
       record = {"job": job.name, "status": f"skipped: needs {job.needs} (pip install "
                 f"\"jax[tpu]==<this jax>\")", "seconds": 0.0}
       log(f"[{i}/{len(jobs)}] {job.name}: {record['status']}")

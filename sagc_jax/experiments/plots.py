@@ -46,6 +46,11 @@ def trailing_mean(x: Sequence[float], window: int = 5) -> np.ndarray:
   return x if len(x) < window else np.convolve(x, np.ones(window) / window, mode="valid")
 
 
+def running_mean(x: Sequence[float]) -> np.ndarray:
+  """The mean of ``x`` up to each step (a running rate)."""
+  return np.cumsum(x) / np.arange(1, len(x) + 1)
+
+
 def line_style(i: int) -> dict[str, Any]:
   """Keyword arguments for the ``i``-th of several lines that may coincide."""
   style = dict(LINE_STYLES[i % len(LINE_STYLES)])
@@ -180,8 +185,7 @@ def plot_simulation(result: dict[str, Any], path: str | os.PathLike) -> None:
   axes[2].set_ylabel("posterior mean p(G)")
   delta = result["config"]["controller"]["delta"]
   for i, (name, arm) in enumerate(result["traces"].items()):
-    running = np.cumsum(arm["straggler_rate"]) / (steps + 1)
-    axes[3].plot(steps, running, label=name, **line_style(i))
+    axes[3].plot(steps, running_mean(arm["straggler_rate"]), label=name, **line_style(i))
   axes[3].axhline(delta, color="k", ls="--", lw=0.8, label="delta")
   axes[3].set_ylabel("running straggler rate")
   axes[3].set_xlabel("step")
@@ -200,11 +204,11 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
 
   plt = _pyplot()
   paths = []
-  # G, lambda and the posterior are per-run traces: the first seed of each SAGC arm.
-  first_seed = {}
+  by_arm: dict[str, list[dict[str, Any]]] = {}
   for arm in arms:
-    first_seed.setdefault(split_run_name(arm["name"])[0], arm)
-  sagc = [a for a in first_seed.values() if a["config"]["controller"]["kind"] == "sagc"]
+    by_arm.setdefault(split_run_name(arm["name"])[0], []).append(arm)
+  # G, lambda and the posterior are per-run traces: the first seed of each SAGC arm.
+  sagc = [runs[0] for runs in by_arm.values() if runs[0]["config"]["controller"]["kind"] == "sagc"]
 
   def save(fig, name):
     path = workdir / name
@@ -230,10 +234,6 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
   for ax in axes:
     outside_legend(ax)
   save(fig, "g_lambda.png")
-
-  by_arm: dict[str, list[dict[str, Any]]] = {}
-  for arm in arms:
-    by_arm.setdefault(split_run_name(arm["name"])[0], []).append(arm)
 
   def algorithm(name):
     return (by_arm[name][0]["config"].get("learner") or {}).get("algorithm") or \
@@ -269,10 +269,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
   unit = {"group": "straggling groups / groups", "step": "steps with a straggler / steps"}
   fig, axes = panels("running straggler rate\n(" + "; ".join(unit[e] for e in events) + ")")
   for name, runs in by_arm.items():
-    curves = []
-    for run in runs:
-      rate = np.array([r["straggler_rate"] for r in run["rows"]])
-      curves.append(np.cumsum(rate) / np.arange(1, len(rate) + 1))
+    curves = [running_mean([r["straggler_rate"] for r in run["rows"]]) for run in runs]
     # A rate: its band is clipped to [0, 1].
     band(axes, name, np.arange(1, max(len(c) for c in curves) + 1), curves, 0.0, 1.0)
   for ax in axes.values():
