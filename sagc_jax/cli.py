@@ -46,6 +46,7 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   # type it cannot override.
   except (absl_flags.Error, AttributeError, KeyError, TypeError) as err:
     _fail(_override_message(str(err), argv))
+
   def checked_main(args: Sequence[str]) -> None:
     reject_positional(args)
     main(args, flags)

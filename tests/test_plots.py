@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sagc_jax.experiments.compare import plot_comparison
-from sagc_jax.experiments.plots import (plot_run, plot_simulation, rate_band, reward_terms,
-                                        rolling_share)
+from sagc_jax.experiments.plots import (plot_comparison, plot_run, plot_simulation, rate_band,
+                                        reward_terms, rolling_share)
 
 REPO = Path(__file__).resolve().parents[1]
 CANDIDATES = (4, 8, 16)

@@ -4,7 +4,7 @@ A comparison runs many training runs (18 for the real-model one) one after anoth
 In one process the memory of finished runs was not all given back (on the real model
 the comparison process grew run after run towards the machine's memory), so each run
 gets a fresh process that returns everything when it exits. The parent
-(``compare.run_arms``) writes the run's config to ``DIR/arm_config.json`` with a
+(``arms.run_arms``) writes the run's config to ``DIR/arm_config.json`` with a
 two-line config file that reads it (``DIR/arm_config.py``), then runs the training
 CLI on them: the run resumes, stops and reports exactly as a run started by hand.
 Compiled programs are shared through the persistent compilation cache, so a child
