@@ -11,7 +11,7 @@ change a message, or which check answers first, without this snapshot changing t
 to reach the check, e.g. ``data.name=jsonl`` with ``data.files``), covering every
 distinct ``raise ValueError`` of the config checks that a command line can reach:
 ``config/validate.py``, ``config/checks.py``, ``control/controller.py`` and the
-controller classes it builds, ``rewards/mix.py`` (``check_reward_config``),
+controller classes it builds, ``rewards/specs.py`` (``check_reward_config``),
 ``rl/config.py`` (``LearnerConfig``, ``check_split``), ``cli.py`` (unknown key, bad
 type, repeated override, positional argument), ``train.py``, ``eval.py``,
 ``simulate.py`` with ``control/simulator.py`` and ``control/prompt_simulator.py``,
@@ -128,7 +128,7 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("data.eval_split", TRAIN, (*T, *JSONL[:2])),
     ("data.files_ignored", TRAIN, (*T, "--config.data.files=('train.jsonl',)")),
     ("data.synthetic_int", TRAIN, (*T, "--config.data.synthetic.max_operand=0")),
-    # ---- reward (validate.py, rewards/mix.py check_reward_config)
+    # ---- reward (validate.py, rewards/specs.py check_reward_config)
     ("reward.fns_errors_name", TRAIN, (*T, "--config.reward.fns=('my_rewards:errors',)")),
     ("reward.fns_duplicate", TRAIN, (*T, "--config.reward.fns=('format','format')")),
     ("reward.timeout_s", TRAIN, (*T, "--config.reward.timeout_s=0")),

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import preset, validate
-from sagc_jax.rewards.mix import RewardMix, RewardTerm, check_reward_config, term_name
+from sagc_jax.rewards.mix import RewardMix, RewardTerm
+from sagc_jax.rewards.specs import check_reward_config, term_name
 
 COMPLETIONS = ["12-3=9\nanswer 9", "answer 4", "no answer here", "answer 7\n"]
 ANSWERS = ["9", "5", "3", "7"]
@@ -248,8 +249,8 @@ def test_a_reward_module_is_imported_apart_with_a_timeout(tmp_path, monkeypatch,
   name = f"user_reward_{abs(hash(source)) % 10**8}"
   (tmp_path / f"{name}.py").write_text(source)
   monkeypatch.syspath_prepend(str(tmp_path))
-  from sagc_jax.rewards import mix
-  monkeypatch.setattr(mix, "IMPORT_TIMEOUT_S", 2.0)      # 60 s by default
+  from sagc_jax.rewards import specs
+  monkeypatch.setattr(specs, "IMPORT_TIMEOUT_S", 2.0)      # 60 s by default
   c = preset("grpo", "sagc")
   c.reward.update(dict(fns=(f"{name}:f",), timeout_s=1.0))
   start = time.perf_counter()

@@ -231,7 +231,7 @@ class RewardSection(_Section):
     checks.one_of(self._root(), "reward.name", REWARDS)
     checks.number_in(self._root(), "reward.format_weight", 0.0)
     checks.non_negative_int(self._root(), "reward.workers")
-    from sagc_jax.rewards.mix import check_reward_config
+    from sagc_jax.rewards.specs import check_reward_config
     check_reward_config(self)
 
 

@@ -152,8 +152,7 @@ class RewardFunction(abc.ABC):
     return RewardResult(scores.astype(np.float32), correct_arr, formatted_arr)
 
   def __call__(self, responses: Sequence[str], answers: Sequence[str]) -> RewardResult:
-    responses, answers = _check_inputs(responses, answers)
-    return self._result(*self._judge(responses, answers))
+    return self.submit(responses, answers).result()
 
   def submit(self, responses: Sequence[str],
              answers: Sequence[str]) -> concurrent.futures.Future:
@@ -234,6 +233,12 @@ def _worker_init() -> None:
   import math_verify  # noqa: F401  (pays the import once per worker, at start)
 
 
+def _check_workers(workers: int) -> int:
+  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+    raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+  return workers
+
+
 class MathVerifyReward(RewardFunction):
   """GSM8K / MATH: math-verify equivalence of the last ``\\boxed{}`` (or, without a box,
   what math-verify extracts from the whole response: its final number / expression)
@@ -247,9 +252,7 @@ class MathVerifyReward(RewardFunction):
 
   def __init__(self, format_weight: float = 0.0, workers: int = 0):
     super().__init__(format_weight)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-      raise ValueError(f"workers must be an int >= 0, got {workers!r}")
-    self.workers = workers
+    self.workers = _check_workers(workers)
     self._closed = False
     self._pool: concurrent.futures.ProcessPoolExecutor | None = None
     if workers > 0:
@@ -261,75 +264,50 @@ class MathVerifyReward(RewardFunction):
   def needs_main_thread(self) -> bool:
     return self._pool is None        # in process: signal.alarm timeouts, main thread only
 
-  def _check_open(self) -> None:
-    if self._closed:
-      raise RuntimeError("MathVerifyReward is closed")
-
   def _judge(self, responses: list[str], answers: list[str]) -> tuple[list[bool], list[bool]]:
-    self._check_open()
-    if self._pool is not None:
-      return self._submit_pool(responses, answers).result()
     use_timeouts = threading.current_thread() is threading.main_thread()
     flags = _math_verify_chunk(list(zip(responses, answers)), use_timeouts)
     return [c for c, _ in flags], [f for _, f in flags]
 
-  def _submit_pool(self, responses: list[str],
-                   answers: list[str]) -> concurrent.futures.Future:
-    """Future of (correct, formatted) lists, gathered in order from the pool's chunks."""
-    pairs = list(zip(responses, answers))
-    out: concurrent.futures.Future = concurrent.futures.Future()
-    if not pairs:
-      out.set_result(([], []))
-      return out
+  def submit(self, responses: Sequence[str],
+             answers: Sequence[str]) -> concurrent.futures.Future:
+    """With workers: returns at once, scoring proceeds in the pool (chunks gathered in
+    order). Without: scores now in the calling thread (see the module docstring) and
+    returns a completed future."""
+    if self._closed:
+      raise RuntimeError("MathVerifyReward is closed")
+    if self._pool is None:
+      return super().submit(responses, answers)
+    pairs = list(zip(*_check_inputs(responses, answers)))
     size = max(1, math.ceil(len(pairs) / (4 * self.workers)))
-    chunks = [pairs[i:i + size] for i in range(0, len(pairs), size)]
-    results: list[Any] = [None] * len(chunks)
+    chunks = [self._pool.submit(_math_verify_chunk, pairs[i:i + size], True)
+              for i in range(0, len(pairs), size)]
+    out: concurrent.futures.Future = concurrent.futures.Future()
     remaining = [len(chunks)]
     lock = threading.Lock()
 
-    def on_done(index: int, fut: concurrent.futures.Future) -> None:
+    def on_done(fut: concurrent.futures.Future) -> None:
       with lock:
-        if out.done():
-          return
+        remaining[0] -= 1
         error = fut.exception()
+        if out.done() or (error is None and remaining[0]):
+          return
+        if isinstance(error, concurrent.futures.process.BrokenProcessPool):
+          error = RuntimeError(
+              "a math_verify reward worker died. Workers are started with 'spawn', "
+              "which re-imports the main script: its entry point must be guarded by "
+              "`if __name__ == '__main__':`")
+          error.__cause__ = fut.exception()
         if error is not None:
-          if isinstance(error, concurrent.futures.process.BrokenProcessPool):
-            error = RuntimeError(
-                "a math_verify reward worker died. Workers are started with 'spawn', "
-                "which re-imports the main script: its entry point must be guarded by "
-                "`if __name__ == '__main__':`")
-            error.__cause__ = fut.exception()
           out.set_exception(error)
           return
-        results[index] = fut.result()
-        remaining[0] -= 1
-        if remaining[0] == 0:
-          flags = [f for chunk in results for f in chunk]
-          out.set_result(([c for c, _ in flags], [f for _, f in flags]))
+        flags = [f for chunk in chunks for f in chunk.result()]
+        out.set_result(self._result([c for c, _ in flags], [f for _, f in flags]))
 
-    for index, chunk in enumerate(chunks):
-      fut = self._pool.submit(_math_verify_chunk, chunk, True)
-      fut.add_done_callback(lambda f, i=index: on_done(i, f))
-    return out
-
-  def submit(self, responses: Sequence[str],
-             answers: Sequence[str]) -> concurrent.futures.Future:
-    """With workers: returns at once, scoring proceeds in the pool. Without: scores now
-    in the calling thread (see the module docstring) and returns a completed future."""
-    responses, answers = _check_inputs(responses, answers)
-    self._check_open()
-    if self._pool is None:
-      return super().submit(responses, answers)
-    flags = self._submit_pool(responses, answers)
-    out: concurrent.futures.Future = concurrent.futures.Future()
-
-    def finish(fut: concurrent.futures.Future) -> None:
-      if fut.exception() is not None:
-        out.set_exception(fut.exception())
-      else:
-        out.set_result(self._result(*fut.result()))
-
-    flags.add_done_callback(finish)
+    if not chunks:
+      out.set_result(self._result([], []))
+    for chunk in chunks:
+      chunk.add_done_callback(on_done)
     return out
 
   def close(self) -> None:
@@ -345,8 +323,7 @@ def make_reward_fn(name: str, format_weight: float = 0.0, workers: int = 0) -> R
   ``workers`` only applies to ``math_verify`` (exact match is microseconds per call).
   """
   if name == "exact_match":
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-      raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+    _check_workers(workers)
     return ExactMatchReward(format_weight)
   if name == "math_verify":
     return MathVerifyReward(format_weight, workers)
