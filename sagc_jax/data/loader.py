@@ -49,15 +49,10 @@ _FILE_FORMAT = "array_record"  # random access without TensorFlow (tfrecord need
 
 # ----------------------------------------------------------------------- data source
 def _to_python(value: Any) -> Any:
-  if isinstance(value, bytes):
-    return value.decode("utf-8")
-  if isinstance(value, np.ndarray) and value.ndim == 0:
+  """A record's field as a plain str / int (numpy scalars and bytes unwrapped)."""
+  if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
     value = value.item()
-  if isinstance(value, np.generic):
-    value = value.item()
-  if isinstance(value, bytes):
-    return value.decode("utf-8")
-  return value
+  return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
 class DataSource(collections.abc.Sequence):
@@ -193,6 +188,17 @@ def prepare_quietly(builder: tfds.core.DatasetBuilder, source: str, **kwargs) ->
   print(f"prepared dataset {builder.name} in {time.perf_counter() - start:.1f} s", flush=True)
 
 
+def _quiet_builder(name: str, data_dir: str, manual_dir: str | None,
+                   builder_kwargs: dict[str, Any]) -> tuple[tfds.core.DatasetBuilder, str | None]:
+  """(builder, manual_dir): the files of ``jsonl`` / ``parquet`` are found relative to
+  ``manual_dir``, which defaults to the current directory."""
+  if name in FILE_FORMATS:
+    manual_dir = os.path.abspath(manual_dir or os.curdir)
+    builder_kwargs = {**builder_kwargs, "root": manual_dir}
+  with tfds_quiet():
+    return make_builder(name, data_dir, **builder_kwargs), manual_dir
+
+
 def example_location(name: str, split: str, index: int, data_dir: str,
                      manual_dir: str | None = None, **builder_kwargs) -> str | None:
   """Where example ``index`` (its ``id``) of a split was read from: ``FILE:LINE``,
@@ -201,11 +207,7 @@ def example_location(name: str, split: str, index: int, data_dir: str,
   for error messages only."""
   from sagc_jax.data.record_files import FileRecordsBuilder, read_records
 
-  if name in FILE_FORMATS:
-    manual_dir = os.path.abspath(manual_dir or os.curdir)
-    builder_kwargs = {**builder_kwargs, "root": manual_dir}
-  with tfds_quiet():
-    builder = make_builder(name, data_dir, **builder_kwargs)
+  builder, manual_dir = _quiet_builder(name, data_dir, manual_dir, builder_kwargs)
   if not isinstance(builder, FileRecordsBuilder) or not manual_dir or index < 0:
     return None
   try:
@@ -236,13 +238,7 @@ def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = No
       ``jsonl`` / ``parquet`` the ``FilesSpec`` fields (``files=("train.jsonl",),
       prompt_field="question"``).
   """
-  if name not in DATASET_NAMES:
-    raise ValueError(f"unknown dataset {name!r}; allowed: {list(DATASET_NAMES)}")
-  if name in FILE_FORMATS:
-    manual_dir = os.path.abspath(manual_dir or os.curdir)
-    builder_kwargs = {**builder_kwargs, "root": manual_dir}
-  with tfds_quiet():
-    builder = make_builder(name, data_dir, **builder_kwargs)
+  builder, manual_dir = _quiet_builder(name, data_dir, manual_dir, builder_kwargs)
   if name in ("synthetic", "word_problems"):
     if manual_dir is not None:
       raise ValueError(f"{name} is generated offline and takes no manual_dir "
@@ -292,14 +288,6 @@ class PromptLoader:
     self._epoch = 0
     self._position = 0
     self._order: np.ndarray | None = None
-
-  @property
-  def epoch(self) -> int:
-    return self._epoch
-
-  @property
-  def position(self) -> int:
-    return self._position
 
   def epoch_order(self, epoch: int) -> np.ndarray:
     """Source indices this shard serves in ``epoch``, in order."""

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from sagc_jax.data.synthetic import PlainModuleCodePath
+from sagc_jax.data.synthetic import PlainModuleBuilder
 
 __all__ = ["FileRecordsBuilder", "has_pyarrow", "read_records", "source_fingerprint",
            "text_field"]
@@ -137,7 +137,7 @@ def source_fingerprint(kind: str, paths: list[str], manual_dir: str) -> str:
   return digest.hexdigest()
 
 
-class FileRecordsBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder,
+class FileRecordsBuilder(PlainModuleBuilder, tfds.core.GeneratorBasedBuilder,
                          skip_registration=True):
   """Converts the records of local files into ``{prompt, answer, solution, id}``.
 
@@ -148,9 +148,6 @@ class FileRecordsBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder,
   ``fingerprint(root)`` in ``info.metadata``; ``loader.load_split`` compares it.
   """
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
-  DESCRIPTION = ""
 
   def find_sources(self, root: str) -> Sources:
     raise NotImplementedError
@@ -169,18 +166,7 @@ class FileRecordsBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder,
       raise FileNotFoundError(f"{self.name}: {e}") from None
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.DESCRIPTION,
-        features=tfds.features.FeaturesDict({
-            "prompt": tfds.features.Text(),
-            "answer": tfds.features.Text(),
-            "solution": tfds.features.Text(),
-            "id": np.int64,
-        }),
-        metadata=tfds.core.MetadataDict(),
-        disable_shuffling=True,
-    )
+    return self.example_info(metadata=tfds.core.MetadataDict())
 
   def _split_generators(self, dl_manager):
     root = self.source_root(dl_manager)

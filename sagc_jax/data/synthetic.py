@@ -235,8 +235,9 @@ def generate_split(cfg: SyntheticConfig, split: str) -> Iterator[dict[str, Any]]
 
 
 # ------------------------------------------------------------------------- TFDS builder
-class PlainModuleCodePath:
-  """Mixin for builders defined in a package module (not a TFDS dataset folder).
+class PlainModuleBuilder:
+  """Mixin for builders defined in a package module (not a TFDS dataset folder): their
+  code path and their ``DatasetInfo`` (``example_info``).
 
   tfds 4.9.10 resolves ``code_path`` of such a builder through the
   ``importlib_resources`` backport, which tfds does not depend on: without it
@@ -244,10 +245,33 @@ class PlainModuleCodePath:
   what that lookup returns anyway. List the mixin before the TFDS base class.
   """
 
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  DESCRIPTION = ""
+
   @tfds.core.utils.classproperty
   @classmethod
   def code_path(cls) -> epath.Path:
     return epath.Path(inspect.getfile(cls))
+
+  def example_info(self, **kwargs) -> tfds.core.DatasetInfo:
+    """The ``DatasetInfo`` of every dataset here: ``prompt``, ``solution``, ``answer``
+    texts and ``id`` per record, in file / generation order (shuffling disabled, so
+    record ``i`` of a split has ``id == i``; ``PromptLoader`` shuffles). Built directly:
+    dataset_info_from_configs() looks for README/TAGS files next to the module, which a
+    builder living in a plain package does not have."""
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=self.DESCRIPTION,
+        features=tfds.features.FeaturesDict({
+            "prompt": tfds.features.Text(),
+            "solution": tfds.features.Text(),
+            "answer": tfds.features.Text(),
+            "id": np.int64,
+        }),
+        disable_shuffling=True,
+        **kwargs,
+    )
 
 
 @dataclasses.dataclass
@@ -266,40 +290,23 @@ _DEFAULT_BUILDER_CONFIG = SyntheticBuilderConfig(
 def builder_config_for(cfg: SyntheticConfig) -> SyntheticBuilderConfig:
   """The builder config of ``cfg`` (the registered default object for default settings:
   TFDS refuses a custom config that shares a name with a registered one)."""
-  if not isinstance(cfg, SyntheticConfig):
-    raise TypeError(f"expected a SyntheticConfig, got {type(cfg).__name__}")
   if cfg == _DEFAULT_BUILDER_CONFIG.synthetic:
     return _DEFAULT_BUILDER_CONFIG
   return SyntheticBuilderConfig(name=cfg.name(), synthetic=cfg,
                                 description="custom synthetic arithmetic task")
 
 
-class GeneratedTaskBuilder(PlainModuleCodePath, tfds.core.GeneratorBasedBuilder):
-  """A task generated offline: ``prompt``, ``solution``, ``answer``, ``id`` per record,
-  in generation order (shuffling disabled, so record ``i`` of a split has ``id == i``;
-  ``PromptLoader`` shuffles). Subclasses give ``DESCRIPTION``, ``SPLIT_NAMES`` and
-  ``generate(split)``."""
+class GeneratedTaskBuilder(PlainModuleBuilder, tfds.core.GeneratorBasedBuilder):
+  """A task generated offline (``example_info``'s records, in generation order).
+  Subclasses give ``DESCRIPTION``, ``SPLIT_NAMES`` and ``generate(split)``."""
 
-  DESCRIPTION = ""
   SPLIT_NAMES: tuple[str, ...] = ()
 
   def generate(self, split: str) -> Iterator[dict]:
     raise NotImplementedError
 
   def _info(self) -> tfds.core.DatasetInfo:
-    # DatasetInfo directly: dataset_info_from_configs() looks for README/TAGS files
-    # next to the module, which a builder living in a plain package does not have.
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.DESCRIPTION,
-        features=tfds.features.FeaturesDict({
-            "prompt": tfds.features.Text(),
-            "solution": tfds.features.Text(),
-            "answer": tfds.features.Text(),
-            "id": np.int64,
-        }),
-        disable_shuffling=True,
-    )
+    return self.example_info()
 
   def _split_generators(self, dl_manager):
     del dl_manager  # generated offline
@@ -317,8 +324,6 @@ class SyntheticArithmetic(GeneratedTaskBuilder):
   file_format="array_record")``.
   """
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
   BUILDER_CONFIGS = [_DEFAULT_BUILDER_CONFIG]
   DESCRIPTION = "Left-to-right integer arithmetic with a written scratchpad."
   SPLIT_NAMES = tuple(SPLITS)

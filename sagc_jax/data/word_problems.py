@@ -24,7 +24,6 @@ import zlib
 from typing import Iterator
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from sagc_jax.data.synthetic import GeneratedTaskBuilder
 
@@ -68,25 +67,17 @@ def generate_problem(rng: np.random.Generator, *, min_steps: int = 1, max_steps:
     if kind == "double" and count > 60:
       kind = "give"
     before = count
-    if kind == "buy":
+    if kind in ("buy", "get"):
       b = int(rng.integers(2, max_operand + 1))
       count += b
-      story.append(f"{she.capitalize()} buys {b} more.")
+      story.append(f"{she.capitalize()} buys {b} more." if kind == "buy"
+                   else f"{friend} gives {them} {b} {item}.")
       work.append(f"{before} + {b} = {count}")
-    elif kind == "get":
-      b = int(rng.integers(2, max_operand + 1))
-      count += b
-      story.append(f"{friend} gives {them} {b} {item}.")
-      work.append(f"{before} + {b} = {count}")
-    elif kind == "give":
+    elif kind in ("give", "eat_or_lose"):
       b = int(rng.integers(1, min(max_operand, count - 1) + 1))
       count -= b
-      story.append(f"{she.capitalize()} gives {b} {item} to {friend}.")
-      work.append(f"{before} - {b} = {count}")
-    elif kind == "eat_or_lose":
-      b = int(rng.integers(1, min(max_operand, count - 1) + 1))
-      count -= b
-      story.append(f"{she.capitalize()} loses {b} of them.")
+      story.append(f"{she.capitalize()} gives {b} {item} to {friend}." if kind == "give"
+                   else f"{she.capitalize()} loses {b} of them.")
       work.append(f"{before} - {b} = {count}")
     elif kind == "double":
       count *= 2
@@ -128,8 +119,6 @@ def generate_split(split: str, seed: int = 0) -> Iterator[dict]:
 class WordProblems(GeneratedTaskBuilder):
   """TFDS builder of the word problems (``file_format="array_record"``)."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Initial release."}
   DESCRIPTION = "Arithmetic word problems in natural language (one step by default)."
   SPLIT_NAMES = tuple(SPLITS)
 
