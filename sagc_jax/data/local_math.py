@@ -39,8 +39,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sagc_jax.data.record_files import (FileRecordsBuilder, Sources, has_pyarrow,
-                                        source_fingerprint, text_field)
+from sagc_jax.data.record_files import FileRecordsBuilder, Sources, has_pyarrow, text_field
 from sagc_jax.rewards.verifiers import last_boxed_content
 
 __all__ = [
@@ -51,7 +50,6 @@ __all__ = [
     "gsm8k_reference_answer",
     "make_prompt",
     "math_reference_answer",
-    "source_fingerprint",
 ]
 
 SPLITS = ("train", "test")

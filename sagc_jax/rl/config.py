@@ -158,7 +158,8 @@ class LearnerConfig:
       fail("clip_low", "must be <= 1")
     if self.clip_c is not None and not self.clip_c > 1:
       fail("clip_c", "must be > 1 (dual clip) or None")
-    for key in ("mini_batches", "epochs", "grad_accum", "dynamic_max_rounds", "total_steps"):
+    for key in ("mini_batches", "epochs", "grad_accum", "dynamic_max_rounds", "total_steps",
+                "logits_chunk"):
       value = getattr(self, key)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         fail(key, "must be a positive int")
@@ -177,9 +178,6 @@ class LearnerConfig:
       fail("agg_scale", "is only valid (> 0) with agg='seq-mean-token-sum-norm'")
     if self.kl_kind not in KL_KINDS:
       fail("kl_kind", f"is not one of {KL_KINDS}")
-    if isinstance(self.logits_chunk, bool) or not isinstance(self.logits_chunk, int) \
-        or self.logits_chunk < 1:
-      fail("logits_chunk", "must be a positive int")
     for key in ("scan_layers", "fsdp", "packing", "recompute_old_logprobs"):
       if not isinstance(getattr(self, key), bool):
         fail(key, "must be True or False")
@@ -214,15 +212,14 @@ class LearnerConfig:
                         * values.get("epochs", 1))
     values = {k: v for k, v in values.items() if not (k in PRESET_FIELDS and v is None)}
     algorithm = values.get("algorithm", "grpo")
-    presets = {"grpo": cls.grpo, "dapo": cls.dapo}
-    if algorithm not in presets:
+    if algorithm not in ALGORITHM_PRESETS:
       raise ValueError(f"learner.algorithm={algorithm!r} is not one of {tuple(ALGORITHM_PRESETS)}")
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
       raise ValueError(f"learner.{unknown[0]} is not a learner setting "
                        f"(allowed: {', '.join(sorted(fields))})")
-    return presets[algorithm](**values)
+    return cls(**{**ALGORITHM_PRESETS[algorithm], **values})
 
   def check_split(self, rows: int, what: str, data_ways: int = 1) -> None:
     """``rows`` must split into ``mini_batches`` x ``grad_accum`` equal microbatches of

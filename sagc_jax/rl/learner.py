@@ -127,7 +127,6 @@ class Learner:
     for rows in self.row_buckets:
       config.check_split(rows, f"row bucket {rows}", data)
     graphdef, model_params, rest = nnx.split(model, nnx.Param, ...)
-    self.abstract = weights.is_abstract(model_params)
     self.compute_dtype = jax.tree.leaves(model_params)[0].dtype
     self.tx = optimizer(config)
     self._schedule = learning_rate_schedule(config)
@@ -140,19 +139,9 @@ class Learner:
     # True when the model's buffers are the master's (float32 model, no FSDP).
     self.shares_master = master is model_params
     self.policy = step_fns.PolicySpec(graphdef, rest, self.compute_dtype, self.options,
-                                      self._abstract(master), self._param_shardings)
-    opt_shapes = jax.eval_shape(self.tx.init, self._abstract(master))
-    self._opt_shardings = (None if mesh is None else
-                           weights.like_params(opt_shapes, self._param_shardings,
-                                               NamedSharding(mesh, P())))
-    if self.abstract:
-      self.opt_state = jax.tree.map(
-          lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt_shapes,
-          self._opt_shardings) if mesh is not None else opt_shapes
-    else:
-      init = jax.jit(self.tx.init, **({} if mesh is None else
-                                      dict(out_shardings=self._opt_shardings)))
-      self.opt_state = init(master)
+                                      shd.abstract_like(master), self._param_shardings)
+    self.opt_state, self._opt_shardings = weights.optimizer_state(
+        self.tx, master, self._param_shardings, mesh)
     self.reference = (weights.to_dtype(master, self.compute_dtype, self._param_shardings,
                                        copy=True) if config.kl_coef > 0 else None)
     self.step = 0
@@ -163,20 +152,14 @@ class Learner:
     self.pack_lengths = tuple(sorted({self.prompt_buckets[-1] + n
                                       for n in self.response_buckets}))
     self.row_ladder = row_ladder(
-        self.minibatch_rows(self.row_buckets[-1]) // config.grad_accum, data)
+        self.row_buckets[-1] // config.mini_batches // config.grad_accum, data)
     self._build_programs()
     self.programs = ProgramCache(self._lower)
 
   # ------------------------------------------------------------- weights
-  def _sync_executable(self):
-    """The compiled master -> model cast (None when the model shares the master)."""
-    if self.shares_master:
-      return None
-    return self.programs.get(("sync",))
-
   def sync_model(self) -> None:
     """Writes the current master weights into the model (its dtype and layout)."""
-    cast = self._sync_executable()
+    cast = self.compile_sync()
     nnx.update(self.model, self.params if cast is None else cast(self.params))
 
   # --------------------------------------------------------- shapes, compile
@@ -185,16 +168,12 @@ class Learner:
       return None
     return NamedSharding(self.mesh, P("data", *([None] * (ndim - 1))))
 
-  def _batch_shardings(self):
-    if self.mesh is None:
-      return None
-    return jax.tree.map(lambda _: self._row_sharding(2), LearnerBatch.abstract(1, 2, 1))
-
   def _build_programs(self) -> None:
     """The steps of ``step_fns`` jitted with this learner's shardings and donations;
     their trailing arguments (config, policy) are static."""
     repl = None if self.mesh is None else NamedSharding(self.mesh, P())
     params_sh, opt_sh = self._param_shardings, self._opt_shardings
+    batch_sh = jax.tree.map(lambda _: self._row_sharding(2), LearnerBatch.abstract(1, 2, 1))
 
     def jit(fn, static, ins=None, outs=None, donate=()):
       shardings = {} if self.mesh is None or outs is None else dict(in_shardings=ins,
@@ -202,7 +181,7 @@ class Learner:
       return jax.jit(fn, static_argnums=static, donate_argnums=donate, **shardings)
     self._zeros = jit(step_fns.learner_zeros, (0, 1), (), (params_sh, repl))
     self._grad_step = jit(step_fns.learner_grad, (4, 5),
-                          (params_sh, params_sh, repl, self._batch_shardings()),
+                          (params_sh, params_sh, repl, batch_sh),
                           (params_sh, repl), donate=(1, 2))
     self._apply = jit(step_fns.learner_apply, (4,), (params_sh, opt_sh, params_sh, repl),
                       (params_sh, opt_sh, repl), donate=(0, 1))
@@ -217,15 +196,11 @@ class Learner:
   def _abstract_batch(self, rows: int, seq_len: int, targets: int) -> LearnerBatch:
     return LearnerBatch.abstract(rows, seq_len, targets, self._row_sharding)
 
-  @staticmethod
-  def _abstract(tree):
-    return shd.abstract_like(tree)
-
   def _lower(self, key: tuple):
     """The lowered program of ``key``: ``("sync",)``, ``("prepare", rows)``, ``("zeros",)``,
     ``("apply",)``, ``("grad", rows, T, N)`` or ``("logp", "ref" | "policy", rows, T, N)``."""
     kind, *shape = key
-    cfg, policy, params = self.config, self.policy, self._abstract(self.params)
+    cfg, policy, params = self.config, self.policy, shd.abstract_like(self.params)
     if kind == "sync":
       return weights.cast_program(self._model_shardings).lower(params, self.compute_dtype)
     if kind == "prepare":
@@ -236,14 +211,14 @@ class Learner:
       return self._zeros.lower(cfg, policy)
     sums = self._sums_shape
     if kind == "apply":
-      return self._apply.lower(params, self._abstract(self.opt_state), params, sums["loss"],
+      return self._apply.lower(params, shd.abstract_like(self.opt_state), params, sums["loss"],
                                cfg)
     if kind == "grad":
       return self._grad_step.lower(params, params, sums, self._abstract_batch(*shape), cfg,
                                    policy)
     source, *shape = shape
     if source == "ref":
-      params = self._abstract(self.reference)
+      params = shd.abstract_like(self.reference)
     return self._logprobs.lower(params, self._abstract_batch(*shape), cfg, policy)
 
   def batch_shapes(self) -> list[tuple[int, int, int]]:
@@ -253,7 +228,7 @@ class Learner:
     if self.config.packing:
       return [(rows, length, length - 1) for length in self.pack_lengths
               for rows in self.row_ladder]
-    return [(self.minibatch_rows(rows) // self.config.grad_accum, p + n, n)
+    return [(rows // self.config.mini_batches // self.config.grad_accum, p + n, n)
             for rows in self.row_buckets for p in self.prompt_buckets
             for n in self.response_buckets]
 
@@ -276,10 +251,7 @@ class Learner:
 
   def compile_sync(self):
     """The master -> model weight cast (None when the model shares the master)."""
-    return self._sync_executable()
-
-  def minibatch_rows(self, rows: int) -> int:
-    return rows // self.config.mini_batches
+    return None if self.shares_master else self.programs.get(("sync",))
 
   def warmup(self) -> int:
     """Compiles every shape a batch from the buckets can take; returns how many."""
@@ -303,16 +275,6 @@ class Learner:
   @property
   def num_executables(self) -> int:
     return len(self.programs)
-
-  def response_bucket(self, longest: int) -> int:
-    """The smallest response bucket holding a response of ``longest`` tokens."""
-    return smallest_bucket(longest, self.response_buckets, "longest response",
-                           "response bucket")
-
-  def pack_length(self, longest_sequence: int) -> int:
-    """The smallest pack length holding a sequence of ``longest_sequence`` tokens."""
-    return smallest_bucket(longest_sequence, self.pack_lengths, "longest sequence",
-                           "pack length")
 
   # ---------------------------------------------------------------- update
   def prepare(self, batch: RolloutBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -342,8 +304,9 @@ class Learner:
     def packed(rows):
       trained = seqs.trained(rows)
       longest = int(lengths[trained].max()) if trained.size else 1
-      return pack_minibatch(seqs, rows, self.pack_length(longest), self.row_ladder, cfg.agg,
-                            scale)
+      pack_len = smallest_bucket(longest, self.pack_lengths, "longest sequence",
+                                 "pack length")
+      return pack_minibatch(seqs, rows, pack_len, self.row_ladder, cfg.agg, scale)
     return packed
 
   def _logprob_passes(self, seqs: StepSequences, minibatches: list) -> None:
@@ -372,7 +335,8 @@ class Learner:
     """(prepare's outputs, the step's sequences, response bucket, layout function)."""
     adv, keep, shaped = self.prepare(batch)
     longest = int(batch.lengths.max()) if batch.row_valid.any() else 1
-    n_resp = self.response_bucket(max(longest, 1))
+    n_resp = smallest_bucket(max(longest, 1), self.response_buckets, "longest response",
+                             "response bucket")
     seqs = StepSequences.of(batch, adv, keep)
     return (adv, keep, shaped), seqs, n_resp, self._layout(seqs, n_resp)
 
@@ -406,7 +370,7 @@ class Learner:
     cfg = self.config
     (adv, keep, shaped), seqs, n_resp, layout = self._step_sequences(batch)
     sampler_logp = seqs.old_logp
-    mb_rows = self.minibatch_rows(batch.num_rows)
+    mb_rows = batch.num_rows // cfg.mini_batches
     rng = np.random.default_rng([seed, self.step])
     orders = [rng.permutation(batch.num_rows) for _ in range(cfg.epochs)]
     minibatches = [[order[lo:lo + mb_rows] for lo in range(0, batch.num_rows, mb_rows)]

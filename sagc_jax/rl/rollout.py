@@ -55,9 +55,9 @@ def select_groups(batch: RolloutBatch, keep_groups: Sequence[int]) -> RolloutBat
   """The real rows of the listed groups, in that order (no padding rows)."""
   rows = np.concatenate([np.flatnonzero(batch.row_valid & (batch.group_ids == g))
                          for g in keep_groups]) if len(keep_groups) else np.zeros(0, int)
-  fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-  out = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
-  return RolloutBatch(**out)
+  return dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[rows]
+                                       for f in dataclasses.fields(batch)
+                                       if f.name != "group_size"})
 
 
 def concat_rollouts(parts: Sequence[RolloutBatch], rows: int, pad_id: int = 0) -> RolloutBatch:
@@ -81,12 +81,9 @@ def concat_rollouts(parts: Sequence[RolloutBatch], rows: int, pad_id: int = 0) -
     raise ValueError(f"concat_rollouts: {total} real rows do not fit in {rows} rows")
   group_ids, next_id = [], 0
   for p in real:
-    _, inverse = np.unique(p.group_ids, return_inverse=True)
-    order = np.argsort(np.unique(p.group_ids, return_index=True)[1])   # appearance order
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    group_ids.append(rank[inverse] + next_id)
-    next_id += order.size
+    rank = {g: next_id + i for i, g in enumerate(dict.fromkeys(p.group_ids.tolist()))}
+    group_ids.append(np.array([rank[g] for g in p.group_ids.tolist()], np.int64))
+    next_id += len(rank)
   pad_rows = rows - total
 
   def stack(name, fill, width=None):

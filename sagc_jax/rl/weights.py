@@ -17,7 +17,7 @@ from sagc_jax.models import sharding as shd
 from sagc_jax.rl import step_fns
 
 __all__ = ["cast_program", "fsdp_names", "is_abstract", "like_params", "master_shardings",
-           "to_dtype"]
+           "optimizer_state", "to_dtype"]
 
 
 def is_abstract(tree) -> bool:
@@ -66,6 +66,22 @@ def like_params(tree, param_shardings, default):
   return jax.tree.map(
       lambda x: param_shardings if is_param_tree(x) else
       jax.tree.map(lambda _: default, x), tree, is_leaf=is_param_tree)
+
+
+def optimizer_state(tx, master, param_shardings, mesh: Mesh | None):
+  """(``tx``'s state for the ``master`` weights, its shardings): subtrees shaped like the
+  params (Adam's moments) take the params' shardings, other leaves are replicated.
+  Abstract when ``master`` is; shardings None without a mesh."""
+  shapes = jax.eval_shape(tx.init, shd.abstract_like(master))
+  shardings = (None if mesh is None else
+               like_params(shapes, param_shardings, NamedSharding(mesh, P())))
+  if not is_abstract(master):
+    init = jax.jit(tx.init, **({} if mesh is None else dict(out_shardings=shardings)))
+    return init(master), shardings
+  if shardings is None:
+    return shapes, None
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      shapes, shardings), shardings
 
 
 def cast_program(shardings):
