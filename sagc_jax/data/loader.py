@@ -85,18 +85,17 @@ class DataSource(collections.abc.Sequence):
 # --------------------------------------------------------------------------- builders
 def _synthetic_config(kwargs: dict[str, Any]) -> SyntheticConfig:
   """SyntheticConfig from ``config=`` (a SyntheticConfig or a mapping) and/or fields."""
+  base = kwargs.pop("config", None) or SyntheticConfig()
+  if isinstance(base, Mapping):
+    base, kwargs = SyntheticConfig(), {**base, **kwargs}
+  elif not isinstance(base, SyntheticConfig):
+    raise ValueError(f"synthetic config must be a SyntheticConfig or a mapping, "
+                     f"got {type(base).__name__}")
   fields = [f.name for f in dataclasses.fields(SyntheticConfig)]
-  base = kwargs.pop("config", None)
   unknown = sorted(set(kwargs) - set(fields))
-  if base is not None and not isinstance(base, SyntheticConfig):
-    if not isinstance(base, Mapping):
-      raise ValueError(f"synthetic config must be a SyntheticConfig or a mapping, "
-                       f"got {type(base).__name__}")
-    unknown += sorted(set(base) - set(fields))
-    base = SyntheticConfig(**{k: v for k, v in base.items() if k in fields})
   if unknown:
     raise ValueError(f"unknown synthetic option(s) {unknown}; allowed: ['config'] + {fields}")
-  return dataclasses.replace(base or SyntheticConfig(), **kwargs)
+  return dataclasses.replace(base, **kwargs)
 
 
 def builder_options(data: Any) -> dict[str, Any]:

@@ -124,21 +124,17 @@ class SyntheticConfig:
   seed: int = 0
 
   def __post_init__(self):
-    _check_int("max_operand", self.max_operand, 1)
-    _check_int("min_ops", self.min_ops, 1)
-    _check_int("max_ops", self.max_ops, 1)
+    for name, minimum in (("max_operand", 1), ("min_ops", 1), ("max_ops", 1),
+                          ("max_rechecks", 0), ("modulus", 0), ("num_train", 1),
+                          ("num_test", 1), ("seed", 0)):
+      _check_int(name, getattr(self, name), minimum)
     if self.max_ops < self.min_ops:
       raise ValueError(f"SyntheticConfig.max_ops={self.max_ops} must be >= "
                        f"min_ops={self.min_ops}")
     if not isinstance(self.allow_mul, (bool, np.bool_)):
       raise ValueError(f"SyntheticConfig.allow_mul must be a bool, got {self.allow_mul!r}")
     _check_probability("recheck_prob", self.recheck_prob)
-    _check_int("max_rechecks", self.max_rechecks, 0)
-    _check_int("modulus", self.modulus, 0)
     _check_probability("guess_prob", self.guess_prob)
-    _check_int("num_train", self.num_train, 1)
-    _check_int("num_test", self.num_test, 1)
-    _check_int("seed", self.seed, 0)
 
   @property
   def ops(self) -> tuple[str, ...]:
