@@ -46,7 +46,6 @@ __all__ = [
     "BOXED_INSTRUCTION",
     "Gsm8kLocal",
     "MathLocal",
-    "find_split_files",
     "gsm8k_reference_answer",
     "make_prompt",
     "math_reference_answer",
@@ -82,15 +81,6 @@ def math_reference_answer(record: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------ file layouts
-def _expected_names(split: str, json_dirs: bool, subject_dirs: bool = False) -> list[str]:
-  names = [f"{split}.jsonl", f"{split}-*.parquet", f"{split}.parquet"]
-  if json_dirs:
-    names.append(f"{split}/<subject>/*.json")
-  if subject_dirs:
-    names.append(f"<subject>/{split}-*.parquet")
-  return names
-
-
 def _files_in(folder: str, split: str) -> tuple[str, list[str]] | None:
   """``{split}.jsonl``, else ``{split}.parquet`` / ``{split}-*.parquet``, in ``folder``."""
   names = sorted(os.listdir(folder))
@@ -124,32 +114,6 @@ def _subject_files(manual_dir: str, split: str) -> tuple[str, list[str]] | None:
   return (kinds.pop(), [p for _, (_, paths) in found for p in paths]) if found else None
 
 
-def find_split_files(manual_dir: str, split: str, subdirs: tuple[str, ...] = ("",),
-                     json_dirs: bool = False,
-                     subject_dirs: bool = False) -> tuple[str, list[str]] | None:
-  """``(kind, sorted paths)`` of a split's source files, kind in {jsonl, parquet, json}.
-
-  Looks in ``manual_dir/<subdir>`` for each subdir in order; in each, JSONL first, then
-  parquet, then (``json_dirs``) one JSON file per record under ``{split}/``. If none of
-  them has the split and ``subject_dirs``: the JSONL / parquet names one level down, in
-  every subfolder of ``manual_dir`` (``_subject_files``). None if nothing matches.
-  """
-  for sub in subdirs:
-    folder = os.path.join(manual_dir, sub) if sub else manual_dir
-    if not os.path.isdir(folder):
-      continue
-    files = _files_in(folder, split)
-    if files is not None:
-      return files
-    split_dir = os.path.join(folder, split)
-    if json_dirs and os.path.isdir(split_dir):
-      paths = sorted(os.path.join(root, n) for root, _, files in os.walk(split_dir)
-                     for n in files if n.endswith(".json"))
-      if paths:
-        return "json", paths
-  return _subject_files(manual_dir, split) if subject_dirs else None
-
-
 # --------------------------------------------------------------------------- builders
 class _LocalMathBuilder(FileRecordsBuilder, skip_registration=True):
   """Shared machinery: the known layouts of each split's files in the manual dir."""
@@ -161,9 +125,39 @@ class _LocalMathBuilder(FileRecordsBuilder, skip_registration=True):
   @classmethod
   def expected_files(cls) -> str:
     where = " or ".join(repr(s or ".") for s in cls.SUBDIRS)
-    names = ", ".join(n for split in SPLITS
-                      for n in _expected_names(split, cls.JSON_DIRS, cls.SUBJECT_DIRS))
-    return f"one of {names} (in {where} of the manual dir)"
+    names = []
+    for split in SPLITS:
+      names += [f"{split}.jsonl", f"{split}-*.parquet", f"{split}.parquet"]
+      if cls.JSON_DIRS:
+        names.append(f"{split}/<subject>/*.json")
+      if cls.SUBJECT_DIRS:
+        names.append(f"<subject>/{split}-*.parquet")
+    return f"one of {', '.join(names)} (in {where} of the manual dir)"
+
+  @classmethod
+  def split_files(cls, manual_dir: str, split: str) -> tuple[str, list[str]] | None:
+    """``(kind, sorted paths)`` of a split's source files, kind in {jsonl, parquet, json}.
+
+    Looks in ``manual_dir/<subdir>`` for each of ``SUBDIRS`` in order; in each, JSONL
+    first, then parquet, then (``JSON_DIRS``) one JSON file per record under
+    ``{split}/``. If none of them has the split and ``SUBJECT_DIRS``: the JSONL /
+    parquet names one level down, in every subfolder of ``manual_dir``
+    (``_subject_files``). None if nothing matches.
+    """
+    for sub in cls.SUBDIRS:
+      folder = os.path.join(manual_dir, sub) if sub else manual_dir
+      if not os.path.isdir(folder):
+        continue
+      files = _files_in(folder, split)
+      if files is not None:
+        return files
+      split_dir = os.path.join(folder, split)
+      if cls.JSON_DIRS and os.path.isdir(split_dir):
+        paths = sorted(os.path.join(root, n) for root, _, files in os.walk(split_dir)
+                       for n in files if n.endswith(".json"))
+        if paths:
+          return "json", paths
+    return _subject_files(manual_dir, split) if cls.SUBJECT_DIRS else None
 
   @classmethod
   def find_sources(cls, manual_dir: str) -> Sources:
@@ -172,12 +166,8 @@ class _LocalMathBuilder(FileRecordsBuilder, skip_registration=True):
       raise FileNotFoundError(
           f"{cls.name}: manual_dir {manual_dir!r} does not exist; it must hold "
           f"{cls.expected_files()}")
-    found = {}
-    for split in SPLITS:
-      files = find_split_files(manual_dir, split, cls.SUBDIRS, cls.JSON_DIRS,
-                               cls.SUBJECT_DIRS)
-      if files is not None:
-        found[split] = files
+    found = {split: files for split in SPLITS
+             if (files := cls.split_files(manual_dir, split)) is not None}
     if not found:
       extra = "" if has_pyarrow() else " (pyarrow is not installed: JSON layouts only)"
       raise FileNotFoundError(
