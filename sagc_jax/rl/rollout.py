@@ -41,10 +41,6 @@ class RolloutBatch:
   def num_rows(self) -> int:
     return self.prompt_tokens.shape[0]
 
-  @property
-  def num_groups(self) -> int:
-    return int(np.unique(self.group_ids[self.row_valid]).size)
-
 
 def _left_pad_to(x: np.ndarray, width: int, fill) -> np.ndarray:
   extra = width - x.shape[1]
