@@ -295,11 +295,6 @@ class PromptLoader:
     start = self.shard_index * self.epoch_length
     return perm[start:start + self.epoch_length]
 
-  def _current_order(self) -> np.ndarray:
-    if self._order is None:
-      self._order = self.epoch_order(self._epoch)
-    return self._order
-
   def next_indices(self, n: int) -> list[int]:
     """The source indices of the next ``n`` examples (advances the iterator)."""
     n = _check_int("n", n, 0)
@@ -309,8 +304,10 @@ class PromptLoader:
         self._epoch += 1
         self._position = 0
         self._order = None
+      if self._order is None:
+        self._order = self.epoch_order(self._epoch)
       take = min(n - len(out), self.epoch_length - self._position)
-      out.extend(int(i) for i in self._current_order()[self._position:self._position + take])
+      out.extend(int(i) for i in self._order[self._position:self._position + take])
       self._position += take
     return out
 

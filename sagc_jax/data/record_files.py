@@ -34,15 +34,6 @@ def has_pyarrow() -> bool:
   return importlib.util.find_spec("pyarrow") is not None
 
 
-def _parquet_rows(path: str) -> list[dict[str, Any]]:
-  import pyarrow  # pylint: disable=g-import-not-at-top
-  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  try:
-    return pq.read_table(path).to_pylist()
-  except pyarrow.ArrowException as e:
-    raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-
-
 def read_records(kind: str, paths: list[str]) -> Iterator[tuple[str, Any]]:
   """``(location, record)`` pairs in file order; location names file and line / row.
 
@@ -69,7 +60,13 @@ def read_records(kind: str, paths: list[str]) -> Iterator[tuple[str, Any]]:
             raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
           yield f"{path}:{lineno}", record
     elif kind == "parquet":
-      for row, record in enumerate(_parquet_rows(path)):
+      import pyarrow  # pylint: disable=g-import-not-at-top
+      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+      try:
+        rows = pq.read_table(path).to_pylist()
+      except pyarrow.ArrowException as e:
+        raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+      for row, record in enumerate(rows):
         yield f"{path} row {row}", record
     elif kind == "json":
       with open(path, encoding="utf-8") as f:

@@ -121,15 +121,6 @@ def _check_inputs(responses: Sequence[str], answers: Sequence[str]) -> tuple[lis
   return responses, answers
 
 
-def _completed(fn, *args) -> concurrent.futures.Future:
-  future: concurrent.futures.Future = concurrent.futures.Future()
-  try:
-    future.set_result(fn(*args))
-  except BaseException as e:  # surfaced by future.result(), like an executor would
-    future.set_exception(e)
-  return future
-
-
 class RewardFunction(abc.ABC):
   """Scores responses against reference answers; a context manager (see ``close``)."""
 
@@ -162,7 +153,12 @@ class RewardFunction(abc.ABC):
     future (invalid inputs raise here, not in the future).
     """
     responses, answers = _check_inputs(responses, answers)
-    return _completed(lambda: self._result(*self._judge(responses, answers)))
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    try:
+      future.set_result(self._result(*self._judge(responses, answers)))
+    except BaseException as e:  # surfaced by future.result(), like an executor would
+      future.set_exception(e)
+    return future
 
   def close(self) -> None:
     """Releases workers (idempotent). A no-op for in-process rewards."""

@@ -42,11 +42,6 @@ class RolloutBatch:
     return self.prompt_tokens.shape[0]
 
 
-def _left_pad_to(x: np.ndarray, width: int, fill) -> np.ndarray:
-  extra = width - x.shape[1]
-  return x if extra == 0 else np.pad(x, ((0, 0), (extra, 0)), constant_values=fill)
-
-
 def select_groups(batch: RolloutBatch, keep_groups: Sequence[int]) -> RolloutBatch:
   """The real rows of the listed groups, in that order (no padding rows)."""
   rows = np.concatenate([np.flatnonzero(batch.row_valid & (batch.group_ids == g))
@@ -85,7 +80,8 @@ def concat_rollouts(parts: Sequence[RolloutBatch], rows: int, pad_id: int = 0) -
   def stack(name, fill, width=None):
     arrays = [getattr(p, name) for p in real]
     if width is not None:
-      arrays = [_left_pad_to(a, width, fill) for a in arrays]
+      arrays = [np.pad(a, ((0, 0), (width - a.shape[1], 0)), constant_values=fill)
+                for a in arrays]
     out = np.concatenate(arrays)
     pad_shape = (pad_rows,) + out.shape[1:]
     return np.concatenate([out, np.full(pad_shape, fill, out.dtype)])
