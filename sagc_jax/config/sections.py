@@ -21,9 +21,9 @@ import importlib.util
 from typing import Any, Mapping
 
 from sagc_jax.control import budget
+from sagc_jax.config.section import Section
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.runtime import checks
-from sagc_jax.runtime.storage import is_remote
 
 __all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "PAGED_KERNEL_CHOICES", "REWARDS",
            "ControllerSection", "DataSection", "MeshSection", "ModelSection", "RewardSection",
@@ -36,52 +36,8 @@ DTYPES = ("float32", "bfloat16")
 PAGED_KERNEL_CHOICES = ("xla", "pallas")   # rollout.paged_kernel (models.paged_cache)
 
 
-class _Section:
-  """Shared plumbing: ``NAME`` is the section's key in the config."""
-
-  NAME = ""
-
-  def _set(self, field: str, value: Any) -> None:     # normalisation in __post_init__
-    object.__setattr__(self, field, value)
-
-  def _tuple(self, field: str) -> tuple:
-    value = getattr(self, field)
-    if isinstance(value, (list, tuple)):
-      self._set(field, tuple(value))
-    return getattr(self, field)
-
-  def _key(self, field: str) -> str:
-    return f"{self.NAME}.{field}"
-
-  def _root(self) -> dict[str, Any]:
-    return {self.NAME: self}
-
-  def _string(self, field: str, why: str = "a folder path; '' for the default") -> str:
-    value = getattr(self, field)
-    if not isinstance(value, str):
-      raise ValueError(f"{self._key(field)}={value!r} must be a string ({why})")
-    return value
-
-  def _local_folder(self, field: str, why: str) -> None:
-    if is_remote(getattr(self, field)):
-      raise ValueError(f"{self._key(field)}={getattr(self, field)!r} must be a local folder "
-                       f"({why})")
-
-  def _int_at_least(self, field: str, low: int, meaning: str) -> None:
-    value = getattr(self, field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      raise ValueError(f"{self._key(field)}={value!r} must be an int >= {low} ({meaning})")
-
-  def _bool(self, field: str) -> None:
-    if not isinstance(getattr(self, field), bool):
-      raise ValueError(f"{self._key(field)}={getattr(self, field)!r} must be True or False")
-
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-
 @dataclasses.dataclass(frozen=True)
-class ModelSection(_Section):
+class ModelSection(Section):
   """The policy: an HF checkpoint folder (local, gs:// or a GGUF source), or '' for
   the built-in tiny model (random init, then the supervised warm start).
   ``config_json``: an HF config.json that sizes the model for ``sagc_jax.aot`` when
@@ -114,7 +70,7 @@ class ModelSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshSection(_Section):
+class MeshSection(Section):
   """Device mesh: a size per named axis, -1 = all remaining devices."""
 
   NAME = "mesh"
@@ -145,7 +101,7 @@ _SYNTHETIC_DEFAULTS = dict(max_operand=9, min_ops=1, max_ops=3, allow_mul=False,
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSection(_Section):
+class DataSection(Section):
   """The task. ``name='jsonl'`` / ``'parquet'``: your own prompt/answer records;
   ``files`` / ``eval_files`` are glob patterns of the train / 'test' split's files,
   relative to ``manual_dir`` if set (else to the directory the run starts in, then
@@ -213,7 +169,7 @@ class DataSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardSection(_Section):
+class RewardSection(Section):
   """``name``: the task's verifier (accuracy); ``fns`` / ``weights``: the training
   reward's terms (empty: the verifier's score), see ``sagc_jax.rewards.mix``."""
 
@@ -236,7 +192,7 @@ class RewardSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ControllerSection(_Section):
+class ControllerSection(Section):
   """The group-size controller (``sagc_jax.control``, docs/controllers.md). One
   section serves every kind, so switching kind is one override; each kind reads its
   own keys. ``initial_g``: None = the smallest candidate. The contextual kinds
@@ -282,7 +238,7 @@ class ControllerSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutSection(_Section):
+class RolloutSection(Section):
   """Sampling: the step budget (``mode``, docs/configs.md), decoding settings, shape
   buckets and the sampler's decoding path.
 
@@ -366,7 +322,7 @@ class RolloutSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class SftSection(_Section):
+class SftSection(Section):
   """Supervised warm start on the task's reference solutions (built-in task only),
   cached in the workdir so a resumed run does not repeat it. ``guess_stage_steps``:
   an optional second stage on the same examples with ``guess_stage_prob`` of the
@@ -395,7 +351,7 @@ class SftSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainSection(_Section):
+class TrainSection(Section):
   """The run: steps, checkpoints, evaluation, logging and storage.
 
   ``eval_k`` > 1: every evaluation also draws that many samples per example
