@@ -3,18 +3,10 @@
 The three families share the block ``x + attn(norm(x))``, ``x + mlp(norm(x))``, a
 SwiGLU MLP, grouped-query attention with rotate-half RoPE and a final RMSNorm; the
 config switches q/k/v(/o) biases, Qwen3's per-head q/k RMSNorm and tied embeddings.
-Module and parameter names mirror the HF checkpoint names (``layers.3.self_attn.q_proj``)
-so the HF <-> nnx mapping in ``hf_io`` is mechanical: a ``kernel`` is the transpose of
-HF's ``weight`` (we store [in, out]); everything else keeps its name.
-
-Sharding: parameters carry ``out_sharding`` annotations in mesh-axis names, with
-attention heads, MLP hidden units and vocabulary rows on ``'model'`` (Megatron style:
-column-parallel q/k/v/gate/up, row-parallel o/down). ``sharding.fit_spec`` replicates a
-dimension the actual mesh cannot split.
-
-Numerics follow transformers: RMSNorm in float32 then cast back, softmax in float32,
-RoPE tables in float32 cast to the activation dtype. Logits are always float32 (the RL
-losses need accurate log-probs even for a bfloat16 model).
+The layers, their HF names and sharding annotations are ``models.layers``; this module
+stacks them and places their parameters. ``sharding.fit_spec`` replicates a dimension
+the actual mesh cannot split. Logits are always float32 (the RL losses need accurate
+log-probs even for a bfloat16 model).
 
 Padding and positions. Every call takes ``attention_mask`` [B, T] (True/1 = real
 token). A query attends to the real keys at or before its own slot; pad keys are never
@@ -29,9 +21,6 @@ decode calls only).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,13 +28,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from sagc_jax.models import sharding as shd
-from sagc_jax.models.attention import (ATTENTION_KINDS, DECODE_KINDS, AttentionMask, attend,
-                                       decode_attend)
+from sagc_jax.models.attention import AttentionMask
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.kv_cache import KVCache, check_cache
-from sagc_jax.models.paged_cache import (PAGED_KERNELS, PagedKVCache, SlotKVCache,
-                                         paged_decode_attend, slot_decode_attend)
-from sagc_jax.models.rope import apply_rope, rope_cos_sin
+from sagc_jax.models.layers import (DecoderLayer, Embed, ForwardOptions, Linear, RMSNorm,
+                                    constrain, decode_cache_read_for)
+from sagc_jax.models.paged_cache import PagedKVCache, SlotKVCache
+from sagc_jax.models.rope import rope_cos_sin
 from sagc_jax.runtime.distributed import to_device
 
 __all__ = [
@@ -56,88 +45,6 @@ __all__ = [
     "place_state",
 ]
 
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
-DECODE_CACHE_READS = ("before_write", "after_write")
-
-
-@dataclasses.dataclass(frozen=True)
-class ForwardOptions:
-  """How a forward pass is computed (never what it computes): static, hashable.
-
-  Attributes:
-    attention: ``"dense"``, ``"blocked"`` (query blocks of ``attention_block``, see
-      ``attention.py``) or ``"splash"`` (fused TPU kernel, ``splash.py``) for
-      multi-token calls.
-    attention_block: query block size of ``"blocked"``, tile size of ``"splash"``.
-    decode_attention: one-token (decode) attention, ``"reduce"`` (XLA:CPU) or
-      ``"einsum"`` (bf16 cache reads with float32 accumulation, TPU/GPU).
-    decode_cache_read: which cache a decode step's attention reads. ``"before_write"``:
-      the cache before the step's one-slot write, plus the step's own key and value
-      (``decode_attend``'s ``new_kv``); XLA:TPU then keeps the write in place, where
-      reading the written cache made it stage and rewrite whole layer caches
-      (docs/results.md, "Decode-step HBM traffic"). ``"after_write"``:
-      the written cache; XLA:CPU keeps *this* order in place, and copies every
-      layer's cache twice per step for ``"before_write"`` (the old value is read
-      while the loop carries the new one). ``Sampler`` picks by its devices'
-      platform (``decode_cache_read_for``).
-    remat: per-layer rematerialisation: ``"none"``, ``"full"`` (keep only each layer's
-      input) or a ``jax.checkpoint_policies`` name that also keeps matmul outputs.
-    scan_layers: run the (cache-free) layer stack as one ``lax.scan`` over stacked
-      layer weights, so compile time does not grow with depth. Cached (sampling) calls
-      always unroll.
-    kv_sharding: optional sharding of each layer's cache, applied to the new keys and
-      values and, with ``query_sharding``, to the decode queries and outputs, so that a
-      layout other than "KV heads on 'model'" (e.g. rows over every chip when the KV
-      heads do not divide the 'model' axis) never gathers the cache.
-    query_sharding: sharding of [B, T, H, D] queries matching ``kv_sharding``.
-    head_sharding: the projections' own [B, T, H, D] layout (heads on 'model'). With
-      ``query_sharding``, queries are pinned to it first and attention outputs are
-      returned to it, so XLA reshards the small activations (all-to-all) instead of
-      gathering the q / o projection weights every decode step.
-    mesh: the mesh ``"splash"`` shards its per-device kernel over (None: one device).
-    row_sharding: layout of the residual stream [B, T, hidden] pinned at every layer's
-      input and output in cache-free (training) calls, rows on 'data'. Without it,
-      XLA's propagation may keep activations whole on every 'data' shard and gather
-      them, where FSDP means gathering the (smaller, per-layer) weights instead.
-    paged_kernel: decode attention over a ``PagedKVCache``: ``"xla"`` (gather the
-      slot's pages, every backend) or ``"pallas"`` (JAX's TPU paged-attention kernel).
-  """
-  attention: str = "dense"
-  attention_block: int = 512
-  decode_attention: str = "reduce"
-  decode_cache_read: str = "before_write"
-  remat: str = "none"
-  scan_layers: bool = False
-  kv_sharding: Any = None
-  query_sharding: Any = None
-  head_sharding: Any = None
-  mesh: Any = None
-  row_sharding: Any = None
-  paged_kernel: str = "xla"
-
-  def __post_init__(self):
-    if self.attention not in ATTENTION_KINDS:
-      raise ValueError(f"attention={self.attention!r} is not one of {ATTENTION_KINDS}")
-    if self.decode_attention not in DECODE_KINDS:
-      raise ValueError(f"decode_attention={self.decode_attention!r} is not one of "
-                       f"{DECODE_KINDS}")
-    if self.remat not in REMAT_POLICIES:
-      raise ValueError(f"remat={self.remat!r} is not one of {REMAT_POLICIES}")
-    if self.paged_kernel not in PAGED_KERNELS:
-      raise ValueError(f"paged_kernel={self.paged_kernel!r} is not one of {PAGED_KERNELS}")
-    if self.decode_cache_read not in DECODE_CACHE_READS:
-      raise ValueError(f"decode_cache_read={self.decode_cache_read!r} is not one of "
-                       f"{DECODE_CACHE_READS}")
-    if (isinstance(self.attention_block, bool) or not isinstance(self.attention_block, int)
-        or self.attention_block <= 0):
-      raise ValueError(f"attention_block={self.attention_block!r} must be a positive int")
-
-
-def decode_cache_read_for(platform: str) -> str:
-  """The ``decode_cache_read`` whose one-slot cache write XLA keeps in place on
-  ``platform`` (measured on XLA:TPU, v5e AOT, and XLA:CPU; GPU follows CPU, unmeasured)."""
-  return "before_write" if platform == "tpu" else "after_write"
-
 
 def _remat(fn, policy: str):
   if policy == "none":
@@ -145,171 +52,6 @@ def _remat(fn, policy: str):
   if policy == "full":
     return jax.checkpoint(fn)
   return jax.checkpoint(fn, policy=getattr(jax.checkpoint_policies, policy))
-
-
-def _constrain(x: jax.Array, sharding: Any) -> jax.Array:
-  return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
-
-
-class Linear(nnx.Module):
-  """Dense layer with kernel [in, out] (HF stores the transpose) and optional bias."""
-
-  def __init__(self, in_features: int, out_features: int, *, use_bias: bool,
-               axes: tuple[str | None, str | None], dtype: jnp.dtype, std: float,
-               rngs: nnx.Rngs):
-    init = nnx.initializers.normal(std)
-    self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), dtype),
-                            out_sharding=axes, init="normal")
-    self.bias = (nnx.Param(jnp.zeros((out_features,), dtype), out_sharding=(axes[1],),
-                           init="zeros")
-                 if use_bias else None)
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.dot(x, self.kernel[...])
-    if self.bias is not None:
-      y = y + self.bias[...]
-    return y
-
-
-class RMSNorm(nnx.Module):
-  """``weight * x / rms(x)``, normalised in float32 and cast back like transformers."""
-
-  def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype):
-    self.weight = nnx.Param(jnp.ones((dim,), dtype), out_sharding=(None,), init="ones")
-    self.eps = eps
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-    return self.weight[...] * xf.astype(x.dtype)
-
-
-class Embed(nnx.Module):
-  """Token embedding table [vocab, hidden], vocabulary rows sharded on 'model'."""
-
-  def __init__(self, vocab: int, dim: int, *, dtype: jnp.dtype, std: float, rngs: nnx.Rngs):
-    init = nnx.initializers.normal(std)
-    self.weight = nnx.Param(init(rngs.params(), (vocab, dim), dtype),
-                            out_sharding=("model", None), init="normal")
-
-  def __call__(self, ids: jax.Array) -> jax.Array:
-    return jnp.take(self.weight[...], ids, axis=0)
-
-
-class Attention(nnx.Module):
-  """Self-attention with GQA, RoPE, optional q/k/v/o biases and Qwen3 q/k norms."""
-
-  def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, std: float, rngs: nnx.Rngs):
-    hd, col, row = cfg.head_dim, (None, "model"), ("model", None)
-    common = dict(dtype=dtype, std=std, rngs=rngs)
-    self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * hd, use_bias=cfg.qkv_bias, axes=col,
-                         **common)
-    self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * hd, use_bias=cfg.qkv_bias,
-                         axes=col, **common)
-    self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * hd, use_bias=cfg.qkv_bias,
-                         axes=col, **common)
-    self.o_proj = Linear(cfg.num_heads * hd, cfg.hidden_size, use_bias=cfg.o_bias, axes=row,
-                         **common)
-    if cfg.qk_norm:
-      self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, dtype=dtype)
-      self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, dtype=dtype)
-    else:
-      self.q_norm = self.k_norm = None
-    self.head_dim = hd
-    self.num_groups = cfg.num_groups
-
-  def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: AttentionMask,
-               kv: tuple[jax.Array, jax.Array] | None, index: jax.Array | None,
-               options: ForwardOptions, fresh_cache: bool = False,
-               paged: tuple[PagedKVCache, jax.Array] | None = None
-               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """``paged = (cache, alive)``: a one-token decode step against a paged cache,
-    ``kv`` this layer's (k, v) pools (``models.paged_cache``)."""
-    b, t, _ = x.shape
-    q = self.q_proj(x).reshape(b, t, -1, self.head_dim)
-    k = self.k_proj(x).reshape(b, t, -1, self.head_dim)
-    v = self.v_proj(x).reshape(b, t, -1, self.head_dim)
-    if self.q_norm is not None:
-      q, k = self.q_norm(q), self.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if paged is not None:
-      if isinstance(paged[0], SlotKVCache):
-        out, kv = slot_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
-                                     decode_kind=options.decode_attention)
-      else:
-        out, kv = paged_decode_attend(q, k, v, kv, paged[0], paged[1], self.num_groups,
-                                      kernel=options.paged_kernel,
-                                      decode_kind=options.decode_attention,
-                                      mesh=options.mesh)
-      return self.o_proj(out.reshape(b, t, -1)), kv
-    if kv is None:
-      out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
-                   block=options.attention_block, decode_kind=options.decode_attention,
-                   mesh=options.mesh)
-      return self.o_proj(out.reshape(b, t, -1)), None
-    # The cache is [B, KV, S, D]: new keys/values are written heads-major.
-    start = (0, 0, index, 0)
-    k_new = _constrain(k.swapaxes(1, 2).astype(kv[0].dtype), options.kv_sharding)
-    v_new = _constrain(v.swapaxes(1, 2).astype(kv[1].dtype), options.kv_sharding)
-    old_kv = kv
-    kv = (jax.lax.dynamic_update_slice(kv[0], k_new, start),
-          jax.lax.dynamic_update_slice(kv[1], v_new, start))
-    if fresh_cache:
-      # Prefill into an empty cache: the T new tokens see only each other, so the
-      # attention is self-attention over them (and may be query-blocked).
-      mask = AttentionMask(mask.key_valid[:, :t], mask.query_slots)
-      out = attend(q, k, v, mask, self.num_groups, kind=options.attention,
-                   block=options.attention_block, decode_kind=options.decode_attention,
-                   mesh=options.mesh)
-    elif t == 1:
-      # Which cache the step reads decides whether XLA keeps the one-slot write in
-      # place, and the answer differs by backend (``ForwardOptions.decode_cache_read``).
-      q = _constrain(_constrain(q, options.head_sharding), options.query_sharding)
-      if options.decode_cache_read == "before_write":
-        slots = jnp.arange(mask.key_valid.shape[1])
-        old_valid = mask.key_valid & (slots != index)[None, :]
-        new_valid = jax.lax.dynamic_index_in_dim(mask.key_valid, index, axis=1,
-                                                 keepdims=False)
-        out = decode_attend(q, old_kv[0].astype(q.dtype), old_kv[1].astype(q.dtype),
-                            old_valid, self.num_groups, options.decode_attention,
-                            new_kv=(k_new.astype(q.dtype), v_new.astype(q.dtype), new_valid))
-      else:
-        out = decode_attend(q, kv[0].astype(q.dtype), kv[1].astype(q.dtype), mask.key_valid,
-                            self.num_groups, options.decode_attention)
-      out = _constrain(_constrain(out, options.query_sharding), options.head_sharding)
-    else:                       # several tokens after earlier ones: dense over the cache
-      out = attend(q, kv[0].swapaxes(1, 2).astype(q.dtype), kv[1].swapaxes(1, 2).astype(q.dtype),
-                   mask, self.num_groups)
-    return self.o_proj(out.reshape(b, t, -1)), kv
-
-
-class MLP(nnx.Module):
-  """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
-
-  def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, std: float, rngs: nnx.Rngs):
-    common = dict(use_bias=cfg.mlp_bias, dtype=dtype, std=std, rngs=rngs)
-    self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, axes=(None, "model"), **common)
-    self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, axes=(None, "model"), **common)
-    self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, axes=("model", None), **common)
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nnx.Module):
-  """Pre-norm residual block: attention then MLP."""
-
-  def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, std: float, rngs: nnx.Rngs):
-    self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype)
-    self.self_attn = Attention(cfg, dtype=dtype, std=std, rngs=rngs)
-    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, dtype=dtype)
-    self.mlp = MLP(cfg, dtype=dtype, std=std, rngs=rngs)
-
-  def __call__(self, x, cos, sin, mask, kv, index, options, fresh_cache=False, paged=None):
-    h, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, kv, index, options,
-                           fresh_cache, paged)
-    x = x + h
-    return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
 def real_token_positions(mask: jax.Array) -> jax.Array:
@@ -399,20 +141,34 @@ class Transformer(nnx.Module):
       positions = offset + real_token_positions(mask)
     attn_mask = AttentionMask(key_valid, query_slots, segment_ids)
 
-    x = self.embed_tokens(input_ids)
-    cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)
+    x, cos, sin = self._embed(input_ids, positions)
     if cache is None:
       x = self._layer_stack(x, cos, sin, attn_mask, options)
       return self.norm(x), None
-    new_k, new_v = [], []
+    hidden, k, v = self._cached_layers(x, cos, sin, attn_mask, cache, index, options,
+                                       fresh_cache)
+    return hidden, KVCache(k=k, v=v, valid=key_valid, index=index + t,
+                           next_pos=cache.next_pos + mask.sum(-1, dtype=jnp.int32))
+
+  def _embed(self, input_ids: jax.Array, positions: jax.Array
+             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Token embeddings and the RoPE tables of their positions."""
+    x = self.embed_tokens(input_ids)
+    cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)
+    return x, cos, sin
+
+  def _cached_layers(self, x, cos, sin, mask, cache, index, options: ForwardOptions,
+                     fresh_cache: bool = False, paged=None
+                     ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """Every layer against its own cache leaves, unrolled: (final-norm hidden states,
+    the layers' new keys, their new values)."""
+    kvs = []
     for i, layer in enumerate(self.layers):
-      x, kv = layer(x, cos, sin, attn_mask, (cache.k[i], cache.v[i]), index, options,
-                    fresh_cache)
-      new_k.append(kv[0])
-      new_v.append(kv[1])
-    return self.norm(x), KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid,
-                                 index=index + t,
-                                 next_pos=cache.next_pos + mask.sum(-1, dtype=jnp.int32))
+      x, kv = layer(x, cos, sin, mask, (cache.k[i], cache.v[i]), index, options, fresh_cache,
+                    paged)
+      kvs.append(kv)
+    k, v = zip(*kvs)
+    return self.norm(x), k, v
 
   def _paged_decode(self, input_ids: jax.Array, mask: jax.Array, positions: jax.Array | None,
                     cache: PagedKVCache | SlotKVCache, options: ForwardOptions
@@ -427,16 +183,10 @@ class Transformer(nnx.Module):
     alive = mask[:, 0]
     if positions is None:
       positions = cache.positions[:, None]
-    x = self.embed_tokens(input_ids)
-    cos, sin = rope_cos_sin(self.cfg, positions, x.dtype)
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      x, kv = layer(x, cos, sin, None, (cache.k[i], cache.v[i]), None, options,
-                    paged=(cache, alive))
-      new_k.append(kv[0])
-      new_v.append(kv[1])
-    return self.norm(x), cache._replace(k=tuple(new_k), v=tuple(new_v),
-                                        own_len=cache.own_len + alive.astype(jnp.int32))
+    x, cos, sin = self._embed(input_ids, positions)
+    hidden, k, v = self._cached_layers(x, cos, sin, None, cache, None, options,
+                                       paged=(cache, alive))
+    return hidden, cache._replace(k=k, v=v, own_len=cache.own_len + alive.astype(jnp.int32))
 
   def _layer_stack(self, x, cos, sin, attn_mask, options: ForwardOptions) -> jax.Array:
     """The cache-free layer stack: unrolled or scanned, each layer optionally remat'd.
@@ -449,8 +199,8 @@ class Transformer(nnx.Module):
 
     def one_layer(state, h):
       layer = nnx.merge(graphdef, state)
-      h = _constrain(h, options.row_sharding)
-      return _constrain(layer(h, cos, sin, attn_mask, None, None, options)[0],
+      h = constrain(h, options.row_sharding)
+      return constrain(layer(h, cos, sin, attn_mask, None, None, options)[0],
                         options.row_sharding)
 
     one_layer = _remat(one_layer, options.remat)
@@ -548,9 +298,4 @@ def init_model(cfg: ModelConfig, *, seed: int = 0, dtype: jnp.dtype = jnp.float3
     host = _init_value(path, var, rng, init_std).astype(np_dtype)
     var.set_value(to_device(host, shardings[path]))
   return nnx.merge(graphdef, state)
-
-
-def param_count(model: Transformer) -> int:
-  """Number of parameters (tied embeddings counted once)."""
-  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 

@@ -34,10 +34,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.kv_cache import KVCache, cache_sharding, init_cache
 from sagc_jax.models.transformer import ForwardOptions, Transformer
+from sagc_jax.runtime.distributed import put_global
 from sagc_jax.sampling.params import SamplingParams
 
 __all__ = ["ROW_LEAVES", "abstract_cache", "decode_until", "draw", "emit", "initial_carry",
-           "new_cache", "pin_cache", "prefill", "sample_tokens", "sharded_spec"]
+           "new_cache", "pin_cache", "place", "prefill", "sample_tokens", "sharded_spec"]
 
 # Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"
 # are shared scalars.
@@ -53,6 +54,13 @@ def sharded_spec(mesh: Mesh | None, shape: Sequence[int], dtype: Any,
   """
   sharding = None if mesh is None else NamedSharding(mesh, P(*names))
   return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def place(value: Any, sharding: jax.sharding.Sharding | None) -> Any:
+  """A host input of a compiled program, placed by its spec's ``sharding``; without one
+  (no mesh) passed as it is: the call transfers it, where ``jnp.asarray`` would compile
+  a copy program per shape."""
+  return value if sharding is None else put_global(value, sharding)
 
 
 def pin_cache(cfg: ModelConfig, cache: KVCache, mesh: Mesh | None) -> KVCache:

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from sagc_jax.sampling.decode import place
+
 
 class GroupLengthStats(NamedTuple):
   """Per-group stats, padded to a static number of group slots.
@@ -135,18 +137,17 @@ def lower_report(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
   return _jit_lower(sampler_stats, tuple(specs), specs)
 
 
-def run_stats(program: Any, rows: int, spec: Spec,
-              put: Callable[[Any, jax.ShapeDtypeStruct], Any], lengths: Any, group_ids: Any,
+def run_stats(program: Any, rows: int, spec: Spec, lengths: Any, group_ids: Any,
               row_valid: Any) -> GroupLengthStats:
   """Dispatches the compiled ``lower_stats`` program of a ``rows``-row call; returns its
   (device) stats, ready once the callback has reached the sink.
 
-  Host arrays go to the devices with ``put(value, spec)``; arrays already there (a
-  decoding program's outputs, laid out as ``stats_inputs``) are passed as they are,
-  so the program queues behind the one that produces them without a host round trip.
+  Host arrays go to the devices laid out as ``stats_inputs``; arrays already there (a
+  decoding program's outputs) are passed as they are, so the program queues behind
+  the one that produces them without a host round trip.
   """
   values = (lengths, group_ids, row_valid)
-  return program(*(x if isinstance(x, jax.Array) else put(x, s)
+  return program(*(x if isinstance(x, jax.Array) else place(x, s.sharding)
                    for x, s in zip(values, stats_inputs(rows, spec))))
 
 

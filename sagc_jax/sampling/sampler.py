@@ -1,18 +1,14 @@
-"""Jitted, mesh-sharded group sampler with bucketed shapes and host length stats.
+"""Mesh-sharded group sampler with bucketed shapes and host length stats.
 
 One call generates G responses for each of P prompts (rows of a group are
-contiguous): a prefill of the left-padded prompts into a static-shape KV cache,
-then a ``lax.while_loop`` that decodes one token for every row per iteration
-and exits as soon as every real row has produced a stop token (EOS or a stop
-id) or ``max_new_tokens`` is reached. A step therefore costs as much as its
-*longest* response — exactly the straggler effect SAGC manages.
-
-Inside the same program, after the loop, the per-group max and median response
-lengths over real rows are computed (``group_stats``); right after it, a small stats
-program sends them to the host with ``io_callback`` into a ``LengthStatsSink`` that
-feeds the controller. The callback is kept out of the program that runs the model (as
-in the segmented and refill samplers): JAX never writes a program with a host
-callback to the persistent compilation cache, so a restarted run reads the model
+contiguous) through one of three decoders, each its own module: the fused one
+(``fused.py``: one ``while_loop`` over a static cache for every row until the longest
+stops), the segmented one (``segmented.py``: shared prefill, span-sized caches,
+live-row compaction) or the refill one (``refill.py``: a paged cache whose slots take
+queued rows). The per-group max and median response lengths reach a
+``LengthStatsSink`` that feeds the controller through a small stats program's host
+callback, never from a program that runs the model: JAX never writes a program with a
+host callback to the persistent compilation cache, so a restarted run reads the model
 programs from it and compiles only the stats ones.
 
 Shapes and compilation. Row counts are padded to a small set of *row
@@ -26,89 +22,37 @@ of time with ``jit(...).lower().compile()``;
 ``generate`` then only looks executables up, so after warm-up the number of
 XLA compilations is zero whatever sequence of G the controller produces.
 
-Randomness and log-probabilities are those of ``decode.py`` (the token rule both
-samplers share): row r's token t depends on the seed and the row's global index
-only, so one device and 8 devices sample identical tokens, and ``logprobs`` is the
-log-probability under the unfiltered temperature-scaled distribution, the
-learner's PPO "old" log-prob.
+Randomness and log-probabilities are those of ``decode.py`` (the token rule every
+decoder shares): row r's token t depends on the seed and the row's global index only,
+so one device and 8 devices sample identical tokens, and ``logprobs`` is the
+log-probability under the unfiltered temperature-scaled distribution, the learner's
+PPO "old" log-prob.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sagc_jax.runtime.distributed import put_global
-from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.kv_cache import KVCache, cache_row_axes, cache_sharding
+from sagc_jax.models.tokenizer import pad_prompts
 from sagc_jax.models.transformer import ForwardOptions, Transformer, decode_cache_read_for
-from sagc_jax.runtime.compilation import ProgramCache, WarmupJob, warm
+from sagc_jax.runtime.compilation import WarmupJob, warm
 from sagc_jax.runtime.shapes import smallest_bucket
-from sagc_jax.sampling import decode
+from sagc_jax.sampling.batch import SampleBatch, rows_per_prompt
+from sagc_jax.sampling.fused import FusedDecoder
 from sagc_jax.sampling.params import SamplingParams
-from sagc_jax.sampling.group_stats import (GroupLengthStats, LengthStatsSink, group_length_stats,
-                                           lower_report)
-from sagc_jax.sampling.listener import RolloutListener, wait_for
+from sagc_jax.sampling.group_stats import LengthStatsSink
+from sagc_jax.sampling.listener import RolloutListener
 from sagc_jax.sampling.refill import RefillDecoder, auto_refill_segment
 from sagc_jax.sampling.segmented import SegmentedDecoder, auto_segment
 
 __all__ = ["SampleBatch", "Sampler", "SamplingParams", "row_buckets_for"]
-
-
-@dataclasses.dataclass
-class SampleBatch:
-  """Host (numpy) result of one ``generate`` call, padded to the row bucket.
-
-  Padding rows have ``row_valid == False``, length 0, pad tokens and zero
-  log-probs. ``response_mask[r, t]`` is True for the ``lengths[r]`` generated
-  tokens of row r (the stop token included).
-  """
-  prompt_tokens: np.ndarray      # [B, Tp] int32, left-padded
-  prompt_mask: np.ndarray        # [B, Tp] bool
-  response_tokens: np.ndarray    # [B, N] int32
-  response_logprobs: np.ndarray  # [B, N] float32
-  response_mask: np.ndarray      # [B, N] bool
-  lengths: np.ndarray            # [B] int32
-  row_valid: np.ndarray          # [B] bool
-  group_ids: np.ndarray          # [B] int32 (prompt index of the row)
-  # Per real group, as delivered by the in-jit host callback during this call (the
-  # SAGC controller's inputs). In a multi-process run a process may receive none;
-  # ``distributed.share_sink_stats`` gives every process the delivered values.
-  group_max: np.ndarray          # [num_prompts] float64
-  group_median: np.ndarray       # [num_prompts] float64
-  group_size: int
-  num_prompts: int
-  decode_steps: int              # while-loop iterations actually run (max over sub-calls)
-  seconds: float                 # wall-clock of the device call(s)
-  decode_slots: int = 0          # sum over sub-calls of rows x decode steps (padded work)
-  # Rows per prompt when they differ (``generate(group_sizes=...)``); None: group_size.
-  group_sizes: np.ndarray | None = None
-
-  @property
-  def num_rows(self) -> int:
-    if self.group_sizes is not None:
-      return int(self.group_sizes.sum())
-    return self.num_prompts * self.group_size
-
-
-def _group_sizes(num_prompts: int, group_size: int,
-                 group_sizes: Sequence[int] | None) -> np.ndarray:
-  """Rows per prompt: ``group_size`` each, or the validated ``group_sizes``."""
-  if group_sizes is None:
-    return np.full(num_prompts, group_size, np.int64)
-  sizes = np.asarray(group_sizes)
-  if (sizes.shape != (num_prompts,) or not np.issubdtype(sizes.dtype, np.integer)
-      or (sizes <= 0).any()):
-    raise ValueError(f"group_sizes must be {num_prompts} positive ints (one per prompt), got "
-                     f"{np.asarray(group_sizes).tolist()}")
-  return sizes.astype(np.int64)
 
 
 def row_buckets_for(candidates: Sequence[int], prompts_for: Callable[[int], int],
@@ -196,19 +140,12 @@ class Sampler:
                prompts_for: Callable[[int], int] | None = None, refill_slots: int = 0,
                page_size: int = 16, kv_pages: int | None = None,
                refill_segment: int | None = None, paged_kernel: str | None = None):
+    # The settings' types and ranges are checked where a run reads them
+    # (``config.sections.RolloutConfig``); what is checked here is their fit to ``mesh``.
     self.params = params
     self.row_buckets = tuple(sorted(set(int(b) for b in row_buckets)))
     self.prompt_buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
-    if not self.row_buckets or min(self.row_buckets) <= 0:
-      raise ValueError(f"row_buckets={tuple(row_buckets)} must be positive ints")
-    if not self.prompt_buckets or min(self.prompt_buckets) <= 0:
-      raise ValueError(f"prompt_buckets={tuple(prompt_buckets)} must be positive ints")
     self.mesh = mesh
-    if max_rows_per_call is not None and (isinstance(max_rows_per_call, bool) or
-                                          not isinstance(max_rows_per_call, int)
-                                          or max_rows_per_call <= 0):
-      raise ValueError(f"max_rows_per_call={max_rows_per_call!r} must be a positive int "
-                       "or None")
     self.max_rows_per_call = max_rows_per_call
     if mesh is not None:
       data = mesh.shape.get("data", 1)
@@ -235,56 +172,24 @@ class Sampler:
     if paged_kernel is not None:
       options = dataclasses.replace(options, paged_kernel=paged_kernel)
     self.options = options
-    # ("generate", rows, prompt_len) and ("stats", rows) -> program
-    self.programs = ProgramCache(self._lower)
-    self._jitted = jax.jit(self._make_core(), **self._shardings(state))
     self.group_sizes = tuple(sorted(set(int(g) for g in group_sizes)))
-    if not self.group_sizes or min(self.group_sizes) <= 0:
-      raise ValueError(f"group_sizes={tuple(group_sizes)} must be positive ints")
-    if prompts_for is not None and not callable(prompts_for):
-      raise TypeError(f"prompts_for={prompts_for!r} must be a callable G -> P(G) "
-                      "(e.g. lambda g: prompts_for(config.rollout, g)) or None")
     self.prompts_for = prompts_for
-    if decode_segment is None:
-      decode_segment = auto_segment(params.max_new_tokens)
-    if isinstance(decode_segment, bool) or not isinstance(decode_segment, int) \
-        or decode_segment < 0:
-      raise ValueError(f"decode_segment={decode_segment!r} must be an int >= 0 "
-                       "(0 = fused sampler) or None (auto)")
+    common = dict(cache_dtype=self.cache_dtype, mesh=mesh, options_for=self._options_for,
+                  sink=self.sink)
+    self.fused = FusedDecoder(self._graphdef, params, self.cfg, state=state, **common)
     self.refill = None
     if refill_slots:
       self.refill = RefillDecoder(
-          self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype,
-          options_for=self._options_for, sink=self.sink, slots=refill_slots, page_size=page_size,
+          self._graphdef, params, self.cfg, slots=refill_slots, page_size=page_size,
           num_pages=kv_pages, prompt_buckets=self.prompt_buckets,
-          segment=refill_segment or auto_refill_segment(params.max_new_tokens), mesh=mesh)
+          segment=refill_segment or auto_refill_segment(params.max_new_tokens), **common)
+    if decode_segment is None:
+      decode_segment = auto_segment(params.max_new_tokens)
     self.segmented = None
     if decode_segment:
-      self.segmented = SegmentedDecoder(
-          self._graphdef, params, self.cfg, cache_dtype=self.cache_dtype, mesh=mesh,
-          options_for=self._options_for, sink=self.sink, segment=decode_segment,
-          compaction=compaction, min_rows=min_compact_rows)
-
-  # ----------------------------------------------------------- jitted core
-  def _make_core(self):
-    graphdef, params, cfg = self._graphdef, self.params, self.cfg
-    cache_dtype = self.cache_dtype
-    n_new = params.max_new_tokens
-
-    def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
-      model = nnx.merge(graphdef, state)
-      rows, prompt_len = prompt_tokens.shape
-      options = self._options_for(rows)
-      cache = decode.new_cache(cfg, rows, prompt_len + n_new, cache_dtype, self.mesh)
-      logits, cache = decode.prefill(model, prompt_tokens, prompt_mask, cache, options)
-      carry = decode.emit(decode.initial_carry(cache, row_valid, row_ids, params), logits, seed,
-                          params)
-      carry = decode.decode_until(model, carry, seed, params, options, t_end=n_new)
-      stats = group_length_stats(carry["lengths"], group_ids, row_valid, num_groups=rows)
-      return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
-                  decode_steps=carry["t"], stats=stats)
-
-    return sampler_generate
+      self.segmented = SegmentedDecoder(self._graphdef, params, self.cfg, segment=decode_segment,
+                                        compaction=compaction, min_rows=min_compact_rows,
+                                        **common)
 
   def _options_for(self, rows: int) -> ForwardOptions:
     """The forward options with the cache layout of a ``rows``-row bucket pinned."""
@@ -300,80 +205,18 @@ class Sampler:
     return dataclasses.replace(self.options, kv_sharding=kv, query_sharding=kv,
                                head_sharding=head_spec)
 
-  def _shardings(self, state) -> dict[str, Any]:
-    if self.mesh is None:
-      return {}
-    rows2d = NamedSharding(self.mesh, P("data", None))
-    rows1d = NamedSharding(self.mesh, P("data"))
-    repl = NamedSharding(self.mesh, P())
-    state_sh = jax.tree.map(lambda x: x.sharding, state)
-    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl,
-               stats=GroupLengthStats(repl, repl, repl))
-    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, rows1d, repl),
-                out_shardings=out)
-
   # -------------------------------------------------------------- compile
-  def _spec(self, shape, dtype, names) -> jax.ShapeDtypeStruct:
-    return decode.sharded_spec(self.mesh, shape, dtype, names)
-
-  def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
-    """Specs of the generate program's inputs: prompt tokens and mask, row validity,
-    group ids, row ids and the seed."""
-    return (self._spec((rows, prompt_len), jnp.int32, ("data", None)),
-            self._spec((rows, prompt_len), jnp.bool_, ("data", None)),
-            self._spec((rows,), jnp.bool_, ("data",)),
-            self._spec((rows,), jnp.int32, ("data",)),
-            self._spec((rows,), jnp.int32, ("data",)),
-            self._spec((), jnp.uint32, ()))
-
-  def _lower(self, key: tuple, state=None):
-    kind, *shape = key
-    if kind == "stats":
-      return lower_report(self.sink, shape[0], self._spec)
-    rows, prompt_len = shape
-    return self._jitted.lower(abstract_like(state), *self._abstract_inputs(rows, prompt_len))
-
-  def _executable(self, state, rows: int, prompt_len: int):
-    return self.programs.get(("generate", rows, prompt_len), state)
-
   def compile(self, model: Transformer, rows: int, prompt_len: int):
-    """The compiled generate executable of one (row bucket, prompt bucket) (cached)."""
-    return self._executable(nnx.state(model), rows, prompt_len)
+    """The compiled fused generate executable of one (row bucket, prompt bucket)."""
+    return self.fused.compile(nnx.state(model), rows, prompt_len)
 
   def compile_decode_step(self, model: Transformer, rows: int, prompt_len: int):
-    """One decode step (a token for every row against a full cache), compiled on its own.
-
-    Not used to sample: the generate executable runs the same model call inside its
-    while loop, but XLA's cost analysis counts a loop body once, so per-token FLOPs and
-    bytes of decoding are read from this executable (``sagc_jax.aot``).
-    """
-    state = nnx.state(model)
-    graphdef, mesh = self._graphdef, self.mesh
-    options = self._options_for(rows)
-
-    def decode_step(state, tokens, alive, cache):
-      step_model = nnx.merge(graphdef, state)
-      logits, cache = step_model(tokens[:, None], attention_mask=alive[:, None], cache=cache,
-                                 options=options)
-      return logits[:, -1].argmax(-1), cache
-
-    cache = self.abstract_cache(rows, prompt_len)
-    kwargs = {}
-    if mesh is not None:
-      kwargs = dict(out_shardings=(NamedSharding(mesh, P("data")),
-                                   jax.tree.map(lambda x: x.sharding, cache)))
-    row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
-    lowered = jax.jit(decode_step, donate_argnums=(3,), **kwargs).lower(
-        abstract_like(state), row1(jnp.int32), row1(jnp.bool_), cache)
-    return lowered.compile()
+    """One decode step compiled on its own, for its cost (``FusedDecoder``)."""
+    return self.fused.compile_decode_step(nnx.state(model), rows, prompt_len)
 
   def abstract_cache(self, rows: int, prompt_len: int, length: int | None = None) -> KVCache:
-    """The KV cache of one call, abstract, with its pinned sharding (if a mesh).
-
-    ``length`` slots (default ``prompt_len + max_new_tokens``, the fused sampler's).
-    """
-    max_len = prompt_len + self.params.max_new_tokens if length is None else length
-    return decode.abstract_cache(self.cfg, rows, max_len, self.cache_dtype, self.mesh)
+    """The fused program's KV cache of one call, abstract (``FusedDecoder``)."""
+    return self.fused.abstract_cache(rows, prompt_len, length)
 
   def warmup(self, model: Transformer) -> int:
     """Compiles every executable a ``generate`` call can use; returns how many were new.
@@ -398,8 +241,7 @@ class Sampler:
         continue                                  # no call of ``prompts_for`` lands here
       for prompt_len in self.prompt_buckets:
         if self.segmented is None:
-          jobs.append(WarmupJob(self.programs, [("generate", rows, prompt_len),
-                                                ("stats", rows)], (state,)))
+          jobs.append(self.fused.warmup_job(state, rows, prompt_len))
         else:
           jobs.append(self.segmented.warmup_job(state, rows, prompt_len, group_sizes))
     return jobs
@@ -443,18 +285,15 @@ class Sampler:
       if len(p) == 0:
         raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
     num_prompts = len(prompts)
-    sizes = _group_sizes(num_prompts, group_size, group_sizes)
+    sizes = rows_per_prompt(num_prompts, group_size, group_sizes)
     starts = np.cumsum(sizes) - sizes
     real_rows = int(sizes.sum())
     rows = self.row_bucket_for(real_rows)
     prompt_len = smallest_bucket(max(len(p) for p in prompts), self.prompt_buckets,
                                  "prompt length")
-    tokens = np.full((rows, prompt_len), self.params.pad_id, np.int32)
-    mask = np.zeros((rows, prompt_len), bool)
-    for i, p in enumerate(prompts):
-      block = slice(starts[i], starts[i] + sizes[i])
-      tokens[block, prompt_len - len(p):] = np.asarray(p, np.int32)
-      mask[block, prompt_len - len(p):] = True
+    # Each prompt once per row of its group, left-padded; padding rows are empty.
+    tokens, mask = pad_prompts([p for p, n in zip(prompts, sizes) for _ in range(n)]
+                               + [[]] * (rows - real_rows), self.params.pad_id, prompt_len)
     row_valid = np.arange(rows) < real_rows
     group_ids = np.zeros(rows, np.int32)
     group_ids[:real_rows] = np.repeat(np.arange(num_prompts), sizes)
@@ -464,9 +303,6 @@ class Sampler:
       raise ValueError("group_sizes (one size per prompt) needs one fused or segmented "
                        "sampler call: rollout.refill_slots=0 and no sub-calls "
                        f"(rollout.max_rows_per_call=0 or >= {rows})")
-    if self.refill is not None:
-      return self._refill_generate(state, prompts, group_size, rows, tokens, mask, row_valid,
-                                   group_ids, seed, listener)
     if mixed and self.segmented is not None:
       # The shared prefill's program is keyed by its prompt rows: take a warmed size
       # whose prefill holds every prompt of the call (the data says which row is whose).
@@ -477,6 +313,41 @@ class Sampler:
                          f"have no warmed shared prefill on {rows} rows (group sizes "
                          f"{self.group_sizes_for(rows)})")
       group_size = max(fits)
+    try:
+      if self.refill is not None:       # every row of the call in one queue
+        out, seconds, decode_slots = self.refill.run(
+            state, rows, prompts, group_size, np.arange(rows, dtype=np.int32), group_ids,
+            row_valid, seed, listener)
+        decode_steps = int(out["decode_steps"])
+      else:
+        out, seconds, decode_steps, decode_slots = self._sub_calls(
+            state, rows, real_rows, prompt_len, tokens, mask, row_valid, group_ids, seed,
+            group_size, listener, starts if mixed else None)
+    except BaseException:
+      self.sink.pop()        # a failed call's deliveries must not reach the next call
+      raise
+    # This call's per-group stats as the in-jit host callback delivered them (one
+    # delivery per sub-call): the controller's observations, handed back with the
+    # call's result instead of left in a sink for the caller to drain.
+    group_max, group_median = self.sink.pop()
+    lengths = out["lengths"]
+    return SampleBatch(
+        prompt_tokens=tokens, prompt_mask=mask, response_tokens=out["tokens"],
+        response_logprobs=out["logprobs"],
+        response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
+        lengths=lengths, row_valid=row_valid, group_ids=group_ids,
+        group_max=group_max, group_median=group_median,
+        group_size=group_size, num_prompts=num_prompts,
+        decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds,
+        group_sizes=sizes if mixed else None)
+
+  def _sub_calls(self, state, rows: int, real_rows: int, prompt_len: int, tokens, mask,
+                 row_valid, group_ids, seed: int, group_size: int,
+                 listener: RolloutListener | None, group_starts: np.ndarray | None
+                 ) -> tuple[dict[str, np.ndarray], float, int, int]:
+    """The call's rows through the fused or segmented decoder, in sub-calls of whole
+    groups when a bucket exceeds ``max_rows_per_call``: (outputs joined over the
+    ``rows``-row bucket, seconds, decode steps, decode slots)."""
     call_rows = self.call_rows(rows)
     if call_rows < group_size:
       raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
@@ -485,74 +356,34 @@ class Sampler:
     # so a split rollout samples the tokens of an unsplit one (up to float rounding).
     per_call = rows if call_rows == rows else (call_rows // group_size) * group_size
     pieces, seconds, decode_steps, decode_slots = [], 0.0, 0, 0
-    try:
-      for lo in range(0, max(real_rows, 1), per_call):
-        hi = min(lo + per_call, rows)
-        out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi],
-                                      mask[lo:hi], row_valid[lo:hi],
-                                      group_ids[lo:hi] - group_ids[lo],
-                                      np.arange(lo, hi, dtype=np.int32), seed, group_size,
-                                      listener, group_starts=starts if mixed else None)
-        pieces.append((hi - lo, out))
-        if listener is not None:        # these rows are final: the next sub-call hides them
-          real = min(hi, real_rows) - lo
-          listener.rows_done(np.arange(lo, lo + real), np.asarray(out["tokens"])[:real],
-                             np.asarray(out["lengths"])[:real])
-        seconds += took
-        decode_steps = max(decode_steps, int(out["decode_steps"]))
-        decode_slots += slots
-    except BaseException:
-      self.sink.pop()        # a failed call's deliveries must not reach the next call
-      raise
+    for lo in range(0, max(real_rows, 1), per_call):
+      hi = min(lo + per_call, rows)
+      out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi],
+                                    mask[lo:hi], row_valid[lo:hi],
+                                    group_ids[lo:hi] - group_ids[lo],
+                                    np.arange(lo, hi, dtype=np.int32), seed, group_size,
+                                    listener, group_starts)
+      pieces.append((hi - lo, out))
+      if listener is not None:        # these rows are final: the next sub-call hides them
+        real = min(hi, real_rows) - lo
+        listener.rows_done(np.arange(lo, lo + real), np.asarray(out["tokens"])[:real],
+                           np.asarray(out["lengths"])[:real])
+      seconds += took
+      decode_steps = max(decode_steps, int(out["decode_steps"]))
+      decode_slots += slots
 
     def joined(field, fill=0):
       rows_out = np.concatenate([np.asarray(out[field])[:n] for n, out in pieces])
       full = np.full((rows,) + rows_out.shape[1:], fill, rows_out.dtype)
       full[:rows_out.shape[0]] = rows_out
       return full
-    lengths = joined("lengths")
-    response_tokens = joined("tokens", self.params.pad_id)
-    # This call's per-group stats as the in-jit host callback delivered them (one
-    # delivery per sub-call): the controller's observations, handed back with the
-    # call's result instead of left in a sink for the caller to drain.
-    group_max, group_median = self.sink.pop()
-    return SampleBatch(
-        prompt_tokens=tokens, prompt_mask=mask,
-        response_tokens=response_tokens,
-        response_logprobs=joined("logprobs"),
-        response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
-        lengths=lengths, row_valid=row_valid, group_ids=group_ids,
-        group_max=group_max, group_median=group_median,
-        group_size=group_size, num_prompts=num_prompts,
-        decode_steps=decode_steps, decode_slots=decode_slots, seconds=seconds,
-        group_sizes=sizes if mixed else None)
-
-  def _refill_generate(self, state, prompts, group_size: int, rows: int, tokens, mask,
-                       row_valid, group_ids, seed: int,
-                       listener: RolloutListener | None) -> SampleBatch:
-    """``generate`` through the refill decoder: every row of the call in one queue."""
-    try:
-      out, seconds, slots = self.refill.run(state, rows, prompts, group_size,
-                                            np.arange(rows, dtype=np.int32), group_ids,
-                                            row_valid, seed, listener)
-    except BaseException:
-      self.sink.pop()
-      raise
-    group_max, group_median = self.sink.pop()
-    lengths = out["lengths"]
-    return SampleBatch(
-        prompt_tokens=tokens, prompt_mask=mask, response_tokens=out["tokens"],
-        response_logprobs=out["logprobs"],
-        response_mask=np.arange(self.params.max_new_tokens)[None, :] < lengths[:, None],
-        lengths=lengths, row_valid=row_valid, group_ids=group_ids,
-        group_max=group_max, group_median=group_median, group_size=group_size,
-        num_prompts=len(prompts), decode_steps=int(out["decode_steps"]),
-        decode_slots=slots, seconds=seconds)
+    out = dict(lengths=joined("lengths"), tokens=joined("tokens", self.params.pad_id),
+               logprobs=joined("logprobs"))
+    return out, seconds, decode_steps, decode_slots
 
   def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
-            row_ids, seed, group_size: int,
-            listener: RolloutListener | None = None,
-            group_starts: np.ndarray | None = None) -> tuple[dict, float, int]:
+            row_ids, seed, group_size: int, listener: RolloutListener | None,
+            group_starts: np.ndarray | None) -> tuple[dict, float, int]:
     """One call on ``call_rows`` rows (the given rows, padded): host outputs, seconds
     and decode slots (rows x steps actually run); ``listener`` works while it runs.
     ``group_starts``: each group's first row, for groups of different sizes."""
@@ -562,24 +393,12 @@ class Sampler:
       out = np.full((call_rows,) + x.shape[1:], value, x.dtype)
       out[:n] = x
       return out
-    if self.segmented is not None:
-      return self.segmented.run(state, call_rows, prompt_len, pad(tokens, self.params.pad_id),
-                                pad(mask), pad(row_valid), pad(group_ids), pad(row_ids),
-                                seed, group_size, listener, group_starts=group_starts)
-    inputs = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
-              pad(row_ids), np.uint32(seed))
-    if self.mesh is not None:
-      inputs = tuple(put_global(x, s.sharding)
-                     for x, s in zip(inputs, self._abstract_inputs(call_rows, prompt_len)))
-    executable = self._executable(state, call_rows, prompt_len)
-    stats_program = self.programs.get(("stats", call_rows))
-    start = time.perf_counter()
-    out = executable(state, *inputs)
-    # The stats program queues behind the generate program on the group stats it leaves
-    # on the devices; both are done (the callback delivered) when ``wait_for`` returns.
-    out["stats"] = GroupLengthStats(*stats_program(*out["stats"]))
-    out = wait_for(out, listener)
-    return out, time.perf_counter() - start, call_rows * int(out["decode_steps"])
+    padded = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
+              pad(row_ids))
+    if self.segmented is None:
+      return self.fused.run(state, call_rows, prompt_len, *padded, seed, listener)
+    return self.segmented.run(state, call_rows, prompt_len, *padded, seed, group_size, listener,
+                              group_starts=group_starts)
 
   def call_rows(self, rows: int) -> int:
     """Rows of the executable that serves a ``rows``-row bucket (``max_rows_per_call``)."""
@@ -593,6 +412,5 @@ class Sampler:
 
   @property
   def num_executables(self) -> int:
-    return (len(self.programs) + (0 if self.segmented is None
-                                  else self.segmented.num_executables)
-            + (0 if self.refill is None else self.refill.num_executables))
+    return sum(d.num_executables for d in (self.fused, self.segmented, self.refill)
+               if d is not None)

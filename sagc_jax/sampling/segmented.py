@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.runtime.distributed import put_global, to_host
+from sagc_jax.runtime.distributed import to_host
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.sharding import abstract_like
 from sagc_jax.models.transformer import ForwardOptions
@@ -101,19 +101,9 @@ class SegmentedDecoder:
                cache_dtype: Any, mesh: Mesh | None,
                options_for: Callable[[int], ForwardOptions], sink: LengthStatsSink,
                segment: int, compaction: bool, min_rows: int):
-    if isinstance(segment, bool) or not isinstance(segment, int) or segment <= 0:
-      raise ValueError(f"decode_segment={segment!r} must be a positive int")
-    if isinstance(min_rows, bool) or not isinstance(min_rows, int) or min_rows <= 0:
-      raise ValueError(f"min_compact_rows={min_rows!r} must be a positive int")
-    self.graphdef = graphdef
-    self.params = params
-    self.cfg = cfg
-    self.cache_dtype = cache_dtype
-    self.options_for = options_for
-    self.sink = sink
-    self.segment = segment
-    self.compaction = compaction
-    self.mesh = mesh
+    self.graphdef, self.params, self.cfg = graphdef, params, cfg
+    self.cache_dtype, self.mesh, self.options_for, self.sink = cache_dtype, mesh, options_for, sink
+    self.segment, self.compaction = segment, compaction
     self.data = 1 if self.mesh is None else self.mesh.shape.get("data", 1)
     self.min_rows = -(-min_rows // self.data) * self.data
     self.programs = ProgramCache(self._lower)
@@ -295,9 +285,6 @@ class SegmentedDecoder:
     return len(self.programs)
 
   # ------------------------------------------------------------- host loop
-  def _put(self, value: np.ndarray, spec: jax.ShapeDtypeStruct):
-    return value if self.mesh is None else put_global(value, spec.sharding)
-
   def run(self, state, rows: int, prompt_len: int, tokens: np.ndarray, mask: np.ndarray,
           row_valid: np.ndarray, group_ids: np.ndarray, row_ids: np.ndarray, seed: int,
           group_size: int, listener: RolloutListener | None = None,
@@ -326,10 +313,10 @@ class SegmentedDecoder:
     p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
     row_prompt = row_prompt.astype(np.int32)
     start_exe = self.programs.get(("start", prompt_rows, rows, prompt_len), state)
-    args = [self._put(x, sp) for x, sp in zip(
+    args = [decode.place(x, sp.sharding) for x, sp in zip(
         (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)),
         self._start_inputs(prompt_rows, rows, prompt_len))]
-    seed_arr = self._put(np.uint32(seed), self._spec((), jnp.uint32, ()))
+    seed_arr = decode.place(np.uint32(seed), self._spec((), jnp.uint32, ()).sharding)
 
     out_tokens = np.full((rows, n_new), params.pad_id, np.int32)
     out_logprobs = np.zeros((rows, n_new), np.float32)
@@ -367,12 +354,13 @@ class SegmentedDecoder:
       index = np.flatnonzero(~info["done"])
       keep = np.arange(target) < len(index)
       index = np.concatenate([index, np.full(target - len(index), index[0])])
+      rows_on_data = self._spec((target,), jnp.int32, ("data",)).sharding
       carry = self.programs.get(("compact", current, target, prompt_len, span))(
-          carry, self._put(index.astype(np.int32), self._spec((target,), jnp.int32, ("data",))),
-          self._put(keep, self._spec((target,), jnp.bool_, ("data",))))
+          carry, decode.place(index.astype(np.int32), rows_on_data),
+          decode.place(keep, rows_on_data))
       current = target
     harvest(carry)
-    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec, self._put,
+    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec,
                               out_lengths, group_ids, row_valid))
     seconds = time.perf_counter() - start
     return (dict(tokens=out_tokens, logprobs=out_logprobs, lengths=out_lengths,
