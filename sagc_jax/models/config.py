@@ -40,20 +40,20 @@ _ARCHITECTURES = {
 _DEFAULT_ROPE_THETA = 10_000.0
 
 
-def _require(cond: bool, field: str, value: Any, why: str) -> None:
+def _require(cond: bool, field: str, value: Any, why: str, owner: str = "ModelConfig") -> None:
   if not cond:
-    raise ValueError(f"ModelConfig.{field}={value!r}: {why}")
+    raise ValueError(f"{owner}.{field}={value!r}: {why}")
 
 
-def _require_positive_int(field: str, value: Any) -> None:
+def _require_positive_int(field: str, value: Any, owner: str = "ModelConfig") -> None:
   _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-           field, value, "must be a positive int")
+           field, value, "must be a positive int", owner)
 
 
-def _require_positive_float(field: str, value: Any) -> None:
+def _require_positive_float(field: str, value: Any, owner: str = "ModelConfig") -> None:
   _require(isinstance(value, (int, float)) and not isinstance(value, bool)
            and math.isfinite(value) and value > 0, field, value,
-           "must be a positive finite number")
+           "must be a positive finite number", owner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +67,12 @@ class Llama3RopeScaling:
 
   def __post_init__(self):
     for name in ("factor", "low_freq_factor", "high_freq_factor"):
-      value = getattr(self, name)
-      if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"Llama3RopeScaling.{name}={value!r}: must be a positive number")
-    if not self.high_freq_factor > self.low_freq_factor:
-      raise ValueError(
-          f"Llama3RopeScaling.high_freq_factor={self.high_freq_factor!r} must exceed "
-          f"low_freq_factor={self.low_freq_factor!r}")
-    value = self.original_max_position_embeddings
-    if not (isinstance(value, int) and value > 0):
-      raise ValueError(
-          f"Llama3RopeScaling.original_max_position_embeddings={value!r}: must be a positive int")
+      _require_positive_float(name, getattr(self, name), "Llama3RopeScaling")
+    _require(self.high_freq_factor > self.low_freq_factor, "high_freq_factor",
+             self.high_freq_factor, f"must exceed low_freq_factor={self.low_freq_factor!r}",
+             "Llama3RopeScaling")
+    _require_positive_int("original_max_position_embeddings",
+                          self.original_max_position_embeddings, "Llama3RopeScaling")
 
   def to_hf_dict(self) -> dict[str, Any]:
     return {

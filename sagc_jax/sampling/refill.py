@@ -128,13 +128,7 @@ class RefillDecoder(RefillPrograms):
     steps = slots_used = 0
     start = time.perf_counter()
     try:
-      while True:
-        sched.release()
-        sched.reserve()
-        new_prompts, copies = sched.admit()
-        if not sched.running:
-          break
-        sched.grow()
+      for new_prompts, copies in sched.boundaries():
         if any(new_prompts):
           pools = self._prefill(state, pools, [[sched.prompts[p] for p in lane_prompts]
                                                for lane_prompts in new_prompts])

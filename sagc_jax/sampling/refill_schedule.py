@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -229,6 +229,18 @@ class RefillSchedule:
       if extra > 0:
         s.pages += self.pools[s.lane].take(extra)
 
+  def boundaries(self) -> Iterator[tuple[list[list[int]], dict[int, tuple[int, int]]]]:
+    """Every boundary of the call, in order, until no row runs: yields what ``admit``
+    returns, after ``grow``; the caller runs the segment and ``advance``s."""
+    while True:
+      self.release()
+      self.reserve()
+      new_prompts, copies = self.admit()
+      if not self.running:
+        return
+      self.grow()
+      yield new_prompts, copies
+
   def advance(self, own_len, last, done) -> None:
     """The segment's results, one entry per slot."""
     for s, n, token, stop in zip(self.slots, own_len, last, done):
@@ -252,13 +264,7 @@ def simulate_refill(prompt_lens: Sequence[int], lengths: np.ndarray, *, lanes: i
   target = np.minimum(lengths.reshape(-1), max_new_tokens)
   steps = segments = prefills = prefill_rounds = 0
   runs: list[tuple[int, int]] = []
-  while True:
-    sched.release()
-    sched.reserve()
-    new_prompts, _ = sched.admit()
-    if not sched.running:
-      break
-    sched.grow()
+  for new_prompts, _ in sched.boundaries():
     if any(new_prompts):
       prefills += sum(map(len, new_prompts))
       prefill_rounds += 1
