@@ -206,20 +206,18 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, out_dir: PathLike, *,
   if model.cfg != cfg:
     raise ValueError("save_pretrained: cfg differs from the model's own config")
   out = Path(out_dir)
-  params = list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-  entries = []
-  for path, var in params:
+  shards: list[list] = [[]]
+  size = total = 0
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
     name, transposed = hf_tensor_name(path)
     value = var.get_value()
-    entries.append((name, transposed, value, value.size * value.dtype.itemsize))
-  shards: list[list] = [[]]
-  size = 0
-  for entry in entries:
-    if max_shard_bytes is not None and shards[-1] and size + entry[3] > max_shard_bytes:
+    nbytes = value.size * value.dtype.itemsize
+    if max_shard_bytes is not None and shards[-1] and size + nbytes > max_shard_bytes:
       shards.append([])
       size = 0
-    shards[-1].append(entry)
-    size += entry[3]
+    shards[-1].append((name, transposed, value))
+    size += nbytes
+    total += nbytes
   writer = jax.process_index() == 0
   if writer:
     out.mkdir(parents=True, exist_ok=True)
@@ -228,7 +226,7 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, out_dir: PathLike, *,
   weight_map = {}
   for file_name, shard in zip(names, shards):
     tensors = {}
-    for name, transposed, value, _ in shard:
+    for name, transposed, value in shard:
       host = _host_copy(value)
       tensors[name] = np.ascontiguousarray(host.T if transposed else host)
       weight_map[name] = file_name
@@ -237,7 +235,6 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, out_dir: PathLike, *,
     del tensors
   if writer:
     if len(shards) > 1:
-      total = sum(e[3] for e in entries)
       index = {"metadata": {"total_size": total}, "weight_map": weight_map}
       (out / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True), encoding="utf-8")
     elif (out / _INDEX).exists():
