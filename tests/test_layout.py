@@ -37,7 +37,7 @@ LAYERS = {
 }
 ROOT_MODULES = {"__init__", "cli", "train", "eval", "export", "import_model", "simulate", "compare",
                 "claims", "figures"}
-MAX_LINES = 600
+MAX_LINES = 450
 
 
 def module_name(path: pathlib.Path) -> str:
