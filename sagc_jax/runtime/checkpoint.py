@@ -33,6 +33,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
+from sagc_jax.runtime.distributed import barrier, to_host
+from sagc_jax.runtime.storage import run_path
+
 _ITEMS = ("params", "opt_state", "meta")
 _QUARANTINE_PREFIX = "corrupt-"
 
@@ -50,18 +53,21 @@ class CheckpointMismatch(ValueError):
   """The checkpoint's arrays do not match this run's: a config change, not damage."""
 
 
-def _key_name(key: Any) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
+def _leaf_paths(tree: Any) -> list[tuple[str, Any]]:
+  """``("a/b/kernel", leaf)`` of every leaf of a tree, in flatten order."""
+  return [(jax.tree_util.keystr(path, simple=True, separator="/"), leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _listed(label: str, entries: list[str], limit: int) -> str:
+  """``label: a, b (+n more)`` naming at most ``limit`` entries ('' without any)."""
+  more = f" (+{len(entries) - limit} more)" if len(entries) > limit else ""
+  return f"{label}: {', '.join(entries[:limit])}{more}" if entries else ""
 
 
 def _leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
   """``{"a/b/kernel": shape}`` of a tree of arrays, abstract arrays or orbax metadata."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {"/".join(_key_name(k) for k in path): tuple(getattr(leaf, "shape", ()) or ())
-          for path, leaf in leaves}
+  return {path: tuple(getattr(leaf, "shape", ()) or ()) for path, leaf in _leaf_paths(tree)}
 
 
 def _describe_mismatch(saved: Any, wanted: Any, item: str, limit: int = 4) -> str | None:
@@ -74,19 +80,15 @@ def _describe_mismatch(saved: Any, wanted: Any, item: str, limit: int = 4) -> st
       return None
     return (f"{item}: {len(saved_shapes)} saved arrays vs {len(wanted_shapes)} in this run, "
             "with different shapes")
-  def listed(label: str, entries: list[str]) -> list[str]:
-    if not entries:
-      return []
-    more = f" (+{len(entries) - limit} more)" if len(entries) > limit else ""
-    return [f"{label}: {', '.join(entries[:limit])}{more}"]
-
   differ = [f"{k} saved {saved_shapes[k]} vs run {wanted_shapes[k]}"
             for k in sorted(wanted_shapes.keys() & saved_shapes.keys())
             if saved_shapes[k] != wanted_shapes[k]]
-  parts = (listed("shapes differ", differ)
-           + listed("not in the checkpoint", sorted(wanted_shapes.keys() - saved_shapes.keys()))
-           + listed("only in the checkpoint", sorted(saved_shapes.keys() - wanted_shapes.keys())))
-  return "; ".join(parts) or None
+  parts = (_listed("shapes differ", differ, limit),
+           _listed("not in the checkpoint", sorted(wanted_shapes.keys() - saved_shapes.keys()),
+                   limit),
+           _listed("only in the checkpoint", sorted(saved_shapes.keys() - wanted_shapes.keys()),
+                   limit))
+  return "; ".join(part for part in parts if part) or None
 
 
 def _bits(x: jax.Array) -> jax.Array:
@@ -135,8 +137,6 @@ def tree_checksums(tree: Any) -> list[list[int]]:
   One compiled program per tree structure and shapes (``prepare_checksums`` compiles
   it ahead, so a run's first save compiles nothing).
   """
-  from sagc_jax.runtime.distributed import to_host
-
   leaves = list(jax.tree.leaves(tree))
   if not leaves:
     return []
@@ -157,9 +157,7 @@ def checksum_mismatch(tree: Any, saved: list[list[int]], item: str) -> str | Non
   now = tree_checksums(tree)
   if len(now) != len(saved):
     return f"{item}: {len(now)} arrays restored, {len(saved)} checksummed at save"
-  paths = ["/".join(_key_name(k) for k in path)
-           for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  bad = [paths[i] for i, (a, b) in enumerate(zip(now, saved)) if list(a) != list(b)]
+  bad = [path for (path, _), a, b in zip(_leaf_paths(tree), now, saved) if list(a) != list(b)]
   if not bad:
     return None
   more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
@@ -195,8 +193,7 @@ class Checkpointer:
     # directory is read only", "setting save_interval_steps=0") would read as a fault.
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
-    if read_only:
-      absl_logger.setLevel(logging.ERROR)
+    absl_logger.setLevel(logging.ERROR if read_only else level)
     try:
       # Rotation is ours (``_rotate``), so that the verified step stays.
       # A writer removes the <step>.orbax-checkpoint-tmp folders of saves cut short (a
@@ -317,54 +314,61 @@ class Checkpointer:
     return None
 
   def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[int, Any]:
-    """``(step, params)`` of ``step`` (default: the newest), reading only them and the
-    step's small JSON item (their checksums, verified: ValueError on a mismatch).
+    """``(step, params)`` of checkpoint ``step``, reading only them and the step's small
+    JSON item (their checksums, verified, as is their finiteness).
 
-    For readers of a run (eval, export): a failure raises and nothing is moved.
+    For readers of a run (eval, export): nothing is moved. Without ``step``, the newest
+    step that verifies is used; older ones are tried when a newer one is damaged (each
+    failure is logged). A given ``step`` must restore or it raises ``ValueError``.
     """
     steps = self.all_steps()
-    if not steps:
+    candidates = [step] if step is not None else steps[::-1]
+    if not candidates:
       raise FileNotFoundError(f"no checkpoints in {self.directory}")
-    step = steps[-1] if step is None else step
-    if step not in steps:
-      raise ValueError(f"step {step} is not among the checkpoints {steps} in {self.directory}")
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
-    sums = dict(restored.meta).get("checksums")
-    problem = sums and checksum_mismatch(restored.params, sums["params"], "params")
-    if problem:
-      raise ValueError(problem)
-    return step, restored.params
+    for candidate in candidates:
+      try:
+        if candidate not in steps:
+          raise ValueError(f"step {candidate} is not among the checkpoints {steps} in "
+                           f"{self.directory}")
+        restored = self._manager.restore(candidate, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
+        sums = dict(restored.meta).get("checksums")
+        problem = sums and checksum_mismatch(restored.params, sums["params"], "params")
+        if problem:
+          raise ValueError(problem)
+        if not all_finite(restored.params):
+          raise ValueError("its weights restored with NaN or inf values")
+        return candidate, restored.params
+      except Exception as err:  # noqa: BLE001 - a damaged step: try the previous one
+        why = f"{type(err).__name__}: {str(err)[:300]}"
+        if candidate == candidates[-1]:
+          others = [s for s in steps if s != candidate]
+          raise ValueError(f"checkpoint step {candidate} in {self.directory} cannot be used "
+                           f"({why})" + (f"; the run's other steps: {others}" if others
+                                         else "")) from None
+        self.log(f"checkpoint step {candidate} in {self.directory} could not be used ({why}); "
+                 "trying the previous one")
 
   def _skip_damaged(self, step: int, err: Exception) -> None:
-    # A reader (read_only) leaves the step where it is: the run's owner decides.
-    where = ("left it in place (read-only)" if self.read_only
-             else f"moved it to {self._quarantine(step)}")
-    message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
-               f"({type(err).__name__}: {str(err)[:200]}); {where} and "
-               "trying the previous one")
-    self.log(message)
+    """Moves a damaged step aside (``restore_latest``, the run's writer)."""
+    self.log(f"checkpoint step {step} in {self.directory} is corrupt or incomplete "
+             f"({type(err).__name__}: {str(err)[:200]}); moved it to {self._quarantine(step)} "
+             "and trying the previous one")
 
   def quarantined(self) -> list[str]:
     """Names of the damaged steps moved aside in this directory."""
-    from etils import epath
-
-    root = epath.Path(self.directory)
+    root = run_path(self.directory)
     if not root.exists():
       return []
     return sorted(p.name for p in root.iterdir() if p.name.startswith(_QUARANTINE_PREFIX))
 
   def _quarantine(self, step: int) -> str:
     """Renames a damaged step out of the manager's view, so that step can be saved again."""
-    from etils import epath
-
-    source = epath.Path(self.directory) / str(step)
-    target = epath.Path(self.directory) / f"{_QUARANTINE_PREFIX}{step}-{int(time.time())}"
+    source = run_path(self.directory) / str(step)
+    target = run_path(self.directory) / f"{_QUARANTINE_PREFIX}{step}-{int(time.time())}"
     if jax.process_index() == 0 and source.exists():
       source.rename(target)
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices(f"sagc_quarantine_{step}")
+    barrier(f"sagc_quarantine_{step}")
     self._manager.reload()
     return str(target)
 
