@@ -23,6 +23,7 @@ run nor a pod's SIGTERM could end it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -69,19 +70,27 @@ def parse_jsonl(lines: Sequence[str], path: Any, warn=None) -> list[tuple[str, d
   return parsed
 
 
-def read_jsonl(path: str | os.PathLike, warn=None) -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
   """Rows of a JSON-lines file (local or ``gs://``); a torn last line is dropped."""
   file = run_path(path)
-  return [row for _, row in parse_jsonl(file.read_text(encoding="utf-8").splitlines(), file,
-                                        warn)]
+  return [row for _, row in parse_jsonl(file.read_text(encoding="utf-8").splitlines(), file)]
 
 
 class MetricsWriteError(RuntimeError):
   """Writing ``metrics.jsonl`` or the TensorBoard events failed (e.g. the disk is full)."""
 
 
-class _ScalarEvents:
-  """TensorBoard scalar events appended to one event file, synchronously."""
+@contextlib.contextmanager
+def _writing(path: Any):
+  """An OS error inside becomes ``MetricsWriteError`` naming ``path``."""
+  try:
+    yield
+  except OSError as err:
+    raise MetricsWriteError(f"writing metrics to {path} failed: {err}") from err
+
+
+class _SummaryEvents:
+  """TensorBoard summary events appended to one event file, synchronously."""
 
   def __init__(self, logdir: Path):
     from tensorboardX.event_file_writer import EventsWriter
@@ -89,17 +98,12 @@ class _ScalarEvents:
     self._writer = EventsWriter(os.fspath(logdir / "events"))
     self.path = Path(self._writer._file_name)   # pylint: disable=protected-access
 
-  def add_scalar(self, tag: str, value: float, step: int) -> None:
+  def add(self, kind: str, tag: str, value: Any, step: int) -> None:
+    """One summary of ``kind`` ("scalar", "text": tensorboardX.summary's functions)."""
+    from tensorboardX import summary
     from tensorboardX.proto.event_pb2 import Event
-    from tensorboardX.summary import scalar
     self._writer.write_event(Event(wall_time=time.time(), step=step,
-                                   summary=scalar(tag, value)))
-
-  def add_text(self, tag: str, text: str, step: int) -> None:
-    from tensorboardX.proto.event_pb2 import Event
-    from tensorboardX.summary import text as text_summary
-    self._writer.write_event(Event(wall_time=time.time(), step=step,
-                                   summary=text_summary(tag, text)))
+                                   summary=getattr(summary, kind)(tag, value)))
 
   def flush(self) -> None:
     self._writer.flush()
@@ -125,48 +129,43 @@ class MetricsWriter:
     self.stream = stream or sys.stdout
     self._start = time.perf_counter()
     self._first_step: int | None = None
-    self._jsonl = None
-    self._completions = None
-    self._tb = None
-    self._wandb = None
+    self._jsonl = self._completions = self._tb = self._wandb = None
     if not enabled:
       return
-    self.path = run_path(workdir) / "metrics.jsonl"
-    self._jsonl = line_file(self.path, sync_secs)
-    self.completions_path = run_path(workdir) / "completions.jsonl"
-    self._completions = line_file(self.completions_path, sync_secs)
+    self._jsonl = line_file(run_path(workdir) / "metrics.jsonl", sync_secs)
+    self._completions = line_file(run_path(workdir) / "completions.jsonl", sync_secs)
     if tensorboard:
       # Event files are appended, so they are written locally (the run's local mirror
       # when the workdir is a bucket) and uploaded on flush/close. tensorboardX's own
       # gs:// writer re-uploads from __del__, after close, which hangs a process whose
-      # network is gone.
-      if is_remote(workdir) and local_dir is None:
-        raise ValueError(f"workdir {workdir}: a bucket workdir needs local_dir for the "
-                         "TensorBoard event files")
+      # network is gone. A bucket workdir needs ``local_dir``.
       remote_tb = run_path(workdir) / "tensorboard"
       local_tb = Path(local_dir) / "tensorboard" if is_remote(workdir) else remote_tb
-      self._tb = self._guarded(lambda: _ScalarEvents(local_tb), local_tb)
+      with _writing(local_tb):
+        self._tb = _SummaryEvents(local_tb)
       self._tb_upload = FolderUpload(local_tb, remote_tb if is_remote(workdir) else None)
 
   def attach_wandb(self, run: Any) -> None:
-    """Also sends every row and completion to this ``wandb`` run (primary only)."""
-    if self.enabled:
-      self._wandb = run
+    """Also sends every row and completion to this ``wandb`` run (an enabled writer's)."""
+    self._wandb = run
 
-  def _guarded(self, action, path):
-    """Runs ``action``; an OS error becomes ``MetricsWriteError`` naming ``path``."""
-    try:
-      return action()
-    except OSError as err:
-      raise MetricsWriteError(f"writing metrics to {path} failed: {err}") from err
+  def _publish(self, step: int, values: dict[str, Any]) -> None:
+    """``values`` of ``step`` to TensorBoard (the finite numbers) and W&B."""
+    if self._tb is not None:
+      with _writing(self._tb.path):
+        for key, value in values.items():
+          if isinstance(value, (int, float)) and math.isfinite(value):
+            self._tb.add("scalar", key, value, step)
+    if self._wandb is not None:
+      self._wandb.log(dict(values), step=step)
 
   def truncate_after(self, step: int) -> None:
     """Drops rows of steps > ``step`` (a resumed run rewrites them exactly)."""
     if not self.enabled:
       return
-    for file, path in ((self._jsonl, self.path), (self._completions, self.completions_path)):
+    for file in (self._jsonl, self._completions):
       lines = file.lines
-      kept = [line for line, row in parse_jsonl(lines, path, self.log)
+      kept = [line for line, row in parse_jsonl(lines, file.path, self.log)
               if row.get("step", 0) <= step]
       if kept != lines:
         file.replace(kept)
@@ -177,55 +176,49 @@ class MetricsWriter:
     if not self.enabled:
       return
     lines = []
-    for line, row in parse_jsonl(self._jsonl.lines, self.path, lambda m: None):
+    for line, row in parse_jsonl(self._jsonl.lines, self._jsonl.path, lambda m: None):
       lines.append(json.dumps({**row, **values}) if row.get("step") == step else line)
-    self._guarded(lambda: self._jsonl.replace(lines), self.path)
-    if self._tb is not None:
-      for key, value in values.items():
-        if isinstance(value, (int, float)) and math.isfinite(value):
-          self._guarded(lambda k=key, v=value: self._tb.add_scalar(k, v, step), self._tb.path)
-    if self._wandb is not None:
-      self._wandb.log(dict(values), step=step)
+    with _writing(self._jsonl.path):
+      self._jsonl.replace(lines)
+    self._publish(step, values)
 
   def logged_steps(self) -> set[int]:
     """The steps that have a row in ``metrics.jsonl``."""
     if not self.enabled:
       return set()
-    return {int(row.get("step", 0)) for _, row in parse_jsonl(self._jsonl.lines, self.path,
-                                                               lambda m: None)}
+    return {int(row.get("step", 0))
+            for _, row in parse_jsonl(self._jsonl.lines, self._jsonl.path, lambda m: None)}
 
   def flush(self) -> None:
     """Makes every written row durable (called when a checkpoint is saved)."""
-    if self._jsonl is not None:
-      self._guarded(self._jsonl.flush, self.path)
-      self._guarded(self._completions.flush, self.completions_path)
+    for file in (self._jsonl, self._completions) if self._jsonl is not None else ():
+      with _writing(file.path):
+        file.flush()
     if self._tb is not None:
-      self._guarded(self._tb.flush, self._tb.path)
-      self._guarded(self._tb_upload.sync, self._tb.path.parent)
+      with _writing(self._tb.path):
+        self._tb.flush()
+      with _writing(self._tb.path.parent):
+        self._tb_upload.sync()
 
   def write(self, row: dict[str, Any]) -> None:
     if not self.enabled:
       return
-    self._guarded(lambda: self._jsonl.append(json.dumps(row)), self.path)
-    if self._tb is not None:
-      step = int(row["step"])
-      for key, value in row.items():
-        if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-          self._guarded(lambda k=key, v=value: self._tb.add_scalar(k, v, step), self._tb.path)
-    if self._wandb is not None:
-      self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=int(row["step"]))
+    with _writing(self._jsonl.path):
+      self._jsonl.append(json.dumps(row))
+    self._publish(int(row["step"]), {k: v for k, v in row.items() if k != "step"})
 
   def write_completions(self, step: int, records: Sequence[dict[str, Any]]) -> None:
     """Appends ``records`` (prompt, completion, reward, ...) of ``step`` to
     ``completions.jsonl`` (one line each), TensorBoard's text tab and W&B."""
     if not self.enabled or not records:
       return
-    for record in records:
-      self._guarded(lambda r=record: self._completions.append(
-          json.dumps({"step": step, **r}, ensure_ascii=False)), self.completions_path)
+    with _writing(self._completions.path):
+      for record in records:
+        self._completions.append(json.dumps({"step": step, **record}, ensure_ascii=False))
     if self._tb is not None:
-      text = "\n\n".join(_completion_markdown(r) for r in records)
-      self._guarded(lambda: self._tb.add_text("completions", text, step), self._tb.path)
+      with _writing(self._tb.path):
+        self._tb.add("text", "completions", "\n\n".join(map(_completion_markdown, records)),
+                     step)
     if self._wandb is not None:
       import wandb
       columns = ["group", "prompt", "completion", "answer", "reward", "correct", "length"]
@@ -259,21 +252,19 @@ class MetricsWriter:
 
   def close(self) -> None:
     """Closes both files; the first failure is raised after both were tried."""
-    pending = []
-    if self._jsonl is not None:
-      pending.append((self._jsonl.close, self.path))
-      pending.append((self._completions.close, self.completions_path))
+    pending = [(file.close, file.path) for file in (self._jsonl, self._completions)
+               if file is not None]
     if self._tb is not None:
       tb, upload = self._tb, self._tb_upload
       pending.append((lambda: (tb.close(), upload.sync()), tb.path))
-    self._jsonl = self._completions = self._tb = None
     if self._wandb is not None:
       pending.append((self._wandb.finish, "wandb"))
-      self._wandb = None
+    self._jsonl = self._completions = self._tb = self._wandb = None
     failures = []
     for action, path in pending:
       try:
-        self._guarded(action, path)
+        with _writing(path):
+          action()
       except MetricsWriteError as err:
         failures.append(err)
     if failures:
@@ -298,26 +289,23 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
   """Run-level figures from the per-step rows (used by the summary and reports)."""
   if not rows:
     return {}
-  mean = lambda key: sum(r[key] for r in rows) / len(rows)
+  mean = lambda values: sum(values) / len(rows)
   # Rows written before both straggler events were logged carry only the group one
-  # (then in "straggler_rate"); their step event is unknown.
-  group = lambda r: r.get("group_straggler_rate", r["straggler_rate"])
-  step = lambda r: r.get("step_straggler", math.nan)
+  # (then in "straggler_rate"); their step event is unknown. Rows from before the
+  # overlapped reward timing lack it (0 s).
+  times = ("time_total_s", "time_rollout_s", "time_reward_s", "time_reward_overlapped_s",
+           "time_learner_s")
   return {
       "steps": float(len(rows)),
-      "straggler_rate": mean("straggler_rate"),
-      "group_straggler_rate": sum(group(r) for r in rows) / len(rows),
-      "step_straggler_rate": sum(step(r) for r in rows) / len(rows),
-      "mean_g": mean("g"),
-      "mean_log2_g": mean("log2_g"),
-      "time_total_s": sum(r["time_total_s"] for r in rows),
-      "time_rollout_s": sum(r["time_rollout_s"] for r in rows),
-      "time_reward_s": sum(r["time_reward_s"] for r in rows),
-      "time_reward_overlapped_s": sum(r.get("time_reward_overlapped_s", 0.0) for r in rows),
-      "time_learner_s": sum(r["time_learner_s"] for r in rows),
-      "reward_mean": mean("reward_mean"),
-      "accuracy": mean("accuracy"),
-      "response_len_mean": mean("response_len_mean"),
+      "straggler_rate": mean(r["straggler_rate"] for r in rows),
+      "group_straggler_rate": mean(r.get("group_straggler_rate", r["straggler_rate"])
+                                   for r in rows),
+      "step_straggler_rate": mean(r.get("step_straggler", math.nan) for r in rows),
+      "mean_g": mean(r["g"] for r in rows),
+      "mean_log2_g": mean(r["log2_g"] for r in rows),
+      **{key: sum(r.get(key, 0.0) for r in rows) for key in times},
+      **{key: mean(r[key] for r in rows) for key in ("reward_mean", "accuracy",
+                                                     "response_len_mean")},
       "new_compilations": float(sum(r["new_compilations"] for r in rows)),
   }
 
@@ -326,8 +314,6 @@ def finished_summary(workdir: Any, steps: int) -> dict | None:
   """A run's ``summary.json`` when it finished all ``steps`` steps and was not stopped
   by a signal (a run stopped at its last step may still owe its final evaluation),
   else None. Damaged or missing: None (the trainer rebuilds it)."""
-  from sagc_jax.runtime.storage import run_path
-
   path = run_path(workdir) / "summary.json"
   try:
     summary = json.loads(path.read_text()) if path.exists() else None
