@@ -91,9 +91,7 @@ def stage(source: str, root: Path, log: Callable[[str], None] = print, *,
   """
   if not source or not is_remote(source):
     return source
-  from etils import epath
-
-  remote = epath.Path(source)
+  remote = run_path(source)
   if not remote.exists():
     raise FileNotFoundError(f"{what} {source} does not exist (or is not readable)")
   files = _listing(remote)
@@ -128,16 +126,23 @@ def stage(source: str, root: Path, log: Callable[[str], None] = print, *,
                     f"the bucket lists {size}")
   (tmp / STAGED_MARKER).write_text(json.dumps({"source": source, "files": files}))
   shutil.rmtree(dest, ignore_errors=True)
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  try:
-    tmp.rename(dest)
-  except OSError:                      # another process on this host finished first
-    shutil.rmtree(tmp, ignore_errors=True)
-    if not marker.exists():
-      raise
+  rename_into_place(tmp, dest, STAGED_MARKER)
   log(f"staging {what} {source}: copied {len(files)} files, {total / 2**30:.2f} GiB to "
       f"{dest} in {time.perf_counter() - start:.1f} s")
   return str(dest)
+
+
+def rename_into_place(tmp: Path, dest: Path, marker: str) -> None:
+  """Renames the finished local folder ``tmp`` to ``dest``: a reader never sees half a
+  folder. When the rename fails because another process on this host put its copy
+  there first (``dest / marker`` exists), ``tmp`` is dropped."""
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    tmp.rename(dest)
+  except OSError:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not (dest / marker).exists():
+      raise
 
 
 class FolderUpload:

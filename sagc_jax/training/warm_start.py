@@ -30,6 +30,7 @@ import numpy as np
 
 from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokenizer, \
     save_pretrained
+from sagc_jax.runtime.storage import rename_into_place
 from sagc_jax.training.sft import supervised_finetune, tokenize_examples
 
 SFT_MARKER = "sft_done.json"
@@ -125,12 +126,7 @@ def _copy_into_place(source: Path, target: Path) -> None:
   tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
   shutil.copytree(source, tmp)
-  try:
-    tmp.rename(target)
-  except OSError:
-    shutil.rmtree(tmp, ignore_errors=True)
-    if not (target / SFT_MARKER).exists():
-      raise
+  rename_into_place(tmp, target, SFT_MARKER)
 
 
 def answer_only(examples: list[dict], prob: float, seed: int) -> list[dict]:
@@ -196,4 +192,4 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
                   f"space in {sft_dir.parent} (or fix the path) and rerun: the warm start "
                   "runs again") from err
   shutil.rmtree(sft_dir, ignore_errors=True)
-  tmp.rename(sft_dir)
+  rename_into_place(tmp, sft_dir, SFT_MARKER)
