@@ -457,7 +457,7 @@ def test_per_prompt_groups_of_different_sizes_keep_their_rows_together(shared, t
     texts = [trainer.inputs.detokenize(batch.response_tokens[r, :batch.lengths[r]])
              for r in range(8)]
     expected = trainer.inputs.reward_fn(texts, [examples[g]["answer"] for g in owner])
-    np.testing.assert_array_equal(stats.scores, expected.scores)
+    np.testing.assert_array_equal(stats.rewards.scores, expected.scores)
     for g in range(4):
       lengths = stats.lengths[owner == g]
       assert stats.group_max[g] == lengths.max()

@@ -26,7 +26,7 @@ signals) is ``sagc_jax.training.loop``.
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import dataclasses
 import time
 from typing import Any, Callable, ContextManager
@@ -44,6 +44,7 @@ from sagc_jax.control.protocol import StepGroups
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
+from sagc_jax.rewards.mix import MixedReward
 from sagc_jax.rewards.streaming import StreamingScorer
 from sagc_jax.rl.rollout import RolloutBatch
 from sagc_jax.training.inputs import RunInputs
@@ -67,13 +68,9 @@ class RoundStats:
   group_max: np.ndarray
   group_median: np.ndarray
   lengths: np.ndarray
-  scores: np.ndarray
-  correct: np.ndarray
-  formatted: np.ndarray
-  terms: np.ndarray          # [rows, reward terms], NaN = not applicable
+  rewards: MixedReward       # of every real row, gathered from every process
   prompt_ids: np.ndarray     # [groups] int64, the prompts' source indices (stable ids)
   group_sizes: np.ndarray    # [groups] int64, rows per group
-  reward_errors: int         # failed reward-function calls (raised / timed out)
   records: list[dict[str, Any]]   # a few of this process's completions, for the log
   decode_slots: int
   rollout_s: float             # sampling, with any scoring that overlapped it
@@ -111,42 +108,37 @@ class RLStep:
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
     sizes = (np.full(share * processes, g, np.int64) if group_sizes is None
              else np.asarray(group_sizes, np.int64))
-    local_sizes = sizes[me * share:(me + 1) * share]
+    # The example of each of this process's rows, which start at ``first_row``.
+    owner = np.repeat(np.arange(len(local)), sizes[me * share:(me + 1) * share])
     first_row = int(sizes[:me * share].sum())
     overlap = self.config.rollout.overlap_rewards
-    scorer = self._scorer(local, local_sizes, first_row, background=overlap)
-    abandoned = False
+    scorer = self._scorer(local, owner, first_row, background=overlap)
     try:
       samples = self.components.sampler.generate(
           inputs.model, prompts, g, seed=seed_for(self.config.seed, step, round_index),
           listener=scorer if overlap else None, group_sizes=group_sizes)
       t1 = time.perf_counter()
       texts, own = scorer.finish(samples.response_tokens, samples.lengths)
-    except StopRequested:
-      abandoned = True             # a slow reward chunk must not hold up the stop
+    except BaseException as err:   # a slow reward chunk must not hold up a stop
+      scorer.close(wait=not isinstance(err, StopRequested))
       raise
-    finally:
-      scorer.close(wait=not abandoned)
-    result = type(own)(*(distributed.allgather_rows(x) for x in own))
+    scorer.close()
+    rewards = MixedReward(*(distributed.allgather_rows(x) for x in own))
     t2 = time.perf_counter()
     group_max, group_median = distributed.share_sink_stats(
         samples.group_max, samples.group_median, num_groups=samples.num_prompts)
-    records = self._completion_records(local, local_sizes, me * share, texts, own,
-                                       samples.lengths, first_row)
-    stats = RoundStats(group_sizes=sizes,
-        group_max=group_max, group_median=group_median, records=records,
-        lengths=samples.lengths[:samples.num_rows], scores=result.scores,
-        correct=result.correct, formatted=result.formatted, terms=result.terms,
-        prompt_ids=distributed.allgather_rows(np.asarray(indices, np.int64)),
-        reward_errors=int(result.errors.sum()), decode_slots=samples.decode_slots,
-        rollout_s=t1 - t0, reward_s=t2 - t1, reward_overlapped_s=scorer.overlapped_s)
-    return rollout_batch(samples, result.scores), stats
+    records = self._completion_records(local, owner, me * share, texts, own,
+                                       samples.lengths[first_row:])
+    stats = RoundStats(group_max, group_median, samples.lengths[:samples.num_rows], rewards,
+                       distributed.allgather_rows(np.asarray(indices, np.int64)), sizes,
+                       records, samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1,
+                       reward_overlapped_s=scorer.overlapped_s)
+    return rollout_batch(samples, rewards.scores), stats
 
-  def _scorer(self, local: list[dict], sizes: np.ndarray, first_row: int,
+  def _scorer(self, local: list[dict], owner: np.ndarray, first_row: int,
               background: bool) -> StreamingScorer:
-    """The round's scorer of this process's rows (``first_row`` on, ``sizes[i]`` rows
-    for example i), on a worker thread when ``background`` and the reward allows it."""
-    owner = np.repeat(np.arange(len(local)), sizes)
+    """The round's scorer of this process's rows (``first_row`` on, row i of example
+    ``owner[i]``), on a worker thread when ``background`` and the reward allows it."""
     answers = [local[i]["answer"] for i in owner]
     prompts = [local[i]["prompt"] for i in owner]
     fields = {key: [local[i][key] for i in owner]
@@ -160,16 +152,16 @@ class RLStep:
                            score,
                            background=background and not self.inputs.reward_fn.needs_main_thread)
 
-  def _completion_records(self, local: list[dict], sizes: np.ndarray, first_group: int,
-                          texts: list[str], own, lengths: np.ndarray,
-                          first_row: int) -> list[dict[str, Any]]:
-    """``train.log_completions`` of this process's completions, evenly spread over its
-    rows (so both ends of the batch show), as (prompt, completion, reward) records."""
+  def _completion_records(self, local: list[dict], owner: np.ndarray, first_group: int,
+                          texts: list[str], own: MixedReward,
+                          lengths: np.ndarray) -> list[dict[str, Any]]:
+    """``train.log_completions`` of this process's completions (``lengths`` from its
+    first row on), evenly spread over its rows (so both ends of the batch show), as
+    (prompt, completion, reward) records."""
     count = min(self.config.train.log_completions, len(texts))
     if count <= 0:
       return []
     names = self.inputs.reward_fn.term_names
-    owner = np.repeat(np.arange(len(local)), sizes)
     out = []
     for r in np.linspace(0, len(texts) - 1, count).round().astype(int):
       terms = {n: float(v) for n, v in zip(names, own.terms[r]) if not np.isnan(v)}
@@ -177,19 +169,18 @@ class RLStep:
       out.append({"group": int(first_group + owner[r]), "prompt": example["prompt"],
                   "completion": texts[r], "answer": example["answer"],
                   "reward": float(own.scores[r]), "terms": terms,
-                  "correct": bool(own.correct[r]), "length": int(lengths[first_row + r])})
+                  "correct": bool(own.correct[r]), "length": int(lengths[r])})
     return out
 
-  def __call__(self, step: int, log=print,
-               phase: Callable[[str], ContextManager] | None = None) -> StepResult:
+  def __call__(self, step: int, log: Callable[[str], None],
+               phase: Callable[[str], ContextManager]) -> StepResult:
     """Runs the step after ``step`` (steps done so far): its metrics row and completions.
 
     ``phase(part)`` wraps the step's two parts, ``"rollout"`` (propose, sample, score)
     and ``"update"`` (the learner): the trainer's stop-signal handling
     (``training.loop``) may abandon the first and not always the second."""
-    phase = phase or (lambda part: contextlib.nullcontext())
     start = time.perf_counter()
-    compiles_before = compilation.counts_by_function()
+    compiles_before = collections.Counter(compilation.counts_by_function())
     with phase("rollout"):
       batch, rounds, g, rows = self._rollout(step, log)
     learner_metrics: dict[str, float] = {}
@@ -200,9 +191,7 @@ class RLStep:
     time_learner = time.perf_counter() - t_learn
     groups = step_groups(rounds)
     controller_metrics = self.controller.observe_step(groups)   # the one place it observes
-    compiled = {name: n - compiles_before.get(name, 0)
-                for name, n in compilation.counts_by_function().items()
-                if n > compiles_before.get(name, 0)}
+    compiled = collections.Counter(compilation.counts_by_function()) - compiles_before
     if compiled:     # after warm-up every program should exist: name what did not
       log(f"step {step + 1}: {sum(compiled.values())} new compilation(s): "
           + ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items())))
@@ -260,7 +249,7 @@ class RLStep:
 def step_groups(rounds: list[RoundStats]) -> StepGroups:
   """What the controller observes of a step: every round's groups, in order."""
   sizes = np.concatenate([r.group_sizes for r in rounds])
-  correct = np.concatenate([r.correct for r in rounds]).astype(np.float64)
+  correct = np.concatenate([r.rewards.correct for r in rounds]).astype(np.float64)
   return StepGroups(np.concatenate([r.group_max for r in rounds]),
                     np.concatenate([r.group_median for r in rounds]),
                     prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
@@ -275,6 +264,7 @@ def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGro
                 term_names: tuple[str, ...]) -> dict[str, Any]:
   """The metrics row of step ``step``: a function of what the step produced."""
   lengths = np.concatenate([r.lengths for r in rounds])
+  rewards = MixedReward(*map(np.concatenate, zip(*(r.rewards for r in rounds))))
   generated = float(lengths.sum())
   decode_slots = float(sum(r.decode_slots for r in rounds))
   row = {"step": step, **controller_metrics}
@@ -285,9 +275,8 @@ def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGro
       time_learner_s=time_learner, time_total_s=time_total,
       generated_tokens=generated,
       padding_efficiency=generated / decode_slots if decode_slots else 0.0,
-      reward_mean=float(np.concatenate([r.scores for r in rounds]).mean()),
-      accuracy=float(np.concatenate([r.correct for r in rounds]).mean()),
-      format_rate=float(np.concatenate([r.formatted for r in rounds]).mean()),
+      reward_mean=float(rewards.scores.mean()), accuracy=float(rewards.correct.mean()),
+      format_rate=float(rewards.formatted.mean()),
       response_len_mean=float(lengths.mean()), response_len_median=float(np.median(lengths)),
       response_len_max=float(lengths.max()),
       # The straggler statistic itself (the event is ratio > tau), averaged over groups.
@@ -296,11 +285,10 @@ def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGro
       sampling_rounds=float(len(rounds)), prompts=float(prompts), rows=float(rows),
       rollouts=float(lengths.size), new_compilations=float(sum(compiled.values())),
       update_skipped=float(update_skipped))
-  terms = np.concatenate([r.terms for r in rounds])
   for j, name in enumerate(term_names):
-    applicable = terms[:, j][~np.isnan(terms[:, j])]
+    applicable = rewards.terms[:, j][~np.isnan(rewards.terms[:, j])]
     if applicable.size:              # left out when no completion had a value
       row[f"reward/{name}"] = float(applicable.mean())
-  row["reward/errors"] = float(sum(r.reward_errors for r in rounds))
+  row["reward/errors"] = float(rewards.errors.sum())
   row.update({f"learner/{k}": v for k, v in learner_metrics.items()})
   return row
