@@ -22,29 +22,26 @@ def lookup(config: Any, key: str) -> Any:
   return node
 
 
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _int_at_least(config: Any, key: str, low: int, wanted: str) -> int:
+  value = lookup(config, key)
+  if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    raise ValueError(f"{key}={value!r} must be {wanted}")
+  return value
 
 
 def positive_int(config: Any, key: str) -> int:
-  value = lookup(config, key)
-  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-    raise ValueError(f"{key}={value!r} must be a positive integer")
-  return value
+  return _int_at_least(config, key, 1, "a positive integer")
 
 
 def non_negative_int(config: Any, key: str) -> int:
-  value = lookup(config, key)
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f"{key}={value!r} must be an integer >= 0")
-  return value
+  return _int_at_least(config, key, 0, "an integer >= 0")
 
 
 def number_in(config: Any, key: str, low: float = -math.inf, high: float = math.inf,
               *, low_open: bool = False, high_open: bool = False) -> float:
   """A finite number inside the given interval (open or closed at each end)."""
   value = lookup(config, key)
-  if not _is_number(value) or math.isnan(value):
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
     raise ValueError(f"{key}={value!r} must be a number")
   below = value <= low if low_open else value < low
   above = value >= high if high_open else value > high

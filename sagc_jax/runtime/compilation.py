@@ -84,19 +84,17 @@ def warm(jobs: Iterable[WarmupJob], workers: int | None = None,
   line ("n of N programs") every ``PROGRESS_EVERY_S`` while a phase goes on.
   """
   start = time.perf_counter()
-  jobs = list(jobs)
-  missing: list[tuple[Any, Hashable]] = []
-  seen: set[tuple[int, Hashable]] = set()
+  # Each cache's missing keys once, with the lowering arguments of the first job naming it.
+  missing: dict[tuple[int, Hashable], tuple[WarmupJob, Hashable]] = {}
   for job in jobs:
     for key in job.keys:
-      if key not in job.cache and (id(job.cache), key) not in seen:
-        seen.add((id(job.cache), key))
-        missing.append((job, key))
+      if key not in job.cache:
+        missing.setdefault((id(job.cache), key), (job, key))
   if not missing:
     return 0
   pending: list[tuple[ProgramCache, Hashable, Any]] = []
   said = start
-  for job, key in missing:
+  for job, key in missing.values():
     pending.append((job.cache, key, job.cache.lower(key, *job.args)))
     if log is not None and time.perf_counter() - said >= PROGRESS_EVERY_S:
       said = time.perf_counter()
@@ -154,11 +152,8 @@ def install() -> None:
 
 def compile_count(name_contains: str | None = None) -> int:
   """Compilations so far, optionally only of functions whose name contains a string."""
-  install()
-  with _lock:
-    if name_contains is None:
-      return sum(_counts.values())
-    return sum(n for fun, n in _counts.items() if name_contains in fun)
+  return sum(n for fun, n in counts_by_function().items()
+             if name_contains is None or name_contains in fun)
 
 
 def counts_by_function() -> dict[str, int]:

@@ -106,11 +106,10 @@ class RunLock:
       self._write()
       return True
     try:
-      fd = os.open(os.fspath(self.path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      with open(self.path, "x") as f:      # O_CREAT | O_EXCL: of two trainers, one wins
+        f.write(self._content())
     except FileExistsError:
       return False
-    with os.fdopen(fd, "w") as f:
-      f.write(self._content())
     return True
 
   def _write(self) -> None:

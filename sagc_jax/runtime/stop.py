@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 __all__ = ["StopGuard", "StopRequested", "stoppable", "wait_ready"]
 
@@ -201,16 +201,10 @@ def _in_host_callback(frame: Any) -> bool:
   return False
 
 
-@contextlib.contextmanager
-def stoppable(phase: str, when: Callable[[], bool] | None = None) -> Iterator[None]:
+def stoppable(phase: str, when: Callable[[], bool] | None = None) -> ContextManager[None]:
   """``StopGuard.stoppable`` of the installed guard; nothing without one (a library
   call outside a run)."""
-  guard = _installed
-  if guard is None:
-    yield
-    return
-  with guard.stoppable(phase, when):
-    yield
+  return contextlib.nullcontext() if _installed is None else _installed.stoppable(phase, when)
 
 
 def wait_ready(tree: Any) -> None:

@@ -10,7 +10,7 @@ the executables it sizes are exactly the ones a run compiles.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from jax.sharding import Mesh
@@ -19,7 +19,6 @@ from sagc_jax.config import RunConfig
 from sagc_jax.models.transformer import Transformer
 from sagc_jax.rl.learner import Learner
 from sagc_jax.rl.rollout import RolloutBatch
-from sagc_jax.runtime.compilation import warm
 from sagc_jax.sampling import Sampler, SamplingParams, row_buckets_for
 from sagc_jax.sampling.sampler import SampleBatch
 
@@ -34,14 +33,6 @@ class RLComponents:
   eval_sampled_sampler: Sampler    # sampled held-out evaluation (rollout temperature)
   learner: Learner
   row_buckets: tuple[int, ...]
-
-  def warmup(self, model: Transformer, eval_jobs: list,
-             log: Callable[[str], None] | None = None) -> int:
-    """Compiles every executable of the run in one pool, with the evaluation's
-    ``eval_jobs`` (``Evaluator.warmup_jobs``: it knows which passes run); returns how
-    many were new."""
-    return warm(self.sampler.warmup_jobs(model) + eval_jobs + self.learner.warmup_jobs(),
-                log=log)
 
 
 def _sampler_options(config: RunConfig, mesh: Mesh) -> dict:

@@ -12,11 +12,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sagc_jax.config import RunConfig, run_config
+from sagc_jax.config import RunConfig, base_config, run_config
 from sagc_jax.control.controller import straggler_flags
+from sagc_jax.runtime import compilation
 from sagc_jax.runtime.seeding import seed_for
+from sagc_jax.runtime.storage import cache_root, local_mirror
 from sagc_jax.sampling import Sampler
-from sagc_jax.training.inputs import RunInputs
+from sagc_jax.training.build import build_eval_samplers
+from sagc_jax.training.inputs import (RunInputs, build_run_inputs, configure_compilation_cache,
+                                      load_checkpoint_weights)
 
 __all__ = ["Evaluator", "evaluate_run", "length_stats", "load_run_config", "paired_gain",
            "pass_at_k", "straggler_profile"]
@@ -53,9 +57,8 @@ class Evaluator:
     return greedy + self.sampled.warmup_jobs(model)
 
   def examples(self, limit: int | None = None) -> int:
-    """How many held-out examples an evaluation uses (``limit``: at most that many)."""
-    if limit is not None and limit < 1:
-      raise ValueError(f"an evaluation needs at least one example, got limit={limit}")
+    """How many held-out examples an evaluation uses (``limit``: at most that many; the
+    eval CLI has checked it is >= 1)."""
     wanted = self.inputs.config.data.eval_examples if limit is None else limit
     return min(wanted, len(self.inputs.eval_source))
 
@@ -208,8 +211,6 @@ def pass_at_k(correct: np.ndarray) -> dict[str, float]:
 def load_run_config(workdir: Any):
   """The run's ``config.json`` over today's defaults: settings added since the run
   was written (e.g. ``reward.fns``, ``train.eval_k``) take their default value."""
-  from sagc_jax.config import base_config
-
   path = workdir / "config.json"
   if not path.exists():
     raise SystemExit(f"error: {path} not found: --workdir must be a training run directory")
@@ -244,16 +245,10 @@ def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
   the result; 0 when the starting policy is evaluated). No learner, optimizer state
   or controller is built, and nothing in ``workdir`` is written.
   """
-  from sagc_jax.runtime import compilation
-  from sagc_jax.runtime.storage import cache_root, local_mirror
-  from sagc_jax.training.build import build_eval_samplers
-  from sagc_jax.training.inputs import (build_run_inputs, configure_compilation_cache,
-                                        load_checkpoint_weights)
-
   config = reader_config(config)
   root = cache_root(config.train.local_cache_dir)
   compilation.install()
-  configure_compilation_cache(config, workdir, root, read_only=True)
+  configure_compilation_cache(config, root / "jax_cache")
   inputs = build_run_inputs(config, local_mirror(workdir, root), root, log)
   try:
     step = 0

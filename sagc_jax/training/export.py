@@ -16,20 +16,26 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+
+from sagc_jax.models import from_pretrained, save_pretrained
+from sagc_jax.runtime.storage import (FolderUpload, cache_root, is_remote, local_mirror,
+                                      run_path, stage)
+from sagc_jax.training.evaluation import load_run_config, reader_config
+from sagc_jax.training.inputs import load_checkpoint_weights, policy_source
+from sagc_jax.training.warm_start import SFT_MARKER
+
 # Files of the base folder that the export replaces (weights and the model config).
 _REPLACED = ("config.json", "model.safetensors", "model.safetensors.index.json")
 
 
 def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
   """The HF folder the run started from (tokenizer, config, generation settings)."""
-  from sagc_jax.runtime.storage import cache_root, local_mirror, stage
-  from sagc_jax.training.warm_start import SFT_MARKER
-
   root = cache_root(config.train.local_cache_dir)
   if base:
     return Path(stage(base, root, what="base folder"))
   if config.model.path:
-    from sagc_jax.training.inputs import policy_source
     return Path(policy_source(config, root))
   mirror = local_mirror(workdir, root)
   for name, marker in (("sft_model", SFT_MARKER), ("init_model", "model.safetensors")):
@@ -42,13 +48,6 @@ def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
 def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None,
            base: str | None = None, log=print) -> dict[str, Any]:
   """Writes the export; returns ``{"step", "out", "files"}``."""
-  import jax.numpy as jnp
-
-  from sagc_jax.training.evaluation import load_run_config, reader_config
-  from sagc_jax.models import from_pretrained
-  from sagc_jax.training.inputs import load_checkpoint_weights
-  from sagc_jax.runtime.storage import run_path
-
   if run_path(out).exists():
     raise ValueError(f"--out {out} exists already; pick a new folder (nothing is overwritten)")
   run = run_path(workdir)
@@ -70,8 +69,6 @@ def prepare_export_root(config: Any, workdir: Any, log: Callable[[str], None]) -
   steps later) and removes hidden partial exports a killed run left behind
   (``.step_N.partial-*``: ``write_hf_folder`` renames a finished one into place, so a
   partial one is never read; the run lock keeps other writers out)."""
-  from sagc_jax.runtime.storage import is_remote
-
   root = config.train.export_dir or os.fspath(Path(workdir) / "exports")
   if is_remote(root):
     return
@@ -99,11 +96,6 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
   ``replace``: an existing ``out`` (a step written again after a resume) is replaced
   once the new folder is complete.
   """
-  import jax
-
-  from sagc_jax.models import save_pretrained
-  from sagc_jax.runtime.storage import FolderUpload, is_remote, run_path
-
   writer = jax.process_index() == 0
   # A local folder is written next to its destination and renamed into place (a
   # kill leaves a hidden partial folder, never a partial export); a bucket's goes
@@ -115,8 +107,6 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
                                    dir=parent if writer else None) as tmp:
     local = Path(tmp) / "export"
     if writer:
-      if folder is None:
-        raise ValueError("write_hf_folder: process 0 needs the starting folder")
       local.mkdir(parents=True)
       for path in sorted(folder.iterdir()):
         if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \

@@ -62,24 +62,22 @@ class RunInputs:
     return encode_prompts(self.tokenizer, [ex["prompt"] for ex in examples],
                           use_chat_template=self.config.data.use_chat_template or None)
 
-  def decode(self, samples, rows: range | None = None) -> list[str]:
-    """Response texts of ``rows`` of a ``SampleBatch`` (default: every real row)."""
-    rows = range(samples.num_rows) if rows is None else rows
-    return [self.detokenize(samples.response_tokens[r, :samples.lengths[r]]) for r in rows]
+  def decode(self, samples) -> list[str]:
+    """Response texts of every real row of a ``SampleBatch``."""
+    return [self.detokenize(samples.response_tokens[r, :samples.lengths[r]])
+            for r in range(samples.num_rows)]
 
   def detokenize(self, tokens) -> str:
     """One response's text from its token ids (special tokens, the stop token, dropped)."""
     return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
   def close(self) -> None:
-    close = getattr(self.reward_fn, "close", None)
-    if close:
-      close()
+    self.reward_fn.close()
 
 
-def configure_compilation_cache(config: RunConfig, workdir: Any,
-                                cache_root: Path, read_only: bool) -> None:
-  """Points JAX's persistent compilation cache at the run (a reader: the local cache).
+def configure_compilation_cache(config: RunConfig, default: Any) -> None:
+  """Points JAX's persistent compilation cache at ``train.compilation_cache_dir``, else
+  ``default`` (a run's ``jax_cache``; a reader of a run: the local cache's).
 
   Which programs are written is JAX's own setting (``jax_persistent_cache_min_compile_
   time_secs``, 1 s unless the user's ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` says
@@ -88,7 +86,6 @@ def configure_compilation_cache(config: RunConfig, workdir: Any,
   """
   if not config.train.compilation_cache:
     return
-  default = (cache_root / "jax_cache") if read_only else workdir / "jax_cache"
   jax.config.update("jax_compilation_cache_dir",
                     config.train.compilation_cache_dir or str(default))
 
@@ -112,17 +109,15 @@ def check_prompt_lengths(config: RunConfig, tokenizer: Any,
 
   def where(split: str, example: dict, index: int) -> str:
     location = locate(split, int(example["id"])) if "id" in example else None
-    return (f"{location} (field {field!r})" if location
-            else f"{split} example {index} (field {field!r})")
+    return f"{location or f'{split} example {index}'} (field {field!r})"
   start = last_line = time.perf_counter()
   for split, source in sources:
     n = min(len(source), limit)
     for lo in range(0, n, 4096):
       examples = [source[i] for i in range(lo, min(lo + 4096, n))]
       prompts = [ex["prompt"] for ex in examples]
-      too_long = [i for i, p in enumerate(prompts) if len(p) > char_bound]
-      if too_long:
-        i = too_long[0]
+      i = next((i for i, p in enumerate(prompts) if len(p) > char_bound), None)
+      if i is not None:
         raise ValueError(
             f"{buckets}: {where(split, examples[i], lo + i)} has {len(prompts[i]):,} "
             f"characters, more than any {largest}-token prompt can hold (at most "
@@ -151,9 +146,7 @@ def policy_source(config: RunConfig, cache_root: Path,
   left as it is (a non-primary process waits for the primary's conversion).
   """
   path = stage(config.model.path, cache_root, log, what="model.path")
-  if path and is_gguf_source(path):
-    if not convert:
-      return path
+  if path and is_gguf_source(path) and convert:
     return str(cached_import(path, cache_root, log=log))
   return path
 
@@ -222,31 +215,14 @@ def load_checkpoint_weights(model: Transformer, directory: str | os.PathLike,
   checkpoint whose weights read back finite is used; older ones are tried when a newer
   one is damaged (each failure is logged). A given ``step`` must restore or it raises.
   """
-  from sagc_jax.runtime.checkpoint import Checkpointer, all_finite
+  from sagc_jax.runtime.checkpoint import Checkpointer
 
   _, params, _ = nnx.split(model, nnx.Param, ...)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32,
                                                          sharding=x.sharding), params)
   checkpointer = Checkpointer(directory, read_only=True, log=log)
   try:
-    candidates = [step] if step is not None else list(reversed(checkpointer.all_steps()))
-    if not candidates:
-      raise FileNotFoundError(f"no checkpoints in {directory}")
-    for candidate in candidates:
-      try:
-        found, restored = checkpointer.restore_params(abstract, candidate)
-        if not all_finite(restored):
-          raise ValueError("its weights restored with NaN or inf values")
-        break
-      except Exception as err:  # noqa: BLE001 - a damaged step: try the previous one
-        why = f"{type(err).__name__}: {str(err)[:300]}"
-        if step is not None or candidate == candidates[-1]:
-          others = [s for s in checkpointer.all_steps() if s != candidate]
-          raise ValueError(f"checkpoint step {candidate} in {directory} cannot be used "
-                           f"({why})" + (f"; the run's other steps: {others}" if others
-                                         else "")) from None
-        log(f"checkpoint step {candidate} in {directory} could not be used ({why}); "
-            "trying the previous one")
+    found, restored = checkpointer.restore_params(abstract, step)
   finally:
     checkpointer.close()
   dtype = jax.tree.leaves(params)[0].dtype

@@ -46,21 +46,18 @@ class Trainer:
   """Builds every part of a run from its config and runs the step loop."""
 
   def __init__(self, config: RunConfig, workdir: str | os.PathLike, *,
-               log: Callable[[str], None] | None = None, read_only: bool = False,
-               restore: bool = True, stop_deadline: bool = False,
+               log: Callable[[str], None] | None = None, stop_deadline: bool = False,
                before_rl: Callable[["Trainer"], dict[str, float]] | None = None):
-    """``read_only``: a reader of the run (eval): nothing in ``workdir`` is created,
-    rewritten, truncated or moved (no config.json, metrics or compilation cache writes;
-    damaged checkpoints are skipped in place). ``restore=False`` keeps the policy
-    the config names instead of the run's newest checkpoint.
+    """A trainer resumes the run's newest checkpoint in ``workdir`` if there is one
+    (a reader of a run builds no trainer: ``evaluation.evaluate_run``).
 
-    A trainer handles SIGTERM / SIGINT from here to ``close()`` (a writer on the main
+    It handles SIGTERM / SIGINT from here to ``close()`` (a writer on the main
     thread); a signal during start-up raises ``StopRequested``. ``stop_deadline``
     (the command line): end the process ``train.stop_grace_s`` after the first
     signal whatever it is doing (``runtime.stop``). ``before_rl(trainer)``: returns the
     evaluation before RL in place of running it (a comparison reuses one per seed)."""
     config = run_config(config)     # the command line built it; a ConfigDict is checked here
-    self.config, self.read_only, self.before_rl = config, read_only, before_rl
+    self.config, self.before_rl = config, before_rl
     # The workdir may be a bucket (gs://): every run file goes through storage.run_path.
     # Rebuildable files that need a real filesystem (TFDS data, the tiny model's warm
     # start) go to a local mirror; gs:// inputs are staged into the local cache.
@@ -71,33 +68,31 @@ class Trainer:
     self.log = log or print           # until the metrics writer exists
     self.state: RunState | None = None
     self.stopped_in: str | None = None   # the phase a stop signal ended at once
-    self._stopped_by_signal = False      # the run stopped early on an agreed signal
     self.supervisor = Supervisor(
-        config, self.workdir, read_only=read_only, stop_deadline=stop_deadline,
+        config, self.workdir, stop_deadline=stop_deadline,
         describe_state=lambda: self.state.describe() if self.state else "No step had run.",
-        log=log or print)
+        log=self.log)
     try:
       self.supervisor.start()
       with self.supervisor.stoppable("start-up", every_process=True):
-        self._build(config, log, read_only, restore)
+        self._build(log)
     except BaseException:
       # A refused or stopped start (a bad config, a checkpoint mismatch, a signal)
       # leaves no lock or signal handler behind.
       self.supervisor.close()
       raise
 
-  def _build(self, config: RunConfig, log: Callable[[str], None] | None,
-             read_only: bool, restore: bool) -> None:
+  def _build(self, log: Callable[[str], None] | None) -> None:
     """The rest of ``__init__``, once the run directory is this trainer's."""
-    if config.train.export_every and self.is_primary and not read_only:
-      prepare_export_root(config, self.workdir, log or print)   # before any run file
-    self.metrics = MetricsWriter(self.workdir, config.train.steps,
-                                 enabled=self.is_primary and not read_only,
+    config = self.config
+    if config.train.export_every and self.is_primary:
+      prepare_export_root(config, self.workdir, self.log)   # before any run file
+    self.metrics = MetricsWriter(self.workdir, config.train.steps, enabled=self.is_primary,
                                  sync_secs=config.train.metrics_sync_secs,
                                  local_dir=self.local_dir)
-    self.log = log or (print if read_only else self.metrics.log)
+    self.log = log or self.metrics.log
     compilation.install()
-    configure_compilation_cache(config, self.workdir, self.cache_root, read_only)
+    configure_compilation_cache(config, self.workdir / "jax_cache")
     self.inputs = build_run_inputs(config, self.local_dir, self.cache_root, self.log)
     self.model = self.inputs.model
     self.loader = PromptLoader(self.inputs.train_source, seed=config.seed,
@@ -116,19 +111,17 @@ class Trainer:
                                self.components.eval_sampled_sampler, log=self.log)
     self.rl_step = RLStep(self.inputs, self.components, self.controller, self.loader)
     self.checkpointer = Checkpointer(config.train.checkpoint_dir or self.workdir / "checkpoints",
-                                     config.train.keep_checkpoints, log=self.log,
-                                     read_only=read_only)
+                                     config.train.keep_checkpoints, log=self.log)
     self.state = RunState(self.checkpointer, self.learner, self.controller, self.loader,
                           self.metrics, config.train.max_consecutive_skipped, self.log)
     # Restoring rewrites metrics.jsonl (rows after the checkpoint) and config.json: a
     # stop signal there waits for the writes (a truncated file would lose rows that
     # cannot be rebuilt) and takes effect at warm-up.
     with self.supervisor.guard.stoppable("restoring the run", when=lambda: False):
-      if restore:
-        self.state.restore()
+      self.state.restore()
       # Only once the checkpoints are known to fit this config: a refused resume leaves
       # the run's config.json (and everything else) as it was.
-      if self.is_primary and not read_only:
+      if self.is_primary:
         write_run_config(config, self.workdir, resuming=bool(self.step), log=self.log)
     self.supervisor.attach_wandb(self.metrics, self.local_dir, resumed=bool(self.step),
                                  log=self.log)
@@ -149,9 +142,8 @@ class Trainer:
     self.state.begin_step()
 
     def phase(part: str):
-      if part == "update":
-        return self.supervisor.stoppable(f"step {n}'s update", when=self.state.nothing_new)
-      return self.supervisor.stoppable(f"step {n}'s {part}")
+      when = self.state.nothing_new if part == "update" else None
+      return self.supervisor.stoppable(f"step {n}'s {part}", when=when)
     result = self.rl_step(self.step, log=self.log, phase=phase)
     self.state.end_step()
     return result
@@ -172,7 +164,10 @@ class Trainer:
     """Compiles every sampler / learner shape ahead of time; returns seconds."""
     start = time.perf_counter()
     self.log("warm-up: tracing and compiling every program of the run ...")
-    n = self.components.warmup(self.model, self.evaluator.warmup_jobs(self.model), log=self.log)
+    # Every executable of the run in one pool (the evaluator knows which passes run).
+    n = compilation.warm(self.components.sampler.warmup_jobs(self.model)
+                         + self.evaluator.warmup_jobs(self.model) + self.learner.warmup_jobs(),
+                         log=self.log)
     n += distributed.warm_host_gathers(largest_host_gather(
         self.config, self.components, len(self.inputs.reward_fn.term_names)))
     prepare_checksums(abstract_like(self.learner.params), abstract_like(self.learner.opt_state))
@@ -194,6 +189,8 @@ class Trainer:
         with stoppable("the evaluation before RL", every_process=True):  # before the line: a
           evaluation = (self.before_rl(self) if self.before_rl     # signal sent on it
                         else self.evaluate_with_lines("before RL"))   # stops here
+        self.state.record_evaluation(evaluation, self.evaluator.sampled_correct)
+        self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
       elif self.state.evaluation_missing(self.config.train):
         # A stop signal skipped the evaluation after this step (its step was
         # checkpointed without it): measure it now, or the run never reports it.
@@ -208,9 +205,6 @@ class Trainer:
     except StopRequested as stopped:
       # Nothing new exists yet: the newest checkpoint (if any) holds all there is.
       return self._stopped_at_once(stopped)
-    if self.step == 0 and not self.eval_history:
-      self.state.record_evaluation(evaluation, self.evaluator.sampled_correct)
-      self.metrics.write({"step": 0, **evaluation})     # metrics.jsonl, TensorBoard, W&B
     end = c.train.steps if max_steps is None else min(c.train.steps, self.step + max_steps)
     # Processes leave the loop on the flag they agreed on (a signal reaches each host
     # on its own, maybe during warm-up): one leaving alone would wait forever in a
@@ -266,9 +260,8 @@ class Trainer:
     elif self.stopped_in is not None:
       self.log(f"nothing new to checkpoint (the newest checkpoint is "
                f"{f'step {self.step}' if self.step else 'none: no step ran'})")
-    self._stopped_by_signal = stop
     self.checkpointer.wait()
-    return self._finish()
+    return self._finish(preempted=stop)
 
   def _stopped_at_once(self, stopped: StopRequested) -> dict[str, Any]:
     """The end of a run stopped before its first step of this start."""
@@ -277,12 +270,12 @@ class Trainer:
              f"checkpoint is {f'step {newest[-1]}' if newest else 'none: no step ran'}); "
              "rerun the same command to go on")
     self.stopped_in = stopped.phase
-    self._stopped_by_signal = True
-    return self._finish()
+    return self._finish(preempted=True)
 
-  def _finish(self) -> dict[str, Any]:
-    """The run's summary, written to ``summary.json`` (process 0)."""
-    summary = self.state.summary(preempted=self._stopped_by_signal)
+  def _finish(self, preempted: bool) -> dict[str, Any]:
+    """The run's summary, written to ``summary.json`` (process 0); ``preempted``: the run
+    stopped early on an agreed signal."""
+    summary = self.state.summary(preempted=preempted)
     if self.is_primary:
       (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     if distributed.is_multiprocess() and self.stopped_in is None:

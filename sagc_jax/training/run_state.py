@@ -96,8 +96,8 @@ class RunState:
     self.metrics.truncate_after(step)
     # A checkpointed step whose row was lost (a torn last line: kill -9 or a full disk
     # while it was written) is not rerun: write its row again from the checkpoint.
-    logged = self.metrics.logged_steps() if self.metrics.enabled else None
-    for row in self.history if logged is not None else ():
+    logged = self.metrics.logged_steps()
+    for row in self.history if self.metrics.enabled else ():
       if row["step"] not in logged:
         self.metrics.write(row)
         self.log(f"metrics.jsonl: the row of step {row['step']} was missing; written again "
@@ -119,8 +119,11 @@ class RunState:
   def begin_step(self) -> None:
     """Keeps the controller's and loader's state at a step's start: a step a stop
     signal abandons is checkpointed as not begun."""
-    self._step_start = {"controller": self.controller.state_dict(),
-                        "loader": self.loader.state_dict()}
+    self._step_start = self._positions()
+
+  def _positions(self) -> dict[str, Any]:
+    """The controller's and the loader's state (checkpointed with the step)."""
+    return {"controller": self.controller.state_dict(), "loader": self.loader.state_dict()}
 
   def end_step(self) -> None:
     self._step_start = None
@@ -129,8 +132,7 @@ class RunState:
   def save(self) -> None:
     """Checkpoints the finished steps (during an abandoned step: the controller and
     loader state of its start, with the weights its rollout has not touched)."""
-    state = self._step_start or {"controller": self.controller.state_dict(),
-                                 "loader": self.loader.state_dict()}
+    state = self._step_start or self._positions()
     meta = {"step": self.step, "learner_step": self.learner.step,
             "skipped_updates": self.learner.skipped_updates,
             "consecutive_skipped": self.consecutive_skipped, **state,

@@ -32,9 +32,9 @@ __all__ = ["Supervisor"]
 class Supervisor:
   """The run directory's lock, stop signals, W&B and exports of one trainer."""
 
-  def __init__(self, config: Any, workdir: Any, *, read_only: bool, stop_deadline: bool,
+  def __init__(self, config: Any, workdir: Any, *, stop_deadline: bool,
                describe_state: Callable[[], str], log: Callable[[str], None]):
-    self.config, self.workdir, self.read_only = config, workdir, read_only
+    self.config, self.workdir = config, workdir
     self.is_primary = jax.process_index() == 0
     self.log = log
     self._lock = None
@@ -45,10 +45,7 @@ class Supervisor:
                            describe_state=describe_state)
 
   def start(self) -> None:
-    """Handles stop signals from here to ``close`` and takes the run directory's lock
-    (a reader of the run does neither)."""
-    if self.read_only:
-      return
+    """Handles stop signals from here to ``close`` and takes the run directory's lock."""
     self.guard.install()
     self.workdir.mkdir(parents=True, exist_ok=True)
     if self.is_primary:         # before anything in the workdir is written
@@ -73,7 +70,7 @@ class Supervisor:
 
   def attach_wandb(self, metrics: Any, local_dir: Any, *, resumed: bool,
                    log: Callable[[str], None]) -> None:
-    if self.config.train.wandb_project and self.is_primary and not self.read_only:
+    if self.config.train.wandb_project and self.is_primary:
       metrics.attach_wandb(start_wandb(self.config, self.workdir, local_dir, resumed=resumed,
                                        log=log))
 
