@@ -70,10 +70,11 @@ def parse_jsonl(lines: Sequence[str], path: Any, warn=None) -> list[tuple[str, d
   return parsed
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike, warn=None) -> list[dict[str, Any]]:
   """Rows of a JSON-lines file (local or ``gs://``); a torn last line is dropped."""
   file = run_path(path)
-  return [row for _, row in parse_jsonl(file.read_text(encoding="utf-8").splitlines(), file)]
+  return [row for _, row in parse_jsonl(file.read_text(encoding="utf-8").splitlines(), file,
+                                        warn)]
 
 
 class MetricsWriteError(RuntimeError):
