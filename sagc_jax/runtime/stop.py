@@ -82,7 +82,6 @@ class StopGuard:
     self.describe_state = describe_state or (lambda: "")
     self.requested = False
     self.signal_name: str | None = None
-    self.received_at: float | None = None
     self._phase: tuple[str, Callable[[], bool] | None] | None = None
     self._deferred: str | None = None    # a stop that arrived inside a host callback
     self._previous: dict[int, Any] = {}
@@ -135,7 +134,7 @@ class StopGuard:
     first = not self.requested
     self.requested = True
     if first:
-      self.signal_name, self.received_at = name, time.monotonic()
+      self.signal_name = name
       if self.grace_s:
         self._arm_watchdog()
     if signum == signal.SIGINT:

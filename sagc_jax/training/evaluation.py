@@ -95,7 +95,7 @@ class Evaluator:
   def evaluate(self, model: Any, limit: int | None = None) -> dict[str, float]:
     """Held-out accuracy of ``model``: greedy, sampled at the training temperature, and
     with ``train.eval_k`` > 1 pass@j / mean@k from k samples per example."""
-    start = time.perf_counter()
+    start, config = time.perf_counter(), self.inputs.config
     n = self.examples(limit)
     out: dict[str, float] = {}
     if self.run_greedy:
@@ -103,19 +103,18 @@ class Evaluator:
       out.update({"eval_accuracy": float(greedy.mean()),
                   **length_stats("eval_response_len", lengths)})
     sampled, sampled_lengths = self._pass(model, self.sampled, n, label="sampled",
-                                          seed=self.inputs.config.seed)
+                                          seed=config.seed)
     self.sampled_correct = sampled.reshape(-1).astype(np.int8)
     out.update({"eval_sampled_accuracy": float(sampled.mean()),
                 **length_stats("eval_sampled_response_len", sampled_lengths),
                 "eval_examples": float(n)})
-    k = self.inputs.config.train.eval_k
+    k = config.train.eval_k
     if k > 1:
       correct, k_lengths = self._pass(model, self.sampled, n, k=k, label=f"{k} samples",
-                                      seed=seed_for(self.inputs.config.seed, k))
+                                      seed=seed_for(config.seed, k))
       out.update(pass_at_k(correct))
       out.update(length_stats(f"eval_k{k}_response_len", k_lengths))
       out[f"eval_k{k}_response_len_p99"] = float(np.percentile(k_lengths, 99))
-      config = self.inputs.config
       out.update(straggler_profile(k_lengths, config.controller.tau,
                                    config.rollout.rollouts_per_step,
                                    config.group_sizes()))

@@ -120,13 +120,17 @@ def warm_start_key(config: Any) -> str:
 def _copy_into_place(source: Path, target: Path) -> None:
   """Copies a finished folder to ``target`` under a temporary name, then renames it:
   a reader never sees half a folder, and of two concurrent writers one wins."""
-  for stale in target.parent.glob(f"{target.name}.tmp*"):   # of a killed earlier copy
-    if not stale.name.endswith(f".tmp{os.getpid()}"):
-      shutil.rmtree(stale, ignore_errors=True)
-  tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
-  shutil.rmtree(tmp, ignore_errors=True)
+  tmp = _fresh_tmp(target)
   shutil.copytree(source, tmp)
   rename_into_place(tmp, target, SFT_MARKER)
+
+
+def _fresh_tmp(target: Path) -> Path:
+  """This process's temporary name for ``target``, once the temporary folders a killed
+  earlier copy or warm start left beside it are removed."""
+  for stale in target.parent.glob(f"{target.name}.tmp*"):
+    shutil.rmtree(stale, ignore_errors=True)
+  return target.with_name(f"{target.name}.tmp{os.getpid()}")
 
 
 def answer_only(examples: list[dict], prob: float, seed: int) -> list[dict]:
@@ -173,9 +177,7 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   # Any process that ran the warm start writes it: with a shared workdir only the
   # primary gets here (the others find its copy), with per-host disks each host keeps
   # its own (identical, the fine-tuning is deterministic) copy.
-  for stale in sft_dir.parent.glob(f"{sft_dir.name}.tmp*"):   # of a killed earlier run
-    shutil.rmtree(stale, ignore_errors=True)
-  tmp = sft_dir.with_name(f"{sft_dir.name}.tmp{os.getpid()}")
+  tmp = _fresh_tmp(sft_dir)
   try:
     shutil.copytree(init_dir, tmp)
     save_pretrained(model, cfg, tmp)
