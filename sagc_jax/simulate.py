@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "simulate.py"
 
@@ -35,7 +35,6 @@ def _define_flags():
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   config = flags.config
   from sagc_jax.experiments.plots import plot_simulation
 

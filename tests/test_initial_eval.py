@@ -5,6 +5,7 @@ folder that cannot be written."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from sagc_jax.experiments.initial_eval import (InitialEvaluationStore, initial_e
                                             reuse_or_evaluate)
 
 MESH = {"data": 2, "model": 1}
+EXAMPLES = [{"prompt": "1 + 2 = ?", "answer": "3"}, {"prompt": "2 * 3 = ?", "answer": "6"}]
+PROMPT_IDS = [[5, 6, 7], [5, 8, 7]]
 
 
 def weights(value=0.0):
@@ -21,8 +24,10 @@ def weights(value=0.0):
           "norm": np.ones((4,), np.float32)}
 
 
-def key(config=None, variables=None, mesh=MESH):
-  return initial_eval_key(validate(config or preset("grpo", "sagc")), variables or weights(), mesh)
+def key(config=None, variables=None, mesh=MESH, examples=EXAMPLES, prompt_ids=PROMPT_IDS,
+        stop_ids=(2,), pad_id=0):
+  return initial_eval_key(validate(config or preset("grpo", "sagc")), variables or weights(), mesh,
+                          examples, prompt_ids, stop_ids, pad_id)
 
 
 def test_the_key_follows_weights_and_evaluation_settings_but_not_the_controller():
@@ -46,6 +51,13 @@ def test_the_key_follows_weights_and_evaluation_settings_but_not_the_controller(
     assert key(changed) != base, (section, name)
 
 
+def test_the_key_follows_what_the_evaluation_reads():
+  base = key()
+  assert key(examples=[EXAMPLES[0], {"prompt": "2 * 3 = ?", "answer": "5"}]) != base
+  assert key(prompt_ids=[[5, 6, 7], [5, 8, 9]]) != base       # another tokenizer or template
+  assert key(stop_ids=(2, 3)) != base and key(pad_id=1) != base
+
+
 def test_with_eval_k_the_straggler_profile_s_controller_settings_enter_the_key():
   """eval_k > 1 reports each candidate G's straggler profile at tau: a static arm and
   SAGC evaluate differently then."""
@@ -56,6 +68,23 @@ def test_with_eval_k_the_straggler_profile_s_controller_settings_enter_the_key()
     return config
   assert key(with_k("sagc")) != key(with_k("static"))
   assert key(with_k("sagc")) != key(with_k("sagc", tau=2.0))
+
+
+def test_the_key_follows_the_model_folder_s_files_and_the_environment(tmp_path, monkeypatch):
+  folder = tmp_path / "policy"
+  folder.mkdir()
+  (folder / "tokenizer.json").write_text('{"version": 1}')
+  (folder / "model.safetensors").write_bytes(b"weights: hashed from the arrays instead")
+  config = preset("grpo", "sagc")
+  config.model.path = str(folder)
+  base = key(config)
+  (folder / "model.safetensors").write_bytes(b"another file of the same weights")
+  assert key(config) == base
+  (folder / "tokenizer.json").write_text('{"version": 2}')
+  changed = key(config)
+  assert changed != base
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_math=true")
+  assert key(config) != changed
 
 
 @pytest.mark.parametrize("text, problem", [

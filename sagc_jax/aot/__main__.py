@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import reject_positional, run_absl_tool
+from sagc_jax.cli import run_absl_tool
 
 
 def _define_flags():
@@ -109,7 +109,6 @@ def format_markdown(report: dict) -> str:
 
 
 def main(argv: Sequence[str], flags) -> None:
-  reject_positional(argv)
   from absl import logging
   logging.set_verbosity(logging.WARNING)
   from sagc_jax.aot.compile_report import compile_report

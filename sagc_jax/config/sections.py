@@ -360,8 +360,8 @@ class TrainSection(Section):
   completions go to completions.jsonl and TensorBoard. ``wandb_project``: '' = no
   Weights & Biases. ``export_every`` (0 = never): the policy as an HF folder under
   ``export_dir`` (default workdir/exports). ``initial_eval_dir``: a local folder
-  that keeps the evaluation before RL under a key of the weights and evaluation
-  settings ('' = always evaluate). ``max_consecutive_skipped``: stop once this many
+  that keeps the evaluation before RL under a key of the weights, settings, devices
+  and code ('' = always evaluate). ``max_consecutive_skipped``: stop once this many
   learner updates in a row were non-finite (0 = never). ``checkpoint_dir``: '' =
   workdir/checkpoints, a gs:// path on pods. ``local_cache_dir``: local disk for
   gs:// inputs ('' = $SAGC_CACHE_DIR or ~/.cache/sagc_jax). ``metrics_sync_secs``:

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from sagc_jax.rl import losses
 from sagc_jax.rl.rollout import RolloutBatch
 
 __all__ = ["LearnerBatch", "Microbatch", "StepSequences", "first_fit_decreasing",
@@ -152,6 +153,9 @@ def sequence_weights(tokens_per_seq: np.ndarray, mode: str, scale: float) -> np.
   real tokens, S its sequences with a real token and n_i sequence i's real tokens,
   ``token-mean`` 1/N, ``token-sum`` 1, ``seq-mean-token-mean`` 1/(S n_i),
   ``seq-mean-token-sum`` 1/S, ``seq-mean-token-sum-norm`` 1/(S scale)."""
+  if mode not in losses.AGG_MODES:
+    raise ValueError(f"sequence_weights: unknown mode {mode!r}; expected one of "
+                     f"{losses.AGG_MODES}")
   n = np.asarray(tokens_per_seq, np.float64)
   real = n > 0
   total, seqs = n.sum(), real.sum()

@@ -139,7 +139,10 @@ class MetricsWriter:
       # Event files are appended, so they are written locally (the run's local mirror
       # when the workdir is a bucket) and uploaded on flush/close. tensorboardX's own
       # gs:// writer re-uploads from __del__, after close, which hangs a process whose
-      # network is gone. A bucket workdir needs ``local_dir``.
+      # network is gone.
+      if is_remote(workdir) and local_dir is None:
+        raise ValueError(f"workdir {workdir}: a bucket workdir needs local_dir for the "
+                         "TensorBoard event files")
       remote_tb = run_path(workdir) / "tensorboard"
       local_tb = Path(local_dir) / "tensorboard" if is_remote(workdir) else remote_tb
       with _writing(local_tb):
@@ -147,8 +150,9 @@ class MetricsWriter:
       self._tb_upload = FolderUpload(local_tb, remote_tb if is_remote(workdir) else None)
 
   def attach_wandb(self, run: Any) -> None:
-    """Also sends every row and completion to this ``wandb`` run (an enabled writer's)."""
-    self._wandb = run
+    """Also sends every row and completion to this ``wandb`` run (primary only)."""
+    if self.enabled:
+      self._wandb = run
 
   def _publish(self, step: int, values: dict[str, Any]) -> None:
     """``values`` of ``step`` to TensorBoard (the finite numbers) and W&B."""

@@ -57,8 +57,9 @@ class Evaluator:
     return greedy + self.sampled.warmup_jobs(model)
 
   def examples(self, limit: int | None = None) -> int:
-    """How many held-out examples an evaluation uses (``limit``: at most that many; the
-    eval CLI has checked it is >= 1)."""
+    """How many held-out examples an evaluation uses (``limit``: at most that many)."""
+    if limit is not None and limit < 1:
+      raise ValueError(f"an evaluation needs at least one example, got limit={limit}")
     wanted = self.inputs.config.data.eval_examples if limit is None else limit
     return min(wanted, len(self.inputs.eval_source))
 

@@ -107,6 +107,8 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
                                    dir=parent if writer else None) as tmp:
     local = Path(tmp) / "export"
     if writer:
+      if folder is None:
+        raise ValueError("write_hf_folder: process 0 needs the starting folder")
       local.mkdir(parents=True)
       for path in sorted(folder.iterdir()):
         if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \

@@ -129,9 +129,11 @@ class RLStep:
         samples.group_max, samples.group_median, num_groups=samples.num_prompts)
     records = self._completion_records(local, owner, me * share, texts, own,
                                        samples.lengths[first_row:])
-    stats = RoundStats(group_max, group_median, samples.lengths[:samples.num_rows], rewards,
-                       distributed.allgather_rows(np.asarray(indices, np.int64)), sizes,
-                       records, samples.decode_slots, rollout_s=t1 - t0, reward_s=t2 - t1,
+    stats = RoundStats(group_max=group_max, group_median=group_median,
+                       lengths=samples.lengths[:samples.num_rows], rewards=rewards,
+                       prompt_ids=distributed.allgather_rows(np.asarray(indices, np.int64)),
+                       group_sizes=sizes, records=records, decode_slots=samples.decode_slots,
+                       rollout_s=t1 - t0, reward_s=t2 - t1,
                        reward_overlapped_s=scorer.overlapped_s)
     return rollout_batch(samples, rewards.scores), stats
 
