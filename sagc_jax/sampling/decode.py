@@ -25,7 +25,7 @@ compaction gather rows without knowing what they hold.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ from sagc_jax.runtime.distributed import put_global
 from sagc_jax.sampling.params import SamplingParams
 
 __all__ = ["ROW_LEAVES", "abstract_cache", "decode_until", "draw", "emit", "initial_carry",
-           "new_cache", "pin_cache", "place", "prefill", "sample_tokens", "sharded_spec"]
+           "lower", "new_cache", "pin_cache", "place", "prefill", "sample_tokens", "sharded_spec"]
 
 # Carry leaves indexed by row (gathered by compaction); "t" and the cache's "index"
 # are shared scalars.
@@ -54,6 +54,15 @@ def sharded_spec(mesh: Mesh | None, shape: Sequence[int], dtype: Any,
   """
   sharding = None if mesh is None else NamedSharding(mesh, P(*names))
   return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def lower(fn: Callable, in_specs: tuple, out_spec: Any = None, donate: tuple[int, ...] = ()
+          ) -> Any:
+  """``jax.jit(fn).lower(*in_specs)``, every sampler program's lowering: the inputs laid
+  out as their specs say, the outputs as ``out_spec``'s (a leaf without a sharding, or
+  no ``out_spec``, leaves XLA to choose), ``donate`` the donated arguments."""
+  out_shardings = jax.tree.map(lambda s: s.sharding, out_spec)
+  return jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings).lower(*in_specs)
 
 
 def place(value: Any, sharding: jax.sharding.Sharding | None) -> Any:

@@ -14,54 +14,39 @@ persistent compilation cache.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.kv_cache import KVCache
 from sagc_jax.models.sharding import abstract_like
-from sagc_jax.models.transformer import ForwardOptions
-from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
+from sagc_jax.runtime.compilation import WarmupJob
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import (GroupLengthStats, LengthStatsSink, group_length_stats,
-                                           lower_report)
+from sagc_jax.sampling.group_stats import (GroupLengthStats, group_length_stats, lower_report,
+                                           stats_specs)
 from sagc_jax.sampling.listener import RolloutListener, wait_for
-from sagc_jax.sampling.params import SamplingParams
+from sagc_jax.sampling.programs import DecoderPrograms
 
 __all__ = ["FusedDecoder"]
 
 
-class FusedDecoder:
-  """The fused executables of one model architecture, and one call through them.
+class FusedDecoder(DecoderPrograms):
+  """The fused executables of one model architecture, and one call through them
+  (``programs.DecoderPrograms``: ("generate", rows, prompt_len) and ("stats", rows)).
 
-  Args as ``segmented.SegmentedDecoder``'s; ``state`` is the model's (abstract or
-  concrete) state, whose shardings the generate program keeps.
+  The generate program keeps the shardings of the model state it is lowered with.
   """
 
-  def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, cfg: ModelConfig, *,
-               cache_dtype: Any, mesh: Mesh | None,
-               options_for: Callable[[int], ForwardOptions], sink: LengthStatsSink, state):
-    self.graphdef, self.params, self.cfg = graphdef, params, cfg
-    self.cache_dtype, self.mesh, self.options_for, self.sink = cache_dtype, mesh, options_for, sink
-    # ("generate", rows, prompt_len) and ("stats", rows) -> program
-    self.programs = ProgramCache(self._lower)
-    self._jitted = jax.jit(self._make_core(), **self._shardings(state))
-
-  def _make_core(self):
+  def _lower_generate(self, state, rows: int, prompt_len: int):
     graphdef, params, cfg = self.graphdef, self.params, self.cfg
-    cache_dtype = self.cache_dtype
     n_new = params.max_new_tokens
+    options = self.options_for(rows)
 
     def sampler_generate(state, prompt_tokens, prompt_mask, row_valid, group_ids, row_ids, seed):
       model = nnx.merge(graphdef, state)
-      rows, prompt_len = prompt_tokens.shape
-      options = self.options_for(rows)
-      cache = decode.new_cache(cfg, rows, prompt_len + n_new, cache_dtype, self.mesh)
+      cache = decode.new_cache(cfg, rows, prompt_len + n_new, self.cache_dtype, self.mesh)
       logits, cache = decode.prefill(model, prompt_tokens, prompt_mask, cache, options)
       carry = decode.emit(decode.initial_carry(cache, row_valid, row_ids, params), logits, seed,
                           params)
@@ -70,22 +55,12 @@ class FusedDecoder:
       return dict(tokens=carry["tokens"], logprobs=carry["logprobs"], lengths=carry["lengths"],
                   decode_steps=carry["t"], stats=stats)
 
-    return sampler_generate
-
-  def _shardings(self, state) -> dict[str, Any]:
-    if self.mesh is None:
-      return {}
-    rows2d = NamedSharding(self.mesh, P("data", None))
-    rows1d = NamedSharding(self.mesh, P("data"))
-    repl = NamedSharding(self.mesh, P())
-    state_sh = jax.tree.map(lambda x: x.sharding, state)
-    out = dict(tokens=rows2d, logprobs=rows2d, lengths=rows1d, decode_steps=repl,
-               stats=GroupLengthStats(repl, repl, repl))
-    return dict(in_shardings=(state_sh, rows2d, rows2d, rows1d, rows1d, rows1d, repl),
-                out_shardings=out)
-
-  def _spec(self, shape, dtype, names) -> jax.ShapeDtypeStruct:
-    return decode.sharded_spec(self.mesh, shape, dtype, names)
+    row2 = lambda dtype: self._spec((rows, n_new), dtype, ("data", None))
+    out = dict(tokens=row2(jnp.int32), logprobs=row2(jnp.float32),
+               lengths=self._spec((rows,), jnp.int32, ("data",)),
+               decode_steps=self._spec((), jnp.int32), stats=stats_specs(rows, self._spec))
+    return decode.lower(sampler_generate,
+                        (abstract_like(state), *self._abstract_inputs(rows, prompt_len)), out)
 
   def _abstract_inputs(self, rows: int, prompt_len: int) -> tuple:
     """Specs of the generate program's inputs: prompt tokens and mask, row validity,
@@ -97,12 +72,8 @@ class FusedDecoder:
             self._spec((rows,), jnp.int32, ("data",)),
             self._spec((), jnp.uint32, ()))
 
-  def _lower(self, key: tuple, state=None):
-    kind, *shape = key
-    if kind == "stats":
-      return lower_report(self.sink, shape[0], self._spec)
-    rows, prompt_len = shape
-    return self._jitted.lower(abstract_like(state), *self._abstract_inputs(rows, prompt_len))
+  def _lower_stats(self, state, rows: int):
+    return lower_report(self.sink, rows, self._spec)
 
   def compile(self, state, rows: int, prompt_len: int):
     """The compiled generate executable of one (call rows, prompt bucket) (cached)."""
@@ -126,8 +97,7 @@ class FusedDecoder:
     while loop, but XLA's cost analysis counts a loop body once, so per-token FLOPs and
     bytes of decoding are read from this executable (``sagc_jax.aot``).
     """
-    graphdef, mesh = self.graphdef, self.mesh
-    options = self.options_for(rows)
+    graphdef, options = self.graphdef, self.options_for(rows)
 
     def decode_step(state, tokens, alive, cache):
       step_model = nnx.merge(graphdef, state)
@@ -136,23 +106,17 @@ class FusedDecoder:
       return logits[:, -1].argmax(-1), cache
 
     cache = self.abstract_cache(rows, prompt_len)
-    kwargs = {}
-    if mesh is not None:
-      kwargs = dict(out_shardings=(NamedSharding(mesh, P("data")),
-                                   jax.tree.map(lambda x: x.sharding, cache)))
     row1 = lambda dtype: self._spec((rows,), dtype, ("data",))
-    lowered = jax.jit(decode_step, donate_argnums=(3,), **kwargs).lower(
-        abstract_like(state), row1(jnp.int32), row1(jnp.bool_), cache)
-    return lowered.compile()
+    inputs = (abstract_like(state), row1(jnp.int32), row1(jnp.bool_), cache)
+    return decode.lower(decode_step, inputs, (row1(jnp.int32), cache), donate=(3,)).compile()
 
   def run(self, state, rows: int, prompt_len: int, tokens: np.ndarray, mask: np.ndarray,
           row_valid: np.ndarray, group_ids: np.ndarray, row_ids: np.ndarray, seed: int,
           listener: RolloutListener | None = None) -> tuple[dict[str, Any], float, int]:
     """One call on ``rows`` rows (inputs padded to it): ``(outputs, seconds, slots)`` as
     ``SegmentedDecoder.run``'s; ``listener`` works while it runs."""
-    inputs = tuple(decode.place(x, s.sharding) for x, s in zip(
-        (tokens, mask, row_valid, group_ids, row_ids, np.uint32(seed)),
-        self._abstract_inputs(rows, prompt_len)))
+    inputs = self._place((tokens, mask, row_valid, group_ids, row_ids, np.uint32(seed)),
+                         self._abstract_inputs(rows, prompt_len))
     executable = self.compile(state, rows, prompt_len)
     stats_program = self.programs.get(("stats", rows))
     start = time.perf_counter()
@@ -162,7 +126,3 @@ class FusedDecoder:
     out["stats"] = GroupLengthStats(*stats_program(*out["stats"]))
     out = wait_for(out, listener)
     return out, time.perf_counter() - start, rows * int(out["decode_steps"])
-
-  @property
-  def num_executables(self) -> int:
-    return len(self.programs)

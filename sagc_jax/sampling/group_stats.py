@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from sagc_jax.sampling.decode import place
+from sagc_jax.sampling.decode import lower, place
 
 
 class GroupLengthStats(NamedTuple):
@@ -87,22 +87,14 @@ def stats_inputs(rows: int, spec: Spec) -> tuple[jax.ShapeDtypeStruct, ...]:
   return row1(jnp.int32), row1(jnp.int32), row1(jnp.bool_)
 
 
-def _jit_lower(fn: Callable, in_specs: tuple, out_spec: Any) -> Any:
-  """``jax.jit(fn).lower`` with the specs' shardings, the outputs' where given."""
-  laid_out = all(x.sharding is not None for x in jax.tree.leaves(out_spec))
-  out = jax.tree.map(lambda x: x.sharding, out_spec) if laid_out else None
-  return jax.jit(fn, out_shardings=out).lower(*in_specs)
-
-
-def _stats_specs(rows: int, spec: Spec) -> GroupLengthStats:
+def stats_specs(rows: int, spec: Spec) -> GroupLengthStats:
   """Specs of the ``GroupLengthStats`` of a ``rows``-row call (replicated)."""
   shapes = jax.eval_shape(lambda *a: group_length_stats(*a, num_groups=rows),
                           *stats_inputs(rows, spec))
   return GroupLengthStats(*(spec(x.shape, x.dtype, ()) for x in shapes))
 
 
-def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec,
-                lower: Callable[[Callable, tuple, Any], Any]) -> Any:
+def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
   """The lowered stats program of a ``rows``-row call: the row lengths (in output
   order), group ids and validity in; their ``group_length_stats`` to ``sink``.
 
@@ -112,14 +104,13 @@ def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec,
   program that runs the model: JAX does not write a program that carries a host
   callback to the persistent compilation cache, so a restarted run reads every model
   program from the cache and compiles only these again. ``spec(shape, dtype, mesh
-  axes)`` describes an input, ``lower(fn, in_specs, out_spec)`` lowers with the
-  sampler's shardings.
+  axes)`` describes an input with the sampler's shardings.
   """
   def sampler_stats(lengths, group_ids, row_valid):
     return send_length_stats(sink, group_length_stats(lengths, group_ids, row_valid,
                                                       num_groups=rows))
 
-  return lower(sampler_stats, stats_inputs(rows, spec), _stats_specs(rows, spec))
+  return lower(sampler_stats, stats_inputs(rows, spec), stats_specs(rows, spec))
 
 
 def lower_report(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
@@ -133,8 +124,8 @@ def lower_report(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
   def sampler_stats(group_max, group_median, count):
     return send_length_stats(sink, GroupLengthStats(group_max, group_median, count))
 
-  specs = _stats_specs(rows, spec)
-  return _jit_lower(sampler_stats, tuple(specs), specs)
+  specs = stats_specs(rows, spec)
+  return lower(sampler_stats, tuple(specs), specs)
 
 
 def run_stats(program: Any, rows: int, spec: Spec, lengths: Any, group_ids: Any,

@@ -50,7 +50,6 @@ from sagc_jax.models.paged_cache import SCRATCH_PAGE
 from sagc_jax.runtime.compilation import WarmupJob
 from sagc_jax.runtime.distributed import to_host
 from sagc_jax.sampling.decode import place
-from sagc_jax.sampling.group_stats import run_stats
 from sagc_jax.sampling.listener import RolloutListener, wait_for
 from sagc_jax.sampling.refill_programs import RefillPrograms
 from sagc_jax.sampling.refill_schedule import RefillSchedule
@@ -162,11 +161,8 @@ class RefillDecoder(RefillPrograms):
     # (left by an earlier, longer attempt, were rounding to change it) are cleared.
     past = np.arange(n_new)[None, :] >= lengths[:, None]
     tokens[past], logprobs[past] = params.pad_id, 0.0
-    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec,
-                              lengths, group_ids, row_valid))
-    return (dict(tokens=tokens, logprobs=logprobs, lengths=lengths,
-                 decode_steps=np.int32(steps), stats=stats),
-            time.perf_counter() - start, slots_used)
+    out = self._result(rows, tokens, logprobs, lengths, steps, group_ids, row_valid)
+    return out, time.perf_counter() - start, slots_used
 
   def _prefill(self, state, pools, prompts: list[list[Any]]):
     """Prefills each lane's new prompts (``prompts[lane]``) in one program."""
@@ -186,10 +182,8 @@ class RefillDecoder(RefillPrograms):
     program = self.programs.get(("prefill", rung, bucket), state)
     inputs = (tokens.reshape(lanes * rung, length), mask.reshape(lanes * rung, length),
               page_ids)
-    names = (("data",), ("data",), ("data",))
-    inputs = tuple(place(x, self._spec(x.shape, x.dtype, n).sharding)
-                   for x, n in zip(inputs, names))
-    return program(state, pools, *inputs)
+    return program(state, pools, *self._place(
+        inputs, [self._spec(x.shape, x.dtype, ("data",)) for x in inputs]))
 
   def _segment(self, state, pools, sched: RefillSchedule, copies: dict[int, tuple[int, int]],
                out, rows: int, row_ids: np.ndarray, seed):

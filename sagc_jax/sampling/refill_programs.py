@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
 
-from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.paged_cache import (POOL_AXES, PagedKVCache, SlotKVCache, gather_slots,
                                          pool_shape, repeat_heads, scatter_slots)
 from sagc_jax.models.sharding import abstract_like, named_sharding
 from sagc_jax.models.splash import head_layout
-from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats
-from sagc_jax.sampling.params import SamplingParams
+from sagc_jax.sampling.programs import DecoderPrograms
 from sagc_jax.sampling.refill_schedule import pages_for
 
 __all__ = ["RefillPrograms", "auto_pages"]
@@ -38,7 +34,7 @@ def auto_pages(slots: int, pages_per_row: int) -> int:
 
 
 
-class RefillPrograms:
+class RefillPrograms(DecoderPrograms):
   """The programs of refill decoding for one model architecture, keyed by shape.
 
   On a mesh, the slots and the pools are split over its ``'data'`` axis into *lanes*:
@@ -49,45 +45,35 @@ class RefillPrograms:
   that runs one of its rows. The Pallas kernel runs per device, inside
   ``jax.shard_map`` (``paged_cache.paged_decode_attend``).
 
-  Args:
-    graphdef: the model's graph (``nnx.split``); parameters come with every call.
-    params: ``SamplingParams`` (the fused sampler's: same tokens).
-    cfg: the model config.
-    cache_dtype: KV pool dtype.
-    options_for: the ``ForwardOptions`` of a pass over a given row count
-      (``paged_kernel``: ``"xla"`` or ``"pallas"``).
-    sink: host sink of the per-group length stats.
+  Args: those of ``programs.DecoderPrograms`` (``cache_dtype``: the pools';
+    ``options_for``'s ``paged_kernel``: ``"xla"`` or ``"pallas"``; ``mesh`` may be
+    None: one device), and
     slots: rows decoding at once (a multiple of the mesh's 'data' axis).
     page_size: tokens per page.
     num_pages: pages per layer pool of each lane, its scratch page included (None:
       ``auto_pages``).
     segment: decode steps between refills (host syncs).
     prompt_buckets: padded prompt lengths (as the fused sampler's).
-    mesh: the mesh the programs are placed on, or None (one device).
   """
 
-  def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, cfg: ModelConfig, *,
-               cache_dtype: Any, options_for: Callable[[int], ForwardOptions],
-               sink: LengthStatsSink, slots: int, page_size: int, num_pages: int | None,
-               segment: int, prompt_buckets: Sequence[int], mesh: Mesh | None = None):
+  def __init__(self, *args, slots: int, page_size: int, num_pages: int | None, segment: int,
+               prompt_buckets: Sequence[int], mesh=None, **kwargs):
     self.lanes = 1 if mesh is None else int(mesh.shape.get("data", 1))
     if slots <= 0 or slots % self.lanes:
       raise ValueError(f"refill_slots={slots} must be a multiple of the mesh's 'data' axis "
                        f"({self.lanes}), and positive: each data shard decodes its own slots")
-    self.graphdef, self.params, self.cfg = graphdef, params, cfg
-    self.cache_dtype, self.options_for, self.sink = cache_dtype, options_for, sink
+    super().__init__(*args, mesh=mesh, **kwargs)
     self.slots, self.page_size, self.segment = slots, page_size, segment
     self.slots_per_lane = slots // self.lanes
     self.prompt_buckets = tuple(sorted(set(prompt_buckets)))
     # The longest row: every prompt key but the last token's, then one own key per
     # response token.
-    self.pages_per_row = pages_for(max(self.prompt_buckets) - 1 + params.max_new_tokens,
+    self.pages_per_row = pages_for(max(self.prompt_buckets) - 1 + self.params.max_new_tokens,
                                    page_size)
-    self.mesh = mesh
     # Copies of each KV head in the pools, so that the heads divide 'model' (Qwen2.5-3B:
     # 2 KV heads, 4-way axis -> 2 copies, one head per device instead of both on all).
     self.kv_repeats = 1 if mesh is None else head_layout(
-        cfg.num_heads, cfg.num_kv_heads, mesh.shape.get("model", 1))[1]
+        self.cfg.num_heads, self.cfg.num_kv_heads, mesh.shape.get("model", 1))[1]
     self.resize_pool(num_pages)
 
   def resize_pool(self, num_pages: int | None) -> None:
@@ -137,10 +123,6 @@ class RefillPrograms:
     keys |= {("stats", rows), ("outputs", rows)}
     return keys
 
-  @property
-  def num_executables(self) -> int:
-    return len(self.programs)
-
   def pool_bytes_per_device(self) -> int:
     """Bytes of one device's share of the key and value pools of every layer."""
     leaves = jax.tree.leaves(self._abstract_pools())
@@ -156,12 +138,6 @@ class RefillPrograms:
     names = tuple(names) + (None,) * (len(shape) - len(names))
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=self._sharding(shape, names))
 
-  def _jit(self, fn, in_specs: tuple, out_spec: Any = None, donate: tuple[int, ...] = ()):
-    shardings = None
-    if self.mesh is not None and out_spec is not None:
-      shardings = jax.tree.map(lambda s: s.sharding, out_spec)
-    return jax.jit(fn, donate_argnums=donate, out_shardings=shardings).lower(*in_specs)
-
   def _abstract_pools(self):
     shape = (self.lanes,) + pool_shape(self.cfg, self.num_pages, self.page_size,
                                        self.kv_repeats)
@@ -171,12 +147,6 @@ class RefillPrograms:
   def _by_lane(self, x: jax.Array) -> jax.Array:
     """[S, ...] -> [lanes, S / lanes, ...] (slot s is in lane s // (S / lanes))."""
     return x.reshape((self.lanes, -1) + x.shape[1:])
-
-  def _lower(self, key: tuple, state=None):
-    kind, *shape = key
-    if kind == "stats":
-      return lower_stats(self.sink, shape[0], self._spec, self._jit)
-    return getattr(self, f"_lower_{kind}")(state, *shape)
 
   def _lower_prefill(self, state, prompt_rows: int, prompt_bucket: int):
     """Prefills ``prompt_rows`` right-padded prompts per lane into a dense cache and
@@ -208,13 +178,13 @@ class RefillPrograms:
               self._spec((rows, length), jnp.int32, ("data",)),
               self._spec((rows, length), jnp.bool_, ("data",)),
               self._spec((lanes, prompt_rows, length // page), jnp.int32, ("data",)))
-    return self._jit(sampler_prefill, inputs, pools, donate=(1,))
+    return decode.lower(sampler_prefill, inputs, pools, donate=(1,))
 
   def _lower_outputs(self, state, rows: int):
     """The call's output buffers on device: pad tokens, zero log-probs."""
     specs = self._out_specs(rows)
     fill = dict(tokens=self.params.pad_id, logprobs=0)
-    return self._jit(lambda: {k: jnp.full(s.shape, fill[k], s.dtype) for k, s in specs.items()},
+    return decode.lower(lambda: {k: jnp.full(s.shape, fill[k], s.dtype) for k, s in specs.items()},
                      (), specs)
 
   def _slot_specs(self, pages: int) -> dict[str, Any]:
@@ -311,5 +281,5 @@ class RefillPrograms:
     inputs = (abstract_like(state), pools, slot_specs, out_specs, self._spec((), jnp.uint32))
     outputs = (pools, {k: slot_specs[k] for k in ("own_len", "last", "done")}, out_specs,
                self._spec((), jnp.int32), self._spec((self.slots, n_new), jnp.int32, ("data",)))
-    return self._jit(sampler_refill_segment, inputs, outputs, donate=(1, 3))
+    return decode.lower(sampler_refill_segment, inputs, outputs, donate=(1, 3))
 

@@ -176,7 +176,7 @@ class Sampler:
     self.prompts_for = prompts_for
     common = dict(cache_dtype=self.cache_dtype, mesh=mesh, options_for=self._options_for,
                   sink=self.sink)
-    self.fused = FusedDecoder(self._graphdef, params, self.cfg, state=state, **common)
+    self.fused = FusedDecoder(self._graphdef, params, self.cfg, **common)
     self.refill = None
     if refill_slots:
       self.refill = RefillDecoder(
@@ -412,5 +412,5 @@ class Sampler:
 
   @property
   def num_executables(self) -> int:
-    return sum(d.num_executables for d in (self.fused, self.segmented, self.refill)
+    return sum(len(d.programs) for d in (self.fused, self.segmented, self.refill)
                if d is not None)

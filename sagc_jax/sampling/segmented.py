@@ -38,24 +38,20 @@ and ``segment``. The main job (``configs/tiny_cpu.py``: 3 row buckets, ladders o
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
 from sagc_jax.runtime.distributed import to_host
-from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.sharding import abstract_like
-from sagc_jax.models.transformer import ForwardOptions
-from sagc_jax.runtime.compilation import ProgramCache, WarmupJob
+from sagc_jax.runtime.compilation import WarmupJob
 from sagc_jax.runtime.shapes import row_ladder
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, run_stats
 from sagc_jax.sampling.listener import RolloutListener, wait_for
-from sagc_jax.sampling.params import SamplingParams
+from sagc_jax.sampling.programs import DecoderPrograms
 
 
 def _take_rows(cache, index: jax.Array):
@@ -77,36 +73,20 @@ def auto_segment(max_new_tokens: int) -> int:
   return max(32, -(-max_new_tokens // 4))
 
 
-class SegmentedDecoder:
+class SegmentedDecoder(DecoderPrograms):
   """The executables and host loop of segmented decoding for one model architecture.
 
-  It receives what its programs are built from, not the ``Sampler`` that owns it
-  (which imports this module, never the reverse):
-
-  Args:
-    graphdef: the model's graph (``nnx.split``); parameters come with every call.
-    params: ``SamplingParams`` (the fused sampler's: same tokens).
-    cfg: the model config (the cache's shape).
-    cache_dtype: KV cache dtype.
-    mesh: optional mesh (rows on 'data').
-    options_for: the ``ForwardOptions`` of a pass over a given row count, with that
-      row count's cache layout pinned (the fused sampler's own).
-    sink: host sink of the per-group length stats.
+  Args: those of ``programs.DecoderPrograms``, and
     segment: tokens per decode segment (> 0).
     compaction: gather the running rows into fewer between segments.
     min_rows: the smallest row count compaction goes down to (rounded up to 'data').
   """
 
-  def __init__(self, graphdef: nnx.GraphDef, params: SamplingParams, cfg: ModelConfig, *,
-               cache_dtype: Any, mesh: Mesh | None,
-               options_for: Callable[[int], ForwardOptions], sink: LengthStatsSink,
-               segment: int, compaction: bool, min_rows: int):
-    self.graphdef, self.params, self.cfg = graphdef, params, cfg
-    self.cache_dtype, self.mesh, self.options_for, self.sink = cache_dtype, mesh, options_for, sink
+  def __init__(self, *args, segment: int, compaction: bool, min_rows: int, **kwargs):
+    super().__init__(*args, **kwargs)
     self.segment, self.compaction = segment, compaction
     self.data = 1 if self.mesh is None else self.mesh.shape.get("data", 1)
     self.min_rows = -(-min_rows // self.data) * self.data
-    self.programs = ProgramCache(self._lower)
 
   # ----------------------------------------------------------------- shapes
   def spans(self, prompt_len: int) -> tuple[int, ...]:
@@ -164,9 +144,6 @@ class SegmentedDecoder:
     return self.programs.get(key, state)
 
   # ------------------------------------------------------------ shardings
-  def _spec(self, shape, dtype, names):
-    return decode.sharded_spec(self.mesh, shape, dtype, names)
-
   def _abstract_carry(self, rows: int, length: int) -> dict[str, Any]:
     """The decode state of ``rows`` rows with a ``length``-slot cache."""
     n_new = self.params.max_new_tokens
@@ -180,21 +157,7 @@ class SegmentedDecoder:
     carry["cache"] = decode.abstract_cache(self.cfg, rows, length, self.cache_dtype, self.mesh)
     return carry
 
-  def _jit(self, fn, in_specs: tuple, out_spec: Any, donate: tuple[int, ...] = ()):
-    kwargs = dict(donate_argnums=donate)
-    if self.mesh is not None:
-      sharding = lambda tree: jax.tree.map(lambda s: s.sharding, tree)
-      kwargs.update(in_shardings=tuple(sharding(s) for s in in_specs),
-                    out_shardings=sharding(out_spec))
-    return jax.jit(fn, **kwargs).lower(*in_specs)
-
   # ----------------------------------------------------------- executables
-  def _lower(self, key: tuple, state=None):
-    kind, *shape = key
-    if kind in ("start", "segment"):
-      return getattr(self, f"_lower_{kind}")(state, *shape)
-    return getattr(self, f"_lower_{kind}")(*shape)
-
   def _lower_start(self, state, prompt_rows: int, rows: int, prompt_len: int):
     graphdef, params, cfg = self.graphdef, self.params, self.cfg
     max_len = self.spans(prompt_len)[0]
@@ -213,7 +176,7 @@ class SegmentedDecoder:
 
     inputs = (abstract_like(state), *self._start_inputs(prompt_rows, rows, prompt_len),
               self._spec((), jnp.uint32, ()))
-    return self._jit(sampler_start, inputs, self._abstract_carry(rows, max_len))
+    return decode.lower(sampler_start, inputs, self._abstract_carry(rows, max_len))
 
   def _start_inputs(self, prompt_rows: int, rows: int, prompt_len: int) -> tuple:
     """Specs of the start program's host inputs: prompt tokens and mask (one row per
@@ -249,12 +212,12 @@ class SegmentedDecoder:
 
     rest = self._abstract_carry(rows, span - extra)
     cache = rest.pop("cache")
-    return self._jit(
+    return decode.lower(
         sampler_segment,
         (abstract_like(state), rest, cache, self._spec((), jnp.uint32, ())),
         self._abstract_carry(rows, span), donate=(1,) if extra else (1, 2))
 
-  def _lower_compact(self, rows_from: int, rows_to: int, prompt_len: int, span: int):
+  def _lower_compact(self, state, rows_from: int, rows_to: int, prompt_len: int, span: int):
     """Gathers the running rows (``index``) into ``rows_to`` rows; ``keep`` False
     marks padding rows, done from then on."""
     def sampler_compact(carry, index, keep):
@@ -265,24 +228,17 @@ class SegmentedDecoder:
       out["cache"] = _take_rows(carry["cache"], index)
       return out
 
-    return self._jit(
+    return decode.lower(
         sampler_compact, (self._abstract_carry(rows_from, span),
                           self._spec((rows_to,), jnp.int32, ("data",)),
                           self._spec((rows_to,), jnp.bool_, ("data",))),
         self._abstract_carry(rows_to, span))
-
-  def _lower_stats(self, rows: int):
-    return lower_stats(self.sink, rows, self._spec, self._jit)
 
   def warmup_job(self, state, rows: int, prompt_len: int, group_sizes: Sequence[int]
                  ) -> WarmupJob:
     """The programs of ``executable_keys`` (for ``runtime.compilation.warm``)."""
     return WarmupJob(self.programs,
                      sorted(self.executable_keys(rows, prompt_len, group_sizes)), (state,))
-
-  @property
-  def num_executables(self) -> int:
-    return len(self.programs)
 
   # ------------------------------------------------------------- host loop
   def run(self, state, rows: int, prompt_len: int, tokens: np.ndarray, mask: np.ndarray,
@@ -313,9 +269,8 @@ class SegmentedDecoder:
     p_tokens[:len(first)], p_mask[:len(first)] = tokens[first], mask[first]
     row_prompt = row_prompt.astype(np.int32)
     start_exe = self.programs.get(("start", prompt_rows, rows, prompt_len), state)
-    args = [decode.place(x, sp.sharding) for x, sp in zip(
-        (p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)),
-        self._start_inputs(prompt_rows, rows, prompt_len))]
+    args = self._place((p_tokens, p_mask, row_prompt, row_valid, row_ids.astype(np.int32)),
+                       self._start_inputs(prompt_rows, rows, prompt_len))
     seed_arr = decode.place(np.uint32(seed), self._spec((), jnp.uint32, ()).sharding)
 
     out_tokens = np.full((rows, n_new), params.pad_id, np.int32)
@@ -360,8 +315,5 @@ class SegmentedDecoder:
           decode.place(keep, rows_on_data))
       current = target
     harvest(carry)
-    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec,
-                              out_lengths, group_ids, row_valid))
-    seconds = time.perf_counter() - start
-    return (dict(tokens=out_tokens, logprobs=out_logprobs, lengths=out_lengths,
-                 decode_steps=np.int32(t), stats=stats), seconds, slots_used)
+    out = self._result(rows, out_tokens, out_logprobs, out_lengths, t, group_ids, row_valid)
+    return out, time.perf_counter() - start, slots_used
