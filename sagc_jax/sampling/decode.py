@@ -29,10 +29,11 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.kv_cache import KVCache, cache_sharding, init_cache
+from sagc_jax.models.sharding import named_sharding
 from sagc_jax.models.transformer import ForwardOptions, Transformer
 from sagc_jax.runtime.distributed import put_global
 from sagc_jax.sampling.params import SamplingParams
@@ -46,13 +47,15 @@ ROW_LEAVES = ("last", "tokens", "logprobs", "lengths", "done", "row_ids", "slot"
 
 
 def sharded_spec(mesh: Mesh | None, shape: Sequence[int], dtype: Any,
-                 names: Sequence[str | None]) -> jax.ShapeDtypeStruct:
-  """An abstract input laid out by mesh axis ``names`` (unsharded without a mesh).
+                 names: Sequence[str | None] = ()) -> jax.ShapeDtypeStruct:
+  """An abstract input laid out by mesh axis ``names`` where they divide it (dimensions
+  past ``names`` unsharded; everything unsharded without a mesh).
 
   The samplers compile ahead of time (docs/architecture.md, "Shapes and compilation"), so each
   input is described once, with its sharding, and lowered from that description.
   """
-  sharding = None if mesh is None else NamedSharding(mesh, P(*names))
+  names = tuple(names) + (None,) * (len(shape) - len(names))
+  sharding = None if mesh is None else named_sharding(shape, names, mesh)
   return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
 

@@ -82,13 +82,11 @@ class FusedDecoder(DecoderPrograms):
   def warmup_job(self, state, rows: int, prompt_len: int) -> WarmupJob:
     return WarmupJob(self.programs, [("generate", rows, prompt_len), ("stats", rows)], (state,))
 
-  def abstract_cache(self, rows: int, prompt_len: int, length: int | None = None) -> KVCache:
-    """The KV cache of one call, abstract, with its pinned sharding (if a mesh).
-
-    ``length`` slots (default ``prompt_len + max_new_tokens``, the generate program's).
-    """
-    max_len = prompt_len + self.params.max_new_tokens if length is None else length
-    return decode.abstract_cache(self.cfg, rows, max_len, self.cache_dtype, self.mesh)
+  def abstract_cache(self, rows: int, prompt_len: int) -> KVCache:
+    """The generate program's KV cache of one call, abstract, with its pinned sharding
+    (if a mesh)."""
+    return decode.abstract_cache(self.cfg, rows, prompt_len + self.params.max_new_tokens,
+                                 self.cache_dtype, self.mesh)
 
   def compile_decode_step(self, state, rows: int, prompt_len: int):
     """One decode step (a token for every row against a full cache), compiled on its own.

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from sagc_jax.sampling.decode import lower, place
+from sagc_jax.sampling.decode import lower
 
 
 class GroupLengthStats(NamedTuple):
@@ -99,7 +99,8 @@ def lower_stats(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
   order), group ids and validity in; their ``group_length_stats`` to ``sink``.
 
   The segmented and refill samplers report through this small program, run right
-  after their last decoding program (``run_stats``; the fused sampler computes its
+  after their last decoding program (``programs.DecoderPrograms._result``: on the host
+  lengths, placed as ``stats_inputs``; the fused sampler computes its
   stats in its model program and reports them with ``lower_report``), and never from a
   program that runs the model: JAX does not write a program that carries a host
   callback to the persistent compilation cache, so a restarted run reads every model
@@ -126,20 +127,6 @@ def lower_report(sink: "LengthStatsSink", rows: int, spec: Spec) -> Any:
 
   specs = stats_specs(rows, spec)
   return lower(sampler_stats, tuple(specs), specs)
-
-
-def run_stats(program: Any, rows: int, spec: Spec, lengths: Any, group_ids: Any,
-              row_valid: Any) -> GroupLengthStats:
-  """Dispatches the compiled ``lower_stats`` program of a ``rows``-row call; returns its
-  (device) stats, ready once the callback has reached the sink.
-
-  Host arrays go to the devices laid out as ``stats_inputs``; arrays already there (a
-  decoding program's outputs) are passed as they are, so the program queues behind
-  the one that produces them without a host round trip.
-  """
-  values = (lengths, group_ids, row_valid)
-  return program(*(x if isinstance(x, jax.Array) else place(x, s.sharding)
-                   for x, s in zip(values, stats_inputs(rows, spec))))
 
 
 class LengthStatsSink:

@@ -42,16 +42,12 @@ class RolloutListener(Protocol):
     False (or when nothing is pending)."""
 
 
-def _pending(tree: Any) -> Callable[[], bool]:
-  leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-  return lambda: not all(x.is_ready() for x in leaves)
-
-
 def wait_for(tree: Any, listener: RolloutListener | None) -> Any:
   """``to_host(tree)``, lending the host to ``listener`` while the device computes it."""
   if listener is not None:
+    pending = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     try:
-      listener.work_while(_pending(tree))
+      listener.work_while(lambda: not all(x.is_ready() for x in pending))
     except StopRequested:
       raise                          # the run ends: the program is abandoned
     except BaseException:

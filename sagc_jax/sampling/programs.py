@@ -20,7 +20,7 @@ from sagc_jax.models.transformer import ForwardOptions
 from sagc_jax.runtime.compilation import ProgramCache
 from sagc_jax.runtime.distributed import to_host
 from sagc_jax.sampling import decode
-from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, run_stats
+from sagc_jax.sampling.group_stats import LengthStatsSink, lower_stats, stats_inputs
 from sagc_jax.sampling.params import SamplingParams
 
 __all__ = ["DecoderPrograms"]
@@ -66,9 +66,10 @@ class DecoderPrograms:
 
   def _result(self, rows: int, tokens, logprobs, lengths, steps: int, group_ids, row_valid
               ) -> dict[str, Any]:
-    """A call's host outputs, the stats program run on its lengths: the fields of the
-    fused program's outputs (tokens, logprobs, lengths, decode_steps, stats)."""
-    stats = to_host(run_stats(self.programs.get(("stats", rows)), rows, self._spec,
-                              lengths, group_ids, row_valid))
+    """A call's host outputs, the stats program run on its lengths (which sends them to
+    the sink): the fields of the fused program's outputs (tokens, logprobs, lengths,
+    decode_steps, stats)."""
+    inputs = self._place((lengths, group_ids, row_valid), stats_inputs(rows, self._spec))
+    stats = to_host(self.programs.get(("stats", rows))(*inputs))
     return dict(tokens=tokens, logprobs=logprobs, lengths=lengths,
                 decode_steps=np.int32(steps), stats=stats)

@@ -83,10 +83,6 @@ class RefillDecoder(RefillPrograms):
                          page_size=self.page_size, num_pages=None, segment=self.segment,
                          prompt_buckets=self.prompt_buckets, mesh=self.mesh)
 
-  def resize_pool(self, num_pages: int | None) -> None:
-    super().resize_pool(num_pages)
-    self._pools = None            # allocated again, at the new size, when next used
-
   def warmup_job(self, state, row_buckets: Sequence[int]) -> WarmupJob:
     self._ensure_pools()                 # allocated once, before the first call
     keys = set().union(*(self.executable_keys(r) for r in row_buckets))
@@ -110,8 +106,7 @@ class RefillDecoder(RefillPrograms):
 
     ``listener`` receives the rows that stopped in a segment while the next one
     decodes, and is lent the host while each segment runs."""
-    params = self.params
-    n_new = params.max_new_tokens
+    n_new = self.params.max_new_tokens
     for p in prompts:
       if len(p) > max(self.prompt_buckets):
         raise ValueError(f"a {len(p)}-token prompt exceeds the largest prompt bucket "
@@ -150,17 +145,12 @@ class RefillDecoder(RefillPrograms):
     if sched.held:
       raise RuntimeError(f"refill: {sched.held} pages still held after the call (a leak)")
     result = to_host(out)
-    lengths = np.zeros(rows, np.int32)
-    lengths[:len(sched.lengths)] = sched.lengths
-    lane = np.zeros(rows, np.int32)
-    lane[:len(sched.final_lane)] = sched.final_lane
-    every = np.arange(rows)
-    tokens = result["tokens"][lane, every].copy()
-    logprobs = result["logprobs"][lane, every].copy()
+    lengths, lane = (np.pad(x, (0, rows - len(x))) for x in (sched.lengths, sched.final_lane))
+    tokens, logprobs = (result[k][lane, np.arange(rows)] for k in ("tokens", "logprobs"))
     # An evicted row restarts and rewrites its tokens; columns past its final length
     # (left by an earlier, longer attempt, were rounding to change it) are cleared.
     past = np.arange(n_new)[None, :] >= lengths[:, None]
-    tokens[past], logprobs[past] = params.pad_id, 0.0
+    tokens[past], logprobs[past] = self.params.pad_id, 0.0
     out = self._result(rows, tokens, logprobs, lengths, steps, group_ids, row_valid)
     return out, time.perf_counter() - start, slots_used
 
@@ -187,18 +177,15 @@ class RefillDecoder(RefillPrograms):
 
   def _segment(self, state, pools, sched: RefillSchedule, copies: dict[int, tuple[int, int]],
                out, rows: int, row_ids: np.ndarray, seed):
-    page = self.page_size
-    slots, prompt_of = sched.slots, sched.prompts
-    s_count = self.slots
-    longest = max(prompt_of[s.prompt].kv_len // page + len(s.pages)
-                  for s in slots if s.row >= 0)
+    page, prompt_of = self.page_size, sched.prompts
+    longest = max(prompt_of[s.prompt].kv_len // page + len(s.pages) for s in sched.running)
     width = min(w for w in self.page_buckets() if w >= longest)
-    table = np.full((s_count, width), SCRATCH_PAGE, np.int32)
-    host = {k: np.zeros(s_count, np.int32) for k in ("prompt_len", "own_len", "last",
-                                                     "row_ids", "copy_src", "copy_dst")}
-    host["out_row"] = np.full(s_count, rows, np.int32)
-    done = np.ones(s_count, bool)
-    for i, s in enumerate(slots):
+    table = np.full((self.slots, width), SCRATCH_PAGE, np.int32)
+    host = {k: np.zeros(self.slots, np.int32) for k in ("prompt_len", "own_len", "last",
+                                                        "row_ids", "copy_src", "copy_dst")}
+    host["out_row"] = np.full(self.slots, rows, np.int32)
+    done = np.ones(self.slots, bool)
+    for i, s in enumerate(sched.slots):
       if s.row < 0:
         continue
       prompt = prompt_of[s.prompt]
@@ -210,9 +197,9 @@ class RefillDecoder(RefillPrograms):
       done[i] = s.done
     for i, (src, dst) in copies.items():
       host["copy_src"][i], host["copy_dst"][i] = src, dst
-    slot_inputs = dict(host, page_table=table, done=done)
     specs = self._slot_specs(width)
-    slot_inputs = {k: place(v, specs[k].sharding) for k, v in slot_inputs.items()}
+    slot_inputs = {k: place(v, specs[k].sharding)
+                   for k, v in dict(host, page_table=table, done=done).items()}
     return self.programs.get(("segment", width, rows), state)(
         state, pools, slot_inputs, out, place(seed, self._spec((), jnp.uint32).sharding))
 

@@ -20,18 +20,12 @@ from sagc_jax.models.paged_cache import (POOL_AXES, PagedKVCache, SlotKVCache, g
 from sagc_jax.models.sharding import abstract_like, named_sharding
 from sagc_jax.models.splash import head_layout
 from sagc_jax.runtime.compilation import ProgramCache
+from sagc_jax.runtime.shapes import row_ladder
 from sagc_jax.sampling import decode
 from sagc_jax.sampling.programs import DecoderPrograms
 from sagc_jax.sampling.refill_schedule import pages_for
 
-__all__ = ["RefillPrograms", "auto_pages"]
-
-
-def auto_pages(slots: int, pages_per_row: int) -> int:
-  """Default pool: every slot can hold a row of the longest length at once (no
-  eviction ever), plus the scratch page. The AOT tool sizes pools from HBM instead."""
-  return slots * pages_per_row + 1
-
+__all__ = ["RefillPrograms"]
 
 
 class RefillPrograms(DecoderPrograms):
@@ -51,7 +45,7 @@ class RefillPrograms(DecoderPrograms):
     slots: rows decoding at once (a multiple of the mesh's 'data' axis).
     page_size: tokens per page.
     num_pages: pages per layer pool of each lane, its scratch page included (None:
-      ``auto_pages``).
+      every slot can hold a row of the longest length at once, no eviction ever).
     segment: decode steps between refills (host syncs).
     prompt_buckets: padded prompt lengths (as the fused sampler's).
   """
@@ -77,12 +71,13 @@ class RefillPrograms(DecoderPrograms):
     self.resize_pool(num_pages)
 
   def resize_pool(self, num_pages: int | None) -> None:
-    """Another pool size (per lane, the scratch page included; None: ``auto_pages``):
-    the programs that receive the pools are lowered again when next used (the AOT tool
-    sizes the pool to the chip's HBM this way)."""
+    """Another pool size (per lane, the scratch page included; None: every slot can
+    hold a row of the longest length at once): the programs that receive the pools are
+    lowered again when next used (the AOT tool sizes the pool to the chip's HBM this
+    way)."""
     self.pages_auto = num_pages is None
     if num_pages is None:
-      num_pages = auto_pages(self.slots_per_lane, self.pages_per_row)
+      num_pages = self.slots_per_lane * self.pages_per_row + 1
     if num_pages < self.pages_per_row + 1:
       raise ValueError(
           f"kv_pages={num_pages!r}: the pool must hold at least one row of the longest "
@@ -91,6 +86,7 @@ class RefillPrograms(DecoderPrograms):
           f"new tokens) plus the scratch page: >= {self.pages_per_row + 1}")
     self.num_pages = num_pages
     self.programs = ProgramCache(self._lower)
+    self._pools = None            # the device pools, allocated at this size when next used
 
   # ----------------------------------------------------------------- shapes
   def page_buckets(self) -> tuple[int, ...]:
@@ -107,11 +103,7 @@ class RefillPrograms(DecoderPrograms):
   def prompt_rungs(self) -> tuple[int, ...]:
     """Prompt rows of a prefill per lane: 1, 2, 4, ... up to the lane's slots (at most
     one new prompt per admitted row)."""
-    rungs, r = {self.slots_per_lane}, 1
-    while r < self.slots_per_lane:
-      rungs.add(r)
-      r *= 2
-    return tuple(sorted(rungs))
+    return row_ladder(self.slots_per_lane, 1)
 
   def _prefill_len(self, prompt_bucket: int) -> int:
     """Token columns of a prefill (the bucket, whole pages)."""
@@ -130,23 +122,11 @@ class RefillPrograms(DecoderPrograms):
     return sum(math.prod(shard(x)) * jnp.dtype(x.dtype).itemsize for x in leaves)
 
   # ----------------------------------------------------------- executables
-  def _sharding(self, shape, names):
-    return None if self.mesh is None else named_sharding(shape, names, self.mesh)
-
-  def _spec(self, shape, dtype, names=()):
-    """An abstract input laid out by mesh axis ``names`` where they divide it."""
-    names = tuple(names) + (None,) * (len(shape) - len(names))
-    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=self._sharding(shape, names))
-
   def _abstract_pools(self):
     shape = (self.lanes,) + pool_shape(self.cfg, self.num_pages, self.page_size,
                                        self.kv_repeats)
     leaf = self._spec(shape, jnp.dtype(self.cache_dtype), POOL_AXES)
     return (leaf,) * self.cfg.num_layers, (leaf,) * self.cfg.num_layers
-
-  def _by_lane(self, x: jax.Array) -> jax.Array:
-    """[S, ...] -> [lanes, S / lanes, ...] (slot s is in lane s // (S / lanes))."""
-    return x.reshape((self.lanes, -1) + x.shape[1:])
 
   def _lower_prefill(self, state, prompt_rows: int, prompt_bucket: int):
     """Prefills ``prompt_rows`` right-padded prompts per lane into a dense cache and
@@ -218,8 +198,10 @@ class RefillPrograms(DecoderPrograms):
     views = options.paged_kernel == "xla"
     view_shape = (self.slots, self.cfg.num_kv_heads * self.kv_repeats, pages * self.page_size,
                   self.cfg.head_dim)               # slots on 'data', heads on 'model'
-    view_sharding = self._sharding(view_shape, ("data", "model", None, None))
-    by_lane = self._by_lane
+    view_sharding = None if self.mesh is None else named_sharding(
+        view_shape, ("data", "model", None, None), self.mesh)
+    # [S, ...] -> [lanes, S / lanes, ...] (slot s is in lane s // (S / lanes)).
+    by_lane = lambda x: x.reshape((self.lanes, -1) + x.shape[1:])
     lane_map = lambda fn, *args: jax.vmap(fn)(*args)
 
     def sampler_refill_segment(state, pools, slots, out, seed):

@@ -214,9 +214,9 @@ class Sampler:
     """One decode step compiled on its own, for its cost (``FusedDecoder``)."""
     return self.fused.compile_decode_step(nnx.state(model), rows, prompt_len)
 
-  def abstract_cache(self, rows: int, prompt_len: int, length: int | None = None) -> KVCache:
+  def abstract_cache(self, rows: int, prompt_len: int) -> KVCache:
     """The fused program's KV cache of one call, abstract (``FusedDecoder``)."""
-    return self.fused.abstract_cache(rows, prompt_len, length)
+    return self.fused.abstract_cache(rows, prompt_len)
 
   def warmup(self, model: Transformer) -> int:
     """Compiles every executable a ``generate`` call can use; returns how many were new.
@@ -347,7 +347,8 @@ class Sampler:
                  ) -> tuple[dict[str, np.ndarray], float, int, int]:
     """The call's rows through the fused or segmented decoder, in sub-calls of whole
     groups when a bucket exceeds ``max_rows_per_call``: (outputs joined over the
-    ``rows``-row bucket, seconds, decode steps, decode slots)."""
+    ``rows``-row bucket, seconds, decode steps, decode slots); ``listener`` works while
+    each runs. ``group_starts``: each group's first row, for groups of different sizes."""
     call_rows = self.call_rows(rows)
     if call_rows < group_size:
       raise ValueError(f"max_rows_per_call={self.max_rows_per_call} is smaller than "
@@ -355,14 +356,22 @@ class Sampler:
     # Sub-calls of whole groups; every row keeps its global row id (its random stream),
     # so a split rollout samples the tokens of an unsplit one (up to float rounding).
     per_call = rows if call_rows == rows else (call_rows // group_size) * group_size
+
+    def pad(x, value=0, size=call_rows):    # rows padded to the executable's (or the bucket)
+      out = np.full((size,) + x.shape[1:], value, x.dtype)
+      out[:len(x)] = x
+      return out
     pieces, seconds, decode_steps, decode_slots = [], 0.0, 0, 0
     for lo in range(0, max(real_rows, 1), per_call):
       hi = min(lo + per_call, rows)
-      out, took, slots = self._call(state, call_rows, prompt_len, tokens[lo:hi],
-                                    mask[lo:hi], row_valid[lo:hi],
-                                    group_ids[lo:hi] - group_ids[lo],
-                                    np.arange(lo, hi, dtype=np.int32), seed, group_size,
-                                    listener, group_starts)
+      padded = (pad(tokens[lo:hi], self.params.pad_id), pad(mask[lo:hi]),
+                pad(row_valid[lo:hi]), pad(group_ids[lo:hi] - group_ids[lo]),
+                pad(np.arange(lo, hi, dtype=np.int32)))
+      if self.segmented is None:
+        out, took, slots = self.fused.run(state, call_rows, prompt_len, *padded, seed, listener)
+      else:
+        out, took, slots = self.segmented.run(state, call_rows, prompt_len, *padded, seed,
+                                              group_size, listener, group_starts=group_starts)
       pieces.append((hi - lo, out))
       if listener is not None:        # these rows are final: the next sub-call hides them
         real = min(hi, real_rows) - lo
@@ -373,32 +382,10 @@ class Sampler:
       decode_slots += slots
 
     def joined(field, fill=0):
-      rows_out = np.concatenate([np.asarray(out[field])[:n] for n, out in pieces])
-      full = np.full((rows,) + rows_out.shape[1:], fill, rows_out.dtype)
-      full[:rows_out.shape[0]] = rows_out
-      return full
+      return pad(np.concatenate([np.asarray(out[field])[:n] for n, out in pieces]), fill, rows)
     out = dict(lengths=joined("lengths"), tokens=joined("tokens", self.params.pad_id),
                logprobs=joined("logprobs"))
     return out, seconds, decode_steps, decode_slots
-
-  def _call(self, state, call_rows: int, prompt_len: int, tokens, mask, row_valid, group_ids,
-            row_ids, seed, group_size: int, listener: RolloutListener | None,
-            group_starts: np.ndarray | None) -> tuple[dict, float, int]:
-    """One call on ``call_rows`` rows (the given rows, padded): host outputs, seconds
-    and decode slots (rows x steps actually run); ``listener`` works while it runs.
-    ``group_starts``: each group's first row, for groups of different sizes."""
-    n = tokens.shape[0]
-
-    def pad(x, value=0):
-      out = np.full((call_rows,) + x.shape[1:], value, x.dtype)
-      out[:n] = x
-      return out
-    padded = (pad(tokens, self.params.pad_id), pad(mask), pad(row_valid), pad(group_ids),
-              pad(row_ids))
-    if self.segmented is None:
-      return self.fused.run(state, call_rows, prompt_len, *padded, seed, listener)
-    return self.segmented.run(state, call_rows, prompt_len, *padded, seed, group_size, listener,
-                              group_starts=group_starts)
 
   def call_rows(self, rows: int) -> int:
     """Rows of the executable that serves a ``rows``-row bucket (``max_rows_per_call``)."""

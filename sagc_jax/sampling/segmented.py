@@ -187,19 +187,15 @@ class SegmentedDecoder(DecoderPrograms):
             self._spec((rows,), jnp.bool_, ("data",)),
             self._spec((rows,), jnp.int32, ("data",)))
 
-  def _input_span(self, prompt_len: int, span: int) -> int:
-    """Cache slots a segment receives: the previous segment's span (the start
-    program's for the first)."""
-    spans = self.spans(prompt_len)
-    return spans[max(spans.index(span) - 1, 0)]
-
   def _lower_segment(self, state, rows: int, prompt_len: int, span: int):
     """Grows the received cache to ``span`` slots, then decodes to token
     ``span - prompt_len``. The cache is passed apart from the other carry leaves so
     that it is donated exactly when its size stays (the first segment)."""
     graphdef, params = self.graphdef, self.params
     options = self.options_for(rows)
-    extra = span - self._input_span(prompt_len, span)
+    # The cache received is the previous segment's span (the start program's for the first).
+    spans = self.spans(prompt_len)
+    extra = span - spans[max(spans.index(span) - 1, 0)]
     grow_kv = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))   # [B, KV, S, D]
 
     def sampler_segment(state, rest, cache, seed):
@@ -273,17 +269,14 @@ class SegmentedDecoder(DecoderPrograms):
                        self._start_inputs(prompt_rows, rows, prompt_len))
     seed_arr = decode.place(np.uint32(seed), self._spec((), jnp.uint32, ()).sharding)
 
-    out_tokens = np.full((rows, n_new), params.pad_id, np.int32)
-    out_logprobs = np.zeros((rows, n_new), np.float32)
-    out_lengths = np.zeros((rows,), np.int32)
+    outputs = dict(tokens=np.full((rows, n_new), params.pad_id, np.int32),
+                   logprobs=np.zeros((rows, n_new), np.float32), lengths=np.zeros(rows, np.int32))
 
     def harvest(carry):
-      got = to_host({k: carry[k] for k in ("tokens", "logprobs", "lengths", "slot")})
+      got = to_host({k: carry[k] for k in (*outputs, "slot")})
       real = got["slot"] >= 0
-      slots = got["slot"][real]
-      out_tokens[slots] = got["tokens"][real]
-      out_logprobs[slots] = got["logprobs"][real]
-      out_lengths[slots] = got["lengths"][real]
+      for k, buf in outputs.items():
+        buf[got["slot"][real]] = got[k][real]
 
     start = time.perf_counter()
     carry = start_exe(state, *args, seed_arr)
@@ -315,5 +308,5 @@ class SegmentedDecoder(DecoderPrograms):
           decode.place(keep, rows_on_data))
       current = target
     harvest(carry)
-    out = self._result(rows, out_tokens, out_logprobs, out_lengths, t, group_ids, row_valid)
+    out = self._result(rows, **outputs, steps=t, group_ids=group_ids, row_valid=row_valid)
     return out, time.perf_counter() - start, slots_used
