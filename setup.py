@@ -74,6 +74,7 @@ setup(
     entry_points={
         "console_scripts": [
             "sagc-simulate=sagc_jax.simulate:run",
+            "sagc-calibrate=sagc_jax.calibrate:run",
             "sagc-train=sagc_jax.train:run",
             "sagc-eval=sagc_jax.eval:main",
             "sagc-compare=sagc_jax.compare:run",

@@ -141,3 +141,16 @@ def reject_repeated_overrides(args: Sequence[str]) -> None:
 def reject_positional(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise ValueError(f"unexpected positional arguments: {list(argv[1:])}")
+
+
+def trace_cost_model(flag: str, trace: Any) -> Any:
+  """The cost model a ``--cost`` flag names for replaying ``trace``: ``cpu`` (the trace's
+  measured decode cost, ``control.trace_replay.DecodeCost``) or ``aot:REPORT.json``
+  (a preset's compiled programs, ``aot.trace_cost.CompiledStepCost``)."""
+  if flag == "cpu":
+    from sagc_jax.control.trace_replay import DecodeCost
+    return DecodeCost.of(trace)
+  if flag.startswith("aot:") and len(flag) > 4:
+    from sagc_jax.aot.trace_cost import CompiledStepCost
+    return CompiledStepCost.load(flag[4:])
+  raise ValueError(f"--cost={flag!r} is not 'cpu' or 'aot:REPORT.json'")

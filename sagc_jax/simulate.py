@@ -8,6 +8,15 @@ section (configs/simulate_prompts.py) runs the prompt-heterogeneity simulator
 instead (``sagc_jax.control.prompt_simulator``: static G, SAGC, prompt_aware,
 per_prompt), and ``--claims_seeds N`` then writes its per-arm and against-SAGC
 tables (``sagc_jax.experiments.prompt_claims``).
+
+``--trace T[,T2]`` replays recorded rollouts instead (``python -m sagc_jax.calibrate``
+writes them; ``sagc_jax.control.trace_replay``): every static G, SAGC, prompt_aware and
+per_prompt, for ``--algorithms`` and ``--taus``, over ``--replicates`` bootstrap
+replicates, priced by ``--cost`` (``cpu``, or ``aot:REPORT.json`` from ``python -m
+sagc_jax.aot ... --out``). A second trace (after RL) makes the prompts drift from the
+first to it over the run. The controller settings are the traced run's; the rollout
+budget is the trace's run's under ``cpu`` and the preset's under ``aot:``. Writes the
+tables to ``--out`` with ``.md``.
 """
 
 from __future__ import annotations
@@ -31,10 +40,66 @@ def _define_flags():
   flags.DEFINE_string("plot", None, "PNG plot path (default: --out with .png).")
   flags.DEFINE_integer("claims_seeds", 0, "also run this many seeds and write the paper's "
                        "claims table (sagc_jax.experiments.claims) next to --out as claims.md")
+  flags.DEFINE_list("trace", [], "Replay this trace (a second one, comma-separated: the "
+                    "trace after RL, for drift) instead of simulating lengths.")
+  flags.DEFINE_string("cost", "cpu", "Trace replay cost model: 'cpu' or 'aot:REPORT.json'.")
+  flags.DEFINE_list("algorithms", ["grpo", "dapo"], "Trace replay: grpo and/or dapo.")
+  flags.DEFINE_list("taus", [], "Trace replay: the tau of each table (default: the run's).")
+  flags.DEFINE_integer("replicates", 5, "Trace replay: bootstrap replicates (>= 3).")
+  flags.DEFINE_integer("steps", 300, "Trace replay: steps per replicate.")
   return flags.FLAGS
 
 
+def replay_traces(flags) -> None:
+  """``--trace``: the replay tables of the recorded rollouts (module docstring)."""
+  from sagc_jax.cli import trace_cost_model
+  from sagc_jax.control.trace import read_trace
+  from sagc_jax.experiments.trace_claims import trace_claims
+
+  if len(flags.trace) > 2:
+    raise ValueError(f"--trace takes one trace or two (before,after RL), got {len(flags.trace)}")
+  unknown = sorted(set(flags.algorithms) - {"grpo", "dapo"})
+  if unknown or not flags.algorithms:
+    raise ValueError(f"--algorithms={','.join(flags.algorithms)}: each must be grpo or dapo")
+  if flags.replicates < 3 or flags.steps < 10:
+    raise ValueError(f"--replicates={flags.replicates} must be >= 3 and --steps={flags.steps} "
+                     ">= 10")
+  traces = [read_trace(path) for path in flags.trace]
+  cost = trace_cost_model(flags.cost, traces[0])
+  header = traces[0].header
+  try:
+    taus = [float(t) for t in flags.taus] or [float(header["controller"]["tau"])]
+  except ValueError:
+    raise ValueError(f"--taus={','.join(flags.taus)} is not a list of numbers") from None
+  scaled = {} if flags.cost == "cpu" else dict(
+      length_scale=cost.cap / traces[0].max_new_tokens, length_cap=cost.cap)
+  refill = flags.cost != "cpu" and cost.report.get("refill") is not None
+  rollout = header["rollout"] if flags.cost == "cpu" else cost.rollout
+  table, rows = trace_claims(
+      traces, cost, controller=header["controller"], rollout=rollout,
+      algorithms=flags.algorithms, taus=taus, replicates=flags.replicates, steps=flags.steps,
+      max_rounds=int(header.get("learner", {}).get("dynamic_max_rounds", 3)), refill=refill,
+      log=lambda m: print(m, flush=True), **scaled)
+  truncated = [float(t.truncated.mean()) for t in traces]
+  drift = "drifting from the first trace to the second" if len(traces) == 2 else \
+      "one stationary trace: an upper bound for the contextual kinds"
+  intro = (f"Trace replay of {', '.join(flags.trace)} ({drift}); cost {cost.name}; rollout "
+           f"budget {rollout}; truncated share {', '.join(f'{t:.3f}' for t in truncated)}"
+           + (f"; lengths scaled x{scaled['length_scale']:g} to the {scaled['length_cap']}-token"
+              " cap" if scaled else ""))
+  print(intro)
+  print(table)
+  out = Path(flags.out).with_suffix(".md")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(intro + "\n\n" + table + "\n")
+  out.with_suffix(".json").write_text(json.dumps({"intro": intro, "rows": rows}, indent=1))
+  print(f"wrote {out} and {out.with_suffix('.json')}")
+
+
 def main(argv: Sequence[str], flags) -> None:
+  if flags.trace:
+    replay_traces(flags)
+    return
   config = flags.config
   from sagc_jax.experiments.plots import plot_simulation
 

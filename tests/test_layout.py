@@ -36,7 +36,7 @@ LAYERS = {
     "": 6,                 # the command-line tools at the package root
 }
 ROOT_MODULES = {"__init__", "cli", "train", "eval", "export", "import_model", "simulate", "compare",
-                "claims", "figures"}
+                "claims", "figures", "calibrate"}
 MAX_LINES = 450
 
 
@@ -104,7 +104,7 @@ def graph() -> dict[str, set[str]]:
 # What may import ml_collections: the config schema and presets (users' config files
 # build on them) and the command-line tools that parse --config.
 ML_COLLECTIONS_ALLOWED = {"config.schema", "config.presets", "cli", "train", "compare",
-                          "simulate", "aot.__main__"}
+                          "simulate", "calibrate", "aot.__main__"}
 
 
 def test_only_the_command_line_and_the_schema_import_ml_collections():

@@ -88,7 +88,8 @@ def project_step(config, parts: RLComponents, train_rows, generate, decode,
       microbatch_compute_ms=train["compute_ms"], microbatch_roofline_ms=train["roofline_ms"],
       microbatch_roofline_over_compute=(train["roofline_ms"] / train["compute_ms"]
                                         if train["compute_ms"] else None),
-      decode_step_ms=step["roofline_ms"], decode_ideal_ms=step.get("ideal_ms"),
+      generate_ms=gen["roofline_ms"], decode_step_ms=step["roofline_ms"],
+      decode_ideal_ms=step.get("ideal_ms"),
       decode_bytes_over_ideal=step.get("bytes_over_ideal"),
       decode_step_hbm_ms=step.get("hbm_ms"), decode_hbm_over_ideal=step.get("hbm_over_ideal"))
   return out

@@ -60,8 +60,8 @@ from sagc_jax.control.protocol import StepGroups
 from sagc_jax.control.simulator import (build_arms, cost_model_from_config, run_lockstep,
                                         straggler_summary, validate_config)
 
-__all__ = ["ARMS_CONTEXTUAL", "PromptPool", "format_prompt_table", "pool_from_config",
-           "simulate_prompts"]
+__all__ = ["ARMS_CONTEXTUAL", "PromptPool", "add_equal_budget_metrics", "format_prompt_table",
+           "group_stats", "pool_from_config", "simulate_prompts", "summarise_arm"]
 
 ARMS_CONTEXTUAL = ("sagc", "prompt_aware", "per_prompt")
 _POOL_KEYS = ("size", "prompt_len_sigma", "sigma_spread", "tail_spread",
@@ -165,7 +165,7 @@ def pool_from_config(config: Any) -> PromptPool:
                     per_step=max(prompts_for(config.sim, g) for g in candidates))
 
 
-def _groups(world: dict[str, np.ndarray], sizes: np.ndarray) -> dict[str, np.ndarray]:
+def group_stats(world: dict[str, np.ndarray], sizes: np.ndarray) -> dict[str, np.ndarray]:
   """Per-group max / median length and pass rate of the first len(sizes) prompts."""
   k = sizes.size
   out = {name: np.empty(k) for name in ("max", "median", "pass")}
@@ -196,7 +196,7 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
     sizes = np.full(prompts_for(config.sim, g), g) if plan.sizes is None else plan.sizes
     seconds = time.perf_counter() - start
     k = sizes.size
-    groups = _groups(world, sizes)
+    groups = group_stats(world, sizes)
     start = time.perf_counter()
     metrics = ctrl.observe_step(StepGroups(groups["max"], groups["median"],
                                            prompt_ids=world["ids"][:k],
@@ -212,8 +212,8 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
 
   columns, elapsed = run_lockstep(build_arms(config, ARMS_CONTEXTUAL), config.sim.steps,
                                   pool.draw, step_metrics)
-  summary = {name: _summarise(col) for name, col in columns.items()}
-  _add_equal_budget_metrics(summary, columns)
+  summary = {name: summarise_arm(col) for name, col in columns.items()}
+  add_equal_budget_metrics(summary, columns)
   return {
       "config": config.to_dict(),
       "candidates": sorted(config.controller.candidates),
@@ -223,7 +223,7 @@ def simulate_prompts(config: Any) -> dict[str, Any]:
   }
 
 
-def _summarise(col: dict[str, list[float]]) -> dict[str, float]:
+def summarise_arm(col: dict[str, list[float]]) -> dict[str, float]:
   mean = lambda key: float(np.mean(col[key]))
   total = lambda key: float(np.sum(col[key]))
   return {
@@ -238,7 +238,7 @@ def _summarise(col: dict[str, list[float]]) -> dict[str, float]:
   }
 
 
-def _add_equal_budget_metrics(summary: dict[str, dict[str, float]],
+def add_equal_budget_metrics(summary: dict[str, dict[str, float]],
                               columns: dict[str, dict[str, list[float]]]) -> None:
   """Wall-clock to the smallest final signal of any arm, and signal at the shortest
   run's wall-clock (linear interpolation within a step)."""

@@ -6,9 +6,11 @@ Used by the training loop (before RL and every ``train.eval_every`` steps) and b
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -22,8 +24,8 @@ from sagc_jax.training.build import build_eval_samplers
 from sagc_jax.training.inputs import (RunInputs, build_run_inputs, configure_compilation_cache,
                                       load_checkpoint_weights)
 
-__all__ = ["Evaluator", "evaluate_run", "length_stats", "load_run_config", "paired_gain",
-           "pass_at_k", "straggler_profile"]
+__all__ = ["Evaluator", "evaluate_run", "length_stats", "load_run_config", "open_policy",
+           "paired_gain", "pass_at_k", "reader_config", "straggler_profile"]
 
 
 PROGRESS_SECONDS = 10.0
@@ -230,35 +232,45 @@ def reader_config(config: Any) -> RunConfig:
   """The typed config of a tool that reads a run (eval, export): accuracy is measured
   with the task verifier only, so the training reward's user functions (maybe not
   importable here) and W&B are left out before the config is checked."""
-  values = config.to_dict()
+  values = config.to_dict() if hasattr(config, "to_dict") else copy.deepcopy(dict(config))
   values["reward"].update(fns=(), weights=())
   values["train"]["wandb_project"] = ""
   return run_config(values)
 
 
-def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
-                 limit: int | None = None, log=print) -> dict[str, Any]:
-  """Held-out evaluation of a run's policy, building only what evaluation needs.
+@contextlib.contextmanager
+def open_policy(config: Any, workdir: Any, *, restore: bool = True, local_dir: Any = None,
+                log=print) -> Iterator[tuple[RunInputs, int]]:
+  """The policy of a run and its data, building only what sampling it needs.
 
-  The data, the starting policy and the greedy and sampled eval samplers; with
-  ``restore`` the newest checkpoint's weights replace the starting ones (``step`` in
-  the result; 0 when the starting policy is evaluated). No learner, optimizer state
-  or controller is built, and nothing in ``workdir`` is written.
+  The data and the starting policy (cached under ``local_dir``, default the run's
+  local mirror); with ``restore`` the newest checkpoint of ``workdir`` replaces the
+  starting weights (the step is yielded; 0 for the starting policy). No learner,
+  optimizer state or controller is built, and nothing in ``workdir`` is written.
+  ``config`` must be typed (``reader_config``).
   """
-  config = reader_config(config)
   root = cache_root(config.train.local_cache_dir)
   compilation.install()
   configure_compilation_cache(config, root / "jax_cache")
-  inputs = build_run_inputs(config, local_mirror(workdir, root), root, log)
+  inputs = build_run_inputs(config, local_dir or local_mirror(workdir, root), root, log)
   try:
     step = 0
     if restore:
       directory = config.train.checkpoint_dir or workdir / "checkpoints"
       step = load_checkpoint_weights(inputs.model, directory, log=log)
+    yield inputs, step
+  finally:
+    inputs.close()
+
+
+def evaluate_run(config: Any, workdir: Any, *, restore: bool = True,
+                 limit: int | None = None, log=print) -> dict[str, Any]:
+  """Held-out evaluation of a run's policy (``open_policy``): the greedy and sampled
+  eval samplers on the restored or starting weights; ``step`` in the result."""
+  config = reader_config(config)
+  with open_policy(config, workdir, restore=restore, log=log) as (inputs, step):
     evaluator = Evaluator(inputs, *build_eval_samplers(
         config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids, pad_id=inputs.pad_id),
                           log=log)
     compilation.warm(evaluator.warmup_jobs(inputs.model), log=log)
     return {**evaluator.evaluate(inputs.model, limit), "step": step}
-  finally:
-    inputs.close()

@@ -1,0 +1,86 @@
+"""``python -m sagc_jax.calibrate --config F --out D [--workdir RUN]``: which ``tau`` and
+``delta`` suit this policy.
+
+Samples ``--prompts`` x ``--responses`` responses of the configured policy (the newest
+checkpoint of ``--workdir`` when given) with the run's own sampling settings into
+``D/trace.jsonl`` (resumable), then writes ``D/report.json`` and ``D/report.png``:
+length quantiles, the straggler probabilities per candidate G with intervals, how
+they move with tau, and the recommended setting, judged by the projected time to a
+fixed learning signal under the cost model (docs/calibrate.md states the rule). It
+prints the ``--config.controller.*`` overrides. ``--trace T`` skips the sampling and
+reports on an existing trace (no JAX needed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from sagc_jax.cli import run_absl_tool
+
+
+def _define_flags():
+  from absl import flags
+  from ml_collections import config_flags
+
+  config_flags.DEFINE_config_file("config", None, "training config file (get_config()).",
+                                  lock_config=True)
+  flags.DEFINE_string("out", None, "Output directory (trace.jsonl, report.json, report.png).")
+  flags.DEFINE_string("workdir", None, "Sample this run's newest checkpoint instead of the "
+                      "config's starting policy.")
+  flags.DEFINE_string("trace", None, "Report on this trace instead of sampling one.")
+  flags.DEFINE_integer("prompts", 64, "Held-out prompts to sample.")
+  flags.DEFINE_integer("responses", 32, "Responses per prompt (at least twice the largest "
+                       "candidate G, so a replay resamples groups).")
+  flags.DEFINE_string("cost", "cpu", "Cost model of the recommendation: 'cpu' (the trace's "
+                      "measured decode cost) or 'aot:REPORT.json' (python -m sagc_jax.aot "
+                      "... --out REPORT.json).")
+  flags.mark_flags_as_required(["out"])
+  return flags.FLAGS
+
+
+def main(argv: Sequence[str], flags) -> None:
+  from sagc_jax.control.calibration import calibration_report, format_report
+  from sagc_jax.control.trace import read_trace
+  from sagc_jax.runtime.storage import run_path
+  from sagc_jax.cli import trace_cost_model
+
+  out = Path(flags.out)
+  if flags.prompts < 1 or flags.responses < 2:
+    raise ValueError(f"--prompts={flags.prompts} must be >= 1 and --responses="
+                     f"{flags.responses} >= 2")
+  if flags.trace:
+    trace_path = Path(flags.trace)
+  else:
+    if flags.config is None:
+      raise ValueError("--config is required unless --trace names an existing trace")
+    workdir = None
+    if flags.workdir:
+      workdir = run_path(flags.workdir)
+      if not (workdir / "checkpoints").is_dir():
+        raise ValueError(f"--workdir {flags.workdir} holds no checkpoints/ folder: it must be "
+                         "a training run directory")
+    from sagc_jax.training.trace_sampling import record_trace
+    trace_path = record_trace(flags.config, out, workdir=workdir, prompts=flags.prompts,
+                              responses=flags.responses, log=lambda m: print(m, flush=True))
+  trace = read_trace(trace_path)
+  cost = trace_cost_model(flags.cost, trace)
+  scaled = {} if flags.cost == "cpu" else dict(
+      rollout=cost.rollout, length_scale=cost.cap / trace.max_new_tokens, length_cap=cost.cap)
+  report = calibration_report(trace, cost, log=lambda m: print(m, flush=True), **scaled)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "report.json").write_text(json.dumps(report, indent=1))
+  from sagc_jax.experiments.plots import plot_calibration
+  plot_calibration(report, out / "report.png")
+  print(format_report(report))
+  print(f"wrote {trace_path}, {out / 'report.json'} and {out / 'report.png'}")
+
+
+def run() -> None:
+  """Console entry point ``sagc-calibrate``."""
+  run_absl_tool(main, _define_flags)
+
+
+if __name__ == "__main__":
+  run()

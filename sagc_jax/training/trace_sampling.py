@@ -1,0 +1,185 @@
+"""Records a rollout trace of a run's policy (``control.trace``): what calibrate samples.
+
+K responses for each of N prompts of the held-out split, drawn with the run's own
+sampling settings (temperature, top-p/k, response cap, stop tokens) through the
+sampled evaluation sampler, in calls of the sampler's row bucket; per response its
+token length, training reward, correctness and whether it hit the cap without a stop
+token. Every call's wall-clock and padded decode work (rows x decode steps) is kept,
+and the decode cost ``seconds = a + b x decode_slots`` is fitted from them by least
+squares: the ``cpu`` cost model of the replay (on a CPU, cost follows rows x steps).
+
+Resumable: each finished batch of prompts is appended to ``trace.partial.jsonl``; a
+run with the same settings continues from it, and the finished trace replaces it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from sagc_jax.control.trace import trace_record, write_trace
+from sagc_jax.runtime import compilation
+from sagc_jax.runtime.seeding import seed_for
+from sagc_jax.training.build import build_eval_samplers
+from sagc_jax.training.evaluation import open_policy, reader_config
+
+__all__ = ["fit_decode_cost", "record_trace", "PROGRESS_SECONDS"]
+
+PROGRESS_SECONDS = 10.0
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+  return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def fit_decode_cost(calls: list[dict[str, Any]]) -> dict[str, Any]:
+  """Least-squares ``seconds = a + b x decode_slots`` over the sampler calls (``a``:
+  prefill and call overhead; ``b``: seconds per row per decode step)."""
+  slots = np.asarray([c["decode_slots"] for c in calls], np.float64)
+  seconds = np.asarray([c["seconds"] for c in calls], np.float64)
+  if len(calls) >= 2 and np.ptp(slots) > 0:
+    b, a = np.polyfit(slots, seconds, 1)
+  else:
+    a, b = 0.0, float(seconds.sum() / max(slots.sum(), 1.0))
+  if b <= 0:       # noise on a flat set of calls: all of it per slot
+    a, b = 0.0, float(seconds.sum() / max(slots.sum(), 1.0))
+  return {"model": "seconds = a_s + b_s * rows * decode_steps", "a_s": float(max(a, 0.0)),
+          "b_s": float(b), "calls": len(calls), "seconds": float(seconds.sum()),
+          "machine": " ".join(filter(None, (platform.machine(), platform.processor(),
+                                            f"{os.cpu_count()} cores")))}
+
+
+def _header(config, workdir: Any, prompts: int, responses: int, chunk: int,
+            split: str) -> dict[str, Any]:
+  r, c = config.rollout, config.controller
+  settings = config.to_dict()
+  digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+  return {
+      "model": config.model.path or f"tiny {config.model.tiny_family} (built in)",
+      "config_digest": digest.hexdigest()[:16],
+      "workdir": None if workdir is None else str(workdir),
+      "split": split, "prompts": prompts, "responses": responses, "responses_per_call": chunk,
+      "seed": config.seed,
+      "sampling": {"max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
+                   "top_p": r.top_p, "top_k": r.top_k},
+      "rollout": {"mode": r.mode, "rollouts_per_step": r.rollouts_per_step,
+                  "prompts_per_step": r.prompts_per_step},
+      "controller": settings["controller"],
+      "learner": {"dynamic_sampling": config.learner.dynamic_sampling,
+                  "dynamic_max_rounds": config.learner.dynamic_max_rounds},
+  }
+
+
+def _resume(partial: Path, header: dict[str, Any], log) -> list[dict[str, Any]]:
+  """The finished batches of an earlier run with the same settings (none otherwise); a
+  different prompt count keeps the batches that fit within it."""
+  if not partial.exists():
+    return []
+  lines = partial.read_text().splitlines()
+  # Compared as JSON reads them back (tuples are lists there).
+  settings = lambda h: {k: v for k, v in json.loads(json.dumps(h)).items() if k != "prompts"}
+  try:
+    same = settings(json.loads(lines[0])) == settings(header)
+    batches = [json.loads(line) for line in lines[1:]]
+  except (ValueError, IndexError):
+    same, batches = False, []
+  if not same:
+    log(f"calibrate: {partial} was written with other settings; starting again")
+    partial.unlink()
+    return []
+  batches = [b for b in batches if b["records"][-1]["id"] < header["prompts"]]
+  partial.write_text("\n".join(json.dumps(x) for x in [header, *batches]) + "\n")
+  log(f"calibrate: resuming after {sum(len(b['records']) for b in batches)} prompts "
+      f"from {partial}")
+  return batches
+
+
+def record_trace(config: Any, out: Path, *, workdir: Any = None, prompts: int = 64,
+                 responses: int = 32, log: Callable[[str], None] = print) -> Path:
+  """Samples the trace of ``config``'s policy (``workdir``'s newest checkpoint when
+  given) into ``out/trace.jsonl`` and returns its path (module docstring)."""
+  values = config.to_dict()
+  chunk = _largest_divisor_at_most(responses, values["rollout"]["eval_batch"])
+  values["train"]["eval_k"] = max(chunk, 2)       # the sampled sampler's group size
+  config = reader_config(values)
+  out.mkdir(parents=True, exist_ok=True)
+  partial = out / "trace.partial.jsonl"
+  with open_policy(config, workdir, restore=workdir is not None, local_dir=out / "policy",
+                   log=log) as (inputs, step):
+    n = min(prompts, len(inputs.eval_source))
+    if n < prompts:
+      log(f"warning: the {config.data.eval_split!r} split holds {n} examples; tracing "
+          f"all {n} instead of {prompts}")
+    header = dict(_header(config, workdir, n, responses, chunk, config.data.eval_split),
+                  checkpoint_step=step, stop_ids=list(inputs.stop_ids))
+    batches = _resume(partial, header, log)
+    if not partial.exists():
+      partial.write_text(json.dumps(header) + "\n")
+    sampler = build_eval_samplers(config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids,
+                                  pad_id=inputs.pad_id)[1]
+    compilation.warm(sampler.warmup_jobs(inputs.model), log=log)
+    compiles_before = compilation.compile_count()
+    per_call = max(sampler.row_buckets[-1] // chunk, 1)
+    done = sum(len(b["records"]) for b in batches)
+    start = last = time.perf_counter()
+    for lo in range(done, n, per_call):
+      batches.append(_sample_batch(inputs, sampler, config, lo, min(lo + per_call, n),
+                                   responses, chunk))
+      with partial.open("a") as f:
+        f.write(json.dumps(batches[-1]) + "\n")
+      now = time.perf_counter()
+      if now - last >= PROGRESS_SECONDS or lo + per_call >= n:
+        finished = min(lo + per_call, n)
+        rate = (now - start) / (finished - done)
+        log(f"calibrate: {finished}/{n} prompts x {responses} responses in "
+            f"{now - start:.0f} s (about {rate * (n - finished):.0f} s left)")
+        last = now
+    compiled = compilation.compile_count() - compiles_before
+  calls = [c for b in batches for c in b["calls"]]
+  header.update(decode_cost=fit_decode_cost(calls), compiles_after_warmup=compiled,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+  path = out / "trace.jsonl"
+  write_trace(path, header, [r for b in batches for r in b["records"]])
+  partial.unlink()
+  return path
+
+
+def _sample_batch(inputs, sampler, config, lo: int, hi: int, responses: int,
+                  chunk: int) -> dict[str, Any]:
+  """Prompts ``lo..hi-1`` of the split, ``responses`` each in calls of ``chunk`` per
+  prompt: their trace records and the calls' costs."""
+  examples = [inputs.eval_source[i] for i in range(lo, hi)]
+  encoded = inputs.encode(examples)
+  cap, stops = config.rollout.max_new_tokens, np.asarray(inputs.stop_ids)
+  per_prompt = {key: [[] for _ in examples] for key in ("lengths", "rewards", "correct",
+                                                        "truncated")}
+  calls = []
+  for rep in range(responses // chunk):
+    samples = sampler.generate(inputs.model, encoded, chunk,
+                               seed=seed_for(config.seed, 7919, lo, rep))
+    rows = samples.num_rows
+    lengths = samples.lengths[:rows].astype(np.int64)
+    last = samples.response_tokens[np.arange(rows), np.maximum(lengths - 1, 0)]
+    truncated = (lengths >= cap) & ~np.isin(last, stops)
+    texts = inputs.decode(samples)
+    answers = [ex["answer"] for ex in examples for _ in range(chunk)]
+    reward = inputs.reward_fn(texts, answers)
+    for key, value in (("lengths", lengths), ("rewards", reward.scores),
+                       ("correct", reward.correct), ("truncated", truncated)):
+      for i, row in enumerate(np.asarray(value).reshape(len(examples), chunk)):
+        per_prompt[key][i].extend(row.tolist())
+    calls.append({"rows": rows, "decode_steps": int(samples.decode_steps),
+                  "decode_slots": int(samples.decode_slots), "seconds": float(samples.seconds)})
+  records = [trace_record(lo + i, len(encoded[i]), *(per_prompt[key][i] for key in
+                                                     ("lengths", "rewards", "correct",
+                                                      "truncated")))
+             for i in range(len(examples))]
+  return {"records": records, "calls": calls}

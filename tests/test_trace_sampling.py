@@ -1,0 +1,54 @@
+"""Recording a trace of a policy (``training.trace_sampling``): what calibrate samples."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sagc_jax.control.trace import read_trace
+from sagc_jax.training.trace_sampling import fit_decode_cost, record_trace
+
+
+def test_decode_cost_fit_recovers_a_line_through_the_calls():
+  calls = [{"decode_slots": s, "seconds": 0.3 + 2e-4 * s} for s in (100, 400, 900, 1600)]
+  fit = fit_decode_cost(calls)
+  assert fit["a_s"] == pytest.approx(0.3) and fit["b_s"] == pytest.approx(2e-4)
+
+
+def test_a_trace_resumed_midway_equals_one_sampled_at_once(shared, tmp_path):
+  """6 prompts x 8 responses of the tiny policy: every response is a real sample
+  (length within the cap, truncated only at the cap, reward at least its correctness),
+  nothing compiles after warm-up, and a run stopped after 2 prompts and resumed to 6
+  writes the same trace as a run of 6 at once (the seeds depend on the prompt only)."""
+  from test_trainer import small_config
+
+  config = small_config(shared)
+  messages = []
+  whole = read_trace(record_trace(config, tmp_path / "whole", prompts=6, responses=8,
+                                  log=messages.append))
+  assert (whole.prompts, whole.responses) == (6, 8)
+  assert whole.header["compiles_after_warmup"] == 0
+  assert ((1 <= whole.lengths) & (whole.lengths <= 16)).all()
+  assert (whole.lengths[whole.truncated] == 16).all()
+  assert (whole.rewards >= whole.correct).all()
+  assert whole.header["decode_cost"]["calls"] == 3          # 2 prompts x 8 rows per call
+  assert any("calibrate: 6/6 prompts" in m for m in messages)
+
+  part = tmp_path / "part"
+  record_trace(config, part, prompts=2, responses=8, log=lambda m: None)
+  # A stopped run leaves its finished batches in the partial file: make one.
+  lines = (part / "trace.jsonl").read_text().splitlines()
+  header = {k: v for k, v in json.loads(lines[0]).items()
+            if k not in ("schema", "decode_cost", "date", "compiles_after_warmup")}
+  batch = {"records": [json.loads(line) for line in lines[1:]],
+           "calls": [{"rows": 16, "decode_steps": 1, "decode_slots": 16, "seconds": 0.1}]}
+  (part / "trace.partial.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(batch) + "\n")
+  (part / "trace.jsonl").unlink()
+  messages = []
+  resumed = read_trace(record_trace(config, part, prompts=6, responses=8, log=messages.append))
+  assert any("resuming after 2 prompts" in m for m in messages)
+  for key in ("lengths", "rewards", "correct", "truncated", "prompt_tokens", "ids"):
+    np.testing.assert_array_equal(getattr(resumed, key), getattr(whole, key))
+  assert not (part / "trace.partial.jsonl").exists()
