@@ -36,6 +36,9 @@ def _define_flags():
   flags.DEFINE_string("cost", "cpu", "Cost model of the recommendation: 'cpu' (the trace's "
                       "measured decode cost) or 'aot:REPORT.json' (python -m sagc_jax.aot "
                       "... --out REPORT.json).")
+  flags.DEFINE_string("check", None, "Also compare the straggler rates a finished run "
+                      "observed (its metrics.jsonl, at its tau) with the trace's prediction.")
+  flags.DEFINE_float("check_other_tau", 1.8, "With --check: also the prediction at this tau.")
   flags.mark_flags_as_required(["out"])
   return flags.FLAGS
 
@@ -55,6 +58,12 @@ def main(argv: Sequence[str], flags) -> None:
   else:
     if flags.config is None:
       raise ValueError("--config is required unless --trace names an existing trace")
+    if not (flags.cost == "cpu" or flags.cost.startswith("aot:")):
+      raise ValueError(f"--cost={flags.cost!r} is not 'cpu' or 'aot:REPORT.json'")
+    smallest = min(flags.config.controller.candidates)
+    if 2 * smallest > flags.responses:
+      raise ValueError(f"--responses={flags.responses}: a replay resamples groups, so it "
+                       f"needs at least twice a candidate G (the smallest is {smallest})")
     workdir = None
     if flags.workdir:
       workdir = run_path(flags.workdir)
@@ -66,15 +75,37 @@ def main(argv: Sequence[str], flags) -> None:
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = trace_cost_model(flags.cost, trace)
-  scaled = {} if flags.cost == "cpu" else dict(
-      rollout=cost.rollout, length_scale=cost.cap / trace.max_new_tokens, length_cap=cost.cap)
-  report = calibration_report(trace, cost, log=lambda m: print(m, flush=True), **scaled)
+  report = calibration_report(trace, cost, log=lambda m: print(m, flush=True),
+                              **cost.settings(trace))
   out.mkdir(parents=True, exist_ok=True)
   (out / "report.json").write_text(json.dumps(report, indent=1))
   from sagc_jax.experiments.plots import plot_calibration
   plot_calibration(report, out / "report.png")
   print(format_report(report))
   print(f"wrote {trace_path}, {out / 'report.json'} and {out / 'report.png'}")
+  if flags.check:
+    _check(flags, trace, report)
+
+
+def _check(flags, trace, report) -> None:
+  """``--check RUN``: the run's observed rates beside the trace's predictions."""
+  from sagc_jax.control.calibration import prediction_check
+
+  run = Path(flags.check)
+  try:
+    config = json.loads((run / "config.json").read_text())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
+  except (OSError, ValueError) as err:
+    raise ValueError(f"--check {run}: not a finished training run ({err})") from None
+  rows = [r for r in rows if "n_groups" in r]
+  if not rows:
+    raise ValueError(f"--check {run}: its metrics.jsonl holds no step")
+  tau = float(config["controller"]["tau"])
+  table = prediction_check(trace, rows, tau, report["rollout"], flags.check_other_tau)
+  (Path(flags.out) / "check.md").write_text(table + "\n")
+  print(f"group straggler rates of {run} ({len(rows)} steps) against the trace's prediction:")
+  print(table)
 
 
 def run() -> None:

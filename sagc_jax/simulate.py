@@ -66,27 +66,31 @@ def replay_traces(flags) -> None:
                      ">= 10")
   traces = [read_trace(path) for path in flags.trace]
   cost = trace_cost_model(flags.cost, traces[0])
-  header = traces[0].header
   try:
-    taus = [float(t) for t in flags.taus] or [float(header["controller"]["tau"])]
+    taus = [float(t) for t in flags.taus] or [float(traces[0].header["controller"]["tau"])]
   except ValueError:
     raise ValueError(f"--taus={','.join(flags.taus)} is not a list of numbers") from None
-  scaled = {} if flags.cost == "cpu" else dict(
-      length_scale=cost.cap / traces[0].max_new_tokens, length_cap=cost.cap)
-  refill = flags.cost != "cpu" and cost.report.get("refill") is not None
-  rollout = header["rollout"] if flags.cost == "cpu" else cost.rollout
-  table, rows = trace_claims(
-      traces, cost, controller=header["controller"], rollout=rollout,
-      algorithms=flags.algorithms, taus=taus, replicates=flags.replicates, steps=flags.steps,
-      max_rounds=int(header.get("learner", {}).get("dynamic_max_rounds", 3)), refill=refill,
-      log=lambda m: print(m, flush=True), **scaled)
+  settings = cost.settings(traces[0])
+  refill = bool(getattr(cost, "bound_ratios", None))
+  table, rows = trace_claims(traces, cost, algorithms=flags.algorithms, taus=taus,
+                             replicates=flags.replicates, steps=flags.steps, refill=refill,
+                             log=lambda m: print(m, flush=True), **settings)
   truncated = [float(t.truncated.mean()) for t in traces]
   drift = "drifting from the first trace to the second" if len(traces) == 2 else \
       "one stationary trace: an upper bound for the contextual kinds"
-  intro = (f"Trace replay of {', '.join(flags.trace)} ({drift}); cost {cost.name}; rollout "
-           f"budget {rollout}; truncated share {', '.join(f'{t:.3f}' for t in truncated)}"
-           + (f"; lengths scaled x{scaled['length_scale']:g} to the {scaled['length_cap']}-token"
-              " cap" if scaled else ""))
+  notes = [f"cost {cost.name}", f"rollout budget {settings['rollout']}",
+           f"candidates {settings['candidates']}",
+           f"truncated share {', '.join(f'{t:.3f}' for t in truncated)}"]
+  if settings["length_scale"] != 1.0:
+    notes.append(f"lengths scaled x{settings['length_scale']:g} to the "
+                 f"{settings['length_cap']}-token cap")
+  if refill:
+    notes.append("the AOT report's own refill schedule simulation over the priced bound: "
+                 + ", ".join(f"{k} x{v:.2f}" for k, v in cost.bound_ratios.items()))
+  if traces[0].responses < 2 * max(settings["candidates"]):
+    notes.append(f"only {traces[0].responses} responses per prompt: groups of the largest G "
+                 "are not resampled")
+  intro = f"Trace replay of {', '.join(flags.trace)} ({drift}); " + "; ".join(notes)
   print(intro)
   print(table)
   out = Path(flags.out).with_suffix(".md")

@@ -90,33 +90,62 @@ def test_straggler_rates_match_a_loop_over_each_prompts_chunks(tmp_path):
 def test_the_world_drifts_from_the_first_trace_to_the_second(tmp_path):
   first = trace_lib.read_trace(_synthetic(tmp_path, seed=1))
   second = trace_lib.read_trace(_synthetic(tmp_path, seed=1, offset=1000, name="after.jsonl"))
-  world = TraceWorld([first, second], per_step=6, rounds=1, max_g=4, steps=50, seed=3,
-                     length_cap=2000)
-  assert (world.draw(0)[0]["lengths"] < 1000).all()
-  assert (world.draw(49)[0]["lengths"] > 1000).all()
-  middle = np.concatenate([(world.draw(s)[0]["lengths"] > 1000).ravel() for s in range(20, 30)])
+  world = TraceWorld([first, second], max_g=4, steps=50, seed=3, length_cap=2000)
+  assert (world.block(0, 6, step=0)["lengths"] < 1000).all()
+  assert (world.block(0, 6, step=49)["lengths"] > 1000).all()
+  middle = np.concatenate([(world.block(6 * s, 6, s)["lengths"] > 1000).ravel()
+                           for s in range(20, 30)])
   assert 0.2 < middle.mean() < 0.8
-  # A group's responses are distinct draws from its prompt's pool.
-  step = world.draw(7)[0]
-  for pid, row in zip(step["ids"], step["lengths"]):
-    pool = list(first.lengths[pid])
+  # A group's responses are distinct draws from its prompt's pool in its source trace,
+  # and an epoch hands out every prompt once.
+  block = world.block(12, 12, step=25)
+  assert sorted(block["ids"].tolist()) == list(range(12))
+  for pid, row in zip(block["ids"], block["lengths"]):
+    source = second if row[0] > 1000 else first
+    pool = list(source.lengths[pid])
     for value in row:
       pool.remove(value)        # raises if drawn more often than recorded
+  # The same position at the same step is the same rollout for every caller.
+  np.testing.assert_array_equal(world.block(12, 12, 25)["lengths"], block["lengths"])
 
 
-def test_dapo_replays_the_rounds_that_the_recorded_rewards_call_for(tmp_path):
-  trace = trace_lib.read_trace(_synthetic(tmp_path, prompts=16))
-  config = replay_config(trace.header["controller"], trace.header["rollout"], steps=30)
-  cost = DecodeCost.of(trace)
-  grpo = replay([trace], config, cost, kinds=("sagc",), seed=0)["summary"]
-  dapo = replay([trace], config, cost, kinds=("sagc",), dapo=True, max_rounds=3,
-                seed=0)["summary"]
-  # Prompts 0, 4, 8, 12 never pass and 3, 7, ... always do: their groups are dropped,
-  # so DAPO samples more rounds and pays for them.
-  for arm in ("static_G2", "static_G4"):
-    assert grpo[arm]["rounds_per_step"] == 1.0
-    assert 1.0 < dapo[arm]["rounds_per_step"] <= 3.0
-    assert dapo[arm]["wall_clock_s"] > grpo[arm]["wall_clock_s"]
+def test_a_second_trace_must_hold_the_same_prompts_and_responses(tmp_path):
+  first = trace_lib.read_trace(_synthetic(tmp_path))
+  fewer = first.take(responses=np.arange(6))
+  with pytest.raises(ValueError, match="with 8 responses each, like the first"):
+    TraceWorld([first, fewer], max_g=4, steps=10, seed=0)
+
+
+def _uniform_trace(tmp_path, rewards_vary: bool, name: str):
+  """16 prompts x 8 responses of 20 tokens; every prompt half right with all rewards
+  distinct (any group's rewards vary) or all wrong with equal rewards."""
+  records = []
+  for i in range(16):
+    correct = np.arange(8) % 2 == 0 if rewards_vary else np.zeros(8, bool)
+    rewards = correct + 0.01 * np.arange(8) if rewards_vary else np.zeros(8)
+    records.append(trace_lib.trace_record(i, 10, np.full(8, 20), rewards, correct,
+                                          np.zeros(8, bool)))
+  path = tmp_path / name
+  trace_lib.write_trace(path, _header(), records)
+  return trace_lib.read_trace(path)
+
+
+def test_dapo_keeps_only_groups_whose_rewards_vary_and_pays_for_every_round(tmp_path):
+  cost = DecodeCost(0.0, 1.0)            # seconds = rows x longest per round
+  for vary in (False, True):
+    trace = _uniform_trace(tmp_path, vary, f"t{vary}.jsonl")
+    config = replay_config(trace.header["controller"], trace.header["rollout"], steps=5)
+    result = replay([trace], config, cost, kinds=(), dapo=True, max_rounds=3, seed=0)
+    for g in (2, 4):
+      col = result["traces"][f"static_G{g}"]
+      # 4 prompts per round (hold_prompts): all dropped -> 3 rounds, each observed;
+      # all kept -> one round.
+      rounds = 1 if vary else 3
+      assert col["rounds"] == [rounds] * 5
+      assert col["n_groups"] == [4 * rounds] * 5
+      assert col["total_s"] == [rounds * 4 * g * 20] * 5
+      # Signal from kept groups only: 4 p (1 - p) log2 G = log2 G at p = 1/2.
+      assert col["signal"] == ([4 * np.log2(g)] * 5 if vary else [0.0] * 5)
 
 
 def test_decode_cost_prices_rows_times_the_longest_row():
@@ -154,14 +183,62 @@ def test_the_replay_predicts_the_held_out_half_of_a_real_trace():
 
 
 @pytest.mark.skipif(not BEFORE.exists(), reason="the committed SmolLM2 trace is missing")
-def test_calibration_recommends_the_cheapest_setting_per_unit_of_signal():
+def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
+  """The report's recommended tau / delta, replayed alone with the same replicates,
+  costs what the report says (the arm names and the settings agree), and its rates
+  cover every candidate."""
+  from sagc_jax.control.calibration import _arms
+
   trace = trace_lib.read_trace(BEFORE)
-  report = calibration_report(trace, DecodeCost.of(trace), steps=60, replicates=2,
-                              taus=(1.5, 2.5), deltas=(0.25,), log=lambda m: None)
-  arms = report["replay"]["arms"]
-  sagc = {k: v["seconds_per_signal"] for k, v in arms.items() if k.startswith("sagc")}
+  cost = DecodeCost.of(trace)
+  settings = cost.settings(trace)
+  report = calibration_report(trace, cost, steps=60, replicates=2, taus=(1.5, 2.5),
+                              deltas=(0.1, 0.5), log=lambda m: None, **settings)
   rec = report["recommended"]
-  assert sagc[rec["arm"]] == min(sagc.values())
+  controller = dict(trace.header["controller"], candidates=tuple(report["candidates"]),
+                    tau=rec["tau"], delta=rec["delta"])
+  config = replay_config(controller, settings["rollout"], steps=60)
+  alone = []
+  for rep in range(2):
+    arm = _arms(dict(controller, seed=controller["seed"] + rep), report["candidates"],
+                (rec["tau"],), (rec["delta"],))[-1:]
+    alone.append(replay([trace], config, cost, seed=rep, bootstrap=True, arms=arm,
+                        max_rounds=settings["max_rounds"])["summary"][arm[0][0]])
+  assert rec["seconds_per_signal"] == pytest.approx(
+      np.mean([a["seconds_per_signal"] for a in alone]))
   assert f"--config.controller.tau={rec['tau']:g}" in rec["overrides"]
   assert set(report["straggler_rates"]) == {f"G{g}" for g in report["candidates"]}
   json.dumps(report)                       # report.json holds it
+
+
+def test_observed_rates_pool_each_sizes_steps_and_bracket_the_pooled_rate():
+  from sagc_jax.control.calibration import observed_rates
+
+  rows = [{"g": 4, "n_groups": 8, "n_stragglers": s} for s in (1, 3, 2, 6)]
+  rows += [{"g": 16, "n_groups": 2, "n_stragglers": s} for s in (2, 1)]
+  got = observed_rates(rows)
+  assert got["G4"]["group_rate"] == pytest.approx(12 / 32)
+  assert got["G16"]["group_rate"] == pytest.approx(3 / 4)
+  assert (got["G4"]["steps"], got["G16"]["groups"]) == (4, 4)
+  assert got["G4"]["group_low"] < 12 / 32 < got["G4"]["group_high"]
+
+
+@pytest.mark.skipif(not AOT_REPORT.exists(), reason="the committed AOT report is missing")
+def test_the_compiled_cost_brackets_the_aot_reports_own_projections():
+  """Against the AOT report's independent figures: every row at the cap costs the
+  report's projected learner step and at least its simulated refill schedule, and
+  fewer tokens cost less."""
+  from sagc_jax.aot.trace_cost import CompiledStepCost
+
+  cost = CompiledStepCost.load(AOT_REPORT)
+  report = cost.report
+  assert cost.cap == 16384 and cost.rollout["rollouts_per_step"] == 512
+  prompt_max = max(report["rollout"]["prompt_buckets"])
+  rows = np.full(512, 16384)
+  prompts = np.full(512 // 4, prompt_max)
+  full = cost([(rows, prompts)], (rows, np.full(512, prompt_max)))
+  assert full["learner_s"] == pytest.approx(report["projected_learner_s"])
+  simulated = report["refill"]["by_length_model"]["cap"]["seconds"]
+  assert simulated <= full["rollout_s"] <= simulated / min(cost.bound_ratios.values()) * 1.01
+  short = cost([(rows // 8, prompts)], (rows // 8, np.full(512, prompt_max)))
+  assert short["rollout_s"] < full["rollout_s"] / 4 and short["learner_s"] < full["learner_s"]

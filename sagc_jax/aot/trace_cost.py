@@ -7,19 +7,20 @@ a decode step costs about the same whatever the rows):
 
 * Refill sampler (``report["refill"]``): a round of rows costs
   ``(sum(lengths) / slots + max(lengths)) x step`` plus one prefill program per
-  ``slots`` prompts admitted: every token decoded at full slot occupancy, plus the
+  ``slots`` rows admitted: every token decoded at full slot occupancy, plus the
   longest row's own tail. ``step`` is the segment program's roofline plus the
   Pallas kernel's reads of the keys a lane holds (``slots_per_lane x (prompt +
-  mean length / 2)`` keys at ``kv_ms_per_key``). The AOT report's own simulation of
-  the slot schedule (``refill_report.project_refill``) is this bound's
-  ``rollout_over_bound`` (below 1 on every length model it projects), so the bound
-  errs long.
+  mean length / 2)`` keys at ``kv_ms_per_key``). How far the AOT report's own
+  simulation of the slot schedule (``refill_report.project_refill``) stands from this
+  bound is its ``rollout_over_bound`` per length model (``bound_ratios``), which the
+  replay prints beside its tables.
 * Fused sampler: each sub-call of a round decodes until its longest row is done:
   ``generate_ms + (longest - 1) x decode_step_ms`` per call of the sampler's call
   rows.
 * Learner: ``projected_learner_s`` is the learner at the worst case (the row budget,
-  every response at the cap); a step is priced by its trained tokens against that
-  (a packed learner's cost follows its tokens).
+  every response at the cap); a step is priced by the tokens of the rows it trains
+  (DAPO: the kept groups of every round) against that (a packed learner's cost
+  follows its tokens).
 
 Lengths: the trace's responses are scaled from its cap to the preset's
 (``length_scale``); a response the trace truncated stays at the cap. How much of a
@@ -70,6 +71,11 @@ class CompiledStepCost:
     return f"aot:{Path(self.source).name}"
 
   @property
+  def bound_ratios(self) -> dict[str, float]:
+    """The report's refill projection over this bound, per length model (none: dense)."""
+    return dict((self.report.get("refill") or {}).get("rollout_over_bound", {}))
+
+  @property
   def cap(self) -> int:
     return int(self.report["rollout"]["max_new_tokens"])
 
@@ -78,6 +84,17 @@ class CompiledStepCost:
     """The preset's rollout budget (mode, rollouts or prompts per step)."""
     r = self.report["rollout"]
     return {k: r[k] for k in ("mode", "rollouts_per_step", "prompts_per_step")}
+
+  def settings(self, trace) -> dict[str, Any]:
+    """A replay under this cost takes the preset's rollout budget, candidate sizes (its
+    compiled row buckets hold them) and DAPO rounds limit, and the trace's lengths
+    scaled from the trace's cap to the preset's."""
+    from sagc_jax.control.trace_replay import replay_settings
+
+    r = self.report["rollout"]
+    return replay_settings(trace, rollout=self.rollout, candidates=sorted(r["group_sizes"]),
+                           max_rounds=int(r["dynamic_max_rounds"]),
+                           length_scale=self.cap / trace.max_new_tokens, length_cap=self.cap)
 
   def _rows_budget(self) -> int:
     r = self.report["rollout"]
@@ -91,7 +108,8 @@ class CompiledStepCost:
     keys = slots // int(f["lanes"]) * (float(prompt_tokens.mean()) + float(lengths.mean()) / 2)
     step_ms = f["segment_ms"] + f["kv_ms_per_key"] * keys
     decode_ms = (lengths.sum() / slots + lengths.max()) * step_ms
-    return (decode_ms + math.ceil(prompt_tokens.size / slots) * f["prefill_ms"]) / 1e3
+    # An admission round fills at most every slot: ceil(rows / slots) prefills at least.
+    return (decode_ms + math.ceil(lengths.size / slots) * f["prefill_ms"]) / 1e3
 
   def _dense_round_s(self, lengths: np.ndarray) -> float:
     calls = int(self.report.get("sampler_calls_per_round") or 1)
@@ -102,14 +120,13 @@ class CompiledStepCost:
       seconds += (self.report["generate_ms"] + (longest - 1) * self.report["decode_step_ms"])
     return seconds / 1e3
 
-  def __call__(self, rounds: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+  def __call__(self, rounds: Sequence[tuple[np.ndarray, np.ndarray]],
+               trained: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
     refill = self.report.get("refill") is not None
     rollout = sum(self._refill_round_s(lengths, prompts) if refill
                   else self._dense_round_s(lengths) for lengths, prompts in rounds)
-    # The learner trains one round's shape of rows (DAPO keeps groups of several rounds).
-    lengths, prompts = rounds[0]
-    tokens = float(lengths.sum()) + lengths.size * float(prompts.mean())
+    lengths, prompts = trained
     prompt_max = max(self.report["rollout"]["prompt_buckets"])
-    learner = self.report["projected_learner_s"] * tokens / (
+    learner = self.report["projected_learner_s"] * float(lengths.sum() + prompts.sum()) / (
         self._rows_budget() * (prompt_max + self.cap))
     return {"rollout_s": rollout, "learner_s": learner, "total_s": rollout + learner}

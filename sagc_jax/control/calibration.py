@@ -27,7 +27,8 @@ from sagc_jax.control.sagc import StaticController
 from sagc_jax.control.trace import Trace, length_summary, straggler_rates, tau_curve
 from sagc_jax.control.trace_replay import replay, replay_config, replicate_table
 
-__all__ = ["DELTAS", "TAUS", "calibration_report", "format_report"]
+__all__ = ["DELTAS", "TAUS", "calibration_report", "format_report", "observed_rates",
+           "prediction_check"]
 
 TAUS = (1.5, 1.8, 2.0, 2.25, 2.5, 3.0, 4.0)
 DELTAS = (0.1, 0.25, 0.5)
@@ -44,23 +45,26 @@ def _arms(controller: dict[str, Any], candidates: Sequence[int], taus: Sequence[
     for delta in deltas:
       section = dict(controller, kind="sagc", tau=float(tau), delta=float(delta),
                      candidates=tuple(candidates))
-      arms.append((f"sagc_tau{tau:g}_delta{delta:g}", controller_from_config(
-          {"controller": section})))
+      arms.append((_arm_name(tau, delta), controller_from_config({"controller": section})))
   return arms
 
 
-def calibration_report(trace: Trace, cost: Callable, *, rollout: dict[str, Any] | None = None,
-                       length_scale: float = 1.0, length_cap: int | None = None,
-                       steps: int = 200, replicates: int = 10,
+def _arm_name(tau: float, delta: float) -> str:
+  return f"sagc_tau{tau:g}_delta{delta:g}"
+
+
+def calibration_report(trace: Trace, cost: Callable, *, rollout: dict[str, Any],
+                       candidates: Sequence[int], max_rounds: int, length_scale: float = 1.0,
+                       length_cap: int | None = None, steps: int = 200, replicates: int = 10,
                        taus: Sequence[float] = TAUS, deltas: Sequence[float] = DELTAS,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
-  """The calibration report of ``trace`` (module docstring); ``rollout`` (default: the
-  trace's run) is the budget P(G) the replay and the step rates use."""
+  """The calibration report of ``trace`` (module docstring), replayed under ``rollout``
+  (the budget P(G) the replay and the step rates use), ``candidates`` and ``max_rounds``
+  (``cost.settings(trace)`` gives them)."""
   header = trace.header
   controller = dict(header["controller"])
-  rollout = dict(rollout or header["rollout"])
   budget = types.SimpleNamespace(**rollout)
-  wanted = sorted(controller["candidates"])
+  wanted = sorted(candidates)
   candidates = [g for g in wanted if 2 * g <= trace.responses]
   if not candidates:
     raise ValueError(f"the trace holds {trace.responses} responses per prompt: a replay needs "
@@ -71,31 +75,31 @@ def calibration_report(trace: Trace, cost: Callable, *, rollout: dict[str, Any] 
   tau = float(controller["tau"])
   rates = {f"G{g}": straggler_rates(trace, g, tau, prompts_for(budget, g)) for g in candidates}
   dapo = bool(header.get("learner", {}).get("dynamic_sampling", False))
-  max_rounds = int(header.get("learner", {}).get("dynamic_max_rounds", 3))
   taus = sorted({*map(float, taus), tau})
   config = replay_config(dict(controller, candidates=tuple(candidates)), rollout, steps)
   summaries = []
   for rep in range(replicates):
     log(f"calibrate: replaying {len(taus) * len(deltas)} SAGC settings and "
         f"{len(candidates)} static G, replicate {rep + 1}/{replicates} ({steps} steps)")
+    reseeded = dict(controller, seed=int(controller.get("seed", 0)) + rep)
     summaries.append(replay([trace], config, cost, dapo=dapo, max_rounds=max_rounds,
                             seed=rep, bootstrap=True, length_scale=length_scale,
                             length_cap=length_cap,
-                            arms=_arms(controller, candidates, taus, deltas))["summary"])
+                            arms=_arms(reseeded, candidates, taus, deltas))["summary"])
   reference = f"static_G{max(candidates)}"
   table = replicate_table(summaries, reference, ("seconds_per_signal", "group_straggler_rate",
                                                  "step_straggler_rate", "mean_g"))
-  sagc = {k: v for k, v in table.items() if k.startswith("sagc")}
   static = {k: v for k, v in table.items() if k.startswith("static")}
-  best = min(sagc, key=lambda k: sagc[k]["seconds_per_signal"])
+  settings = [(t, d) for t in taus for d in deltas]
+  best_tau, best_delta = min(settings, key=lambda s: table[_arm_name(*s)]["seconds_per_signal"])
+  best = _arm_name(best_tau, best_delta)
   best_static = min(static, key=lambda k: static[k]["seconds_per_signal"])
-  best_tau = next(t for t in taus for d in deltas if best == f"sagc_tau{t:g}_delta{d:g}")
-  best_delta = next(d for t in taus for d in deltas if best == f"sagc_tau{t:g}_delta{d:g}")
   return {
       "trace": {k: header.get(k) for k in ("model", "config_digest", "date", "split", "prompts",
                                           "responses", "checkpoint_step", "sampling")},
       "cost_model": getattr(cost, "name", "custom"),
       "rollout": rollout, "algorithm": "dapo" if dapo else "grpo",
+      "length_scale": length_scale,
       "lengths": length_summary(trace),
       "tau": tau, "candidates": candidates,
       "straggler_rates": rates,
@@ -106,9 +110,9 @@ def calibration_report(trace: Trace, cost: Callable, *, rollout: dict[str, Any] 
                  "deltas": list(deltas), "arms": table, "reference": reference},
       "recommended": {
           "tau": best_tau, "delta": best_delta, "candidates": candidates, "arm": best,
-          "seconds_per_signal": sagc[best]["seconds_per_signal"],
+          "seconds_per_signal": table[best]["seconds_per_signal"],
           "static_beats_it": static[best_static]["seconds_per_signal"]
-                             < sagc[best]["seconds_per_signal"],
+                             < table[best]["seconds_per_signal"],
           "best_static": best_static,
           "predicted_rates": {f"G{g}": straggler_rates(trace, g, best_tau,
                                                        prompts_for(budget, g))
@@ -148,4 +152,48 @@ def format_report(report: dict[str, Any]) -> str:
   if rec["static_beats_it"]:
     lines.append(f"  note: {rec['best_static']} costs less per unit of signal than every SAGC "
                  "setting on this trace and cost model")
+  return "\n".join(lines)
+
+
+def observed_rates(rows: Sequence[dict[str, Any]], seed: int = 0,
+                   samples: int = 1000) -> dict[str, dict[str, float]]:
+  """Per G a run used: the group straggler rate it observed over its steps at that G
+  (``metrics.jsonl`` rows: ``g``, ``n_groups``, ``n_stragglers``) with a 95% bootstrap
+  interval over those steps (a step's groups share its draw of prompts)."""
+  rng = np.random.Generator(np.random.PCG64([seed, 9]))
+  out = {}
+  for g in sorted({int(r["g"]) for r in rows}):
+    steps = [r for r in rows if int(r["g"]) == g]
+    groups = np.array([r["n_groups"] for r in steps], np.float64)
+    stragglers = np.array([r["n_stragglers"] for r in steps], np.float64)
+    picks = rng.integers(0, len(steps), (samples, len(steps)))
+    boot = stragglers[picks].sum(axis=1) / np.maximum(groups[picks].sum(axis=1), 1.0)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    out[f"G{g}"] = {"group_rate": float(stragglers.sum() / groups.sum()),
+                    "group_low": float(low), "group_high": float(high),
+                    "steps": len(steps), "groups": int(groups.sum())}
+  return out
+
+
+def prediction_check(trace: Trace, rows: Sequence[dict[str, Any]], tau: float,
+                     rollout: dict[str, Any], other_tau: float | None = None) -> str:
+  """Markdown: per G, the group straggler rate ``trace`` predicts at ``tau`` (and at
+  ``other_tau``) beside the one a run at ``tau`` observed (``observed_rates``)."""
+  budget = types.SimpleNamespace(**rollout)
+  observed = observed_rates(rows)
+  sizes = sorted({int(g[1:]) for g in observed} | set(trace.header["controller"]["candidates"]))
+  title = f"predicted at tau {other_tau:g} | " if other_tau is not None else ""
+  lines = [f"| G | predicted at tau {tau:g} | observed at tau {tau:g} (steps) | {title}",
+           "|---|---|---|" + ("---|" if other_tau is not None else "")]
+  cell = lambda r: f"{r['group_rate']:.3f} [{r['group_low']:.3f}, {r['group_high']:.3f}]"
+  for g in sizes:
+    if g > trace.responses:
+      continue
+    predicted = straggler_rates(trace, g, tau, prompts_for(budget, g))
+    seen = observed.get(f"G{g}")
+    row = (f"| {g} | {cell(predicted)} | "
+           + (f"{cell(seen)} ({seen['steps']})" if seen else "not used") + " |")
+    if other_tau is not None:
+      row += f" {cell(straggler_rates(trace, g, other_tau, prompts_for(budget, g)))} |"
+    lines.append(row)
   return "\n".join(lines)

@@ -91,12 +91,20 @@ def write_trace(path: Path, header: dict[str, Any], records: Iterable[dict[str, 
   path.write_text("\n".join(lines) + "\n")
 
 
+def _is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _checked_record(record: Any, where: str, k: int | None) -> dict[str, Any]:
   if not isinstance(record, dict):
     raise ValueError(f"{where}: a prompt line must be a JSON object, got {type(record).__name__}")
   missing = [key for key in ("id", "prompt_tokens", *_RESPONSE_FIELDS) if key not in record]
   if missing:
     raise ValueError(f"{where}: missing {', '.join(missing)}")
+  if not _is_int(record["id"]) or not _is_int(record["prompt_tokens"]) \
+      or record["prompt_tokens"] < 0:
+    raise ValueError(f"{where}: id and prompt_tokens must be integers (prompt_tokens >= 0), "
+                     f"got {record['id']!r} and {record['prompt_tokens']!r}")
   sizes = {key: len(record[key]) if isinstance(record[key], list) else -1
            for key in _RESPONSE_FIELDS}
   if len(set(sizes.values())) != 1 or sizes["lengths"] < 1:
@@ -105,9 +113,32 @@ def _checked_record(record: Any, where: str, k: int | None) -> dict[str, Any]:
   if k is not None and sizes["lengths"] != k:
     raise ValueError(f"{where}: {sizes['lengths']} responses, but the first prompt has {k}: "
                      "every prompt of a trace holds the same number")
-  if any(not isinstance(x, int) or x < 1 for x in record["lengths"]):
+  if any(not _is_int(x) or x < 1 for x in record["lengths"]):
     raise ValueError(f"{where}: lengths must be positive token counts")
+  if any(not isinstance(x, (int, float)) or isinstance(x, bool) or not np.isfinite(x)
+         for x in record["rewards"]):
+    raise ValueError(f"{where}: rewards must be finite numbers")
+  for key in ("correct", "truncated"):
+    if any(x not in (0, 1) for x in record[key]):
+      raise ValueError(f"{where}: {key} must hold 0 or 1 per response")
   return record
+
+
+def _check_header(header: Any, path: Path) -> None:
+  if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+    raise ValueError(f"trace {path}: the first line must be a header with "
+                     f"\"schema\": \"{SCHEMA}\"")
+  sampling, controller, rollout = (header.get(k) for k in ("sampling", "controller", "rollout"))
+  if not isinstance(sampling, dict) or not _is_int(sampling.get("max_new_tokens")):
+    raise ValueError(f"trace {path}: the header's sampling must hold max_new_tokens (an int)")
+  if not isinstance(controller, dict) or not isinstance(controller.get("candidates"), list) \
+      or not isinstance(controller.get("tau"), (int, float)):
+    raise ValueError(f"trace {path}: the header's controller must hold candidates (a list) "
+                     "and tau (the traced run's controller section)")
+  if not isinstance(rollout, dict) or rollout.get("mode") not in ("hold_prompts",
+                                                                    "hold_rollouts"):
+    raise ValueError(f"trace {path}: the header's rollout must hold the run's budget "
+                     "(mode, rollouts_per_step, prompts_per_step)")
 
 
 def read_trace(path: Path | str) -> Trace:
@@ -119,6 +150,7 @@ def read_trace(path: Path | str) -> Trace:
     lines = [line for line in f if line.strip()]
   if not lines:
     raise ValueError(f"trace {path} is empty")
+
   def parse(i: int) -> Any:
     try:
       return json.loads(lines[i])
@@ -126,14 +158,10 @@ def read_trace(path: Path | str) -> Trace:
       raise ValueError(f"trace {path} line {i + 1} is not JSON ({err.msg})") from None
 
   header, records, k = parse(0), [], None
+  _check_header(header, path)
   for i in range(1, len(lines)):
     records.append(_checked_record(parse(i), f"trace {path} line {i + 1}", k))
     k = len(records[-1]["lengths"])
-  if not isinstance(header, dict) or header.get("schema") != SCHEMA:
-    raise ValueError(f"trace {path}: the first line must be a header with "
-                     f"\"schema\": \"{SCHEMA}\"")
-  if "max_new_tokens" not in header.get("sampling", {}):
-    raise ValueError(f"trace {path}: the header's sampling settings lack max_new_tokens")
   if not records:
     raise ValueError(f"trace {path} holds no prompt")
   column = lambda key, dtype: np.asarray([r[key] for r in records], dtype)
@@ -146,7 +174,7 @@ def bootstrap_interval(statistic, prompts: int, seed: int = 0, samples: int = 10
                        level: float = 0.95) -> tuple[float, float]:
   """Percentile interval of ``statistic(rows)`` over bootstrap resamples of the prompts
   (``rows``: indices 0..prompts-1 drawn with replacement)."""
-  rng = np.random.Generator(np.random.PCG64([seed, 3]))
+  rng = np.random.Generator(np.random.PCG64([seed, 3, 0]))
   values = [statistic(rng.integers(0, prompts, prompts)) for _ in range(samples)]
   tail = 100.0 * (1.0 - level) / 2.0
   low, high = np.nanpercentile(values, [tail, 100.0 - tail])
@@ -163,11 +191,15 @@ def _group_flags(lengths: np.ndarray, g: int, tau: float) -> np.ndarray:
 def _step_rate(flags: np.ndarray, groups_per_step: int, rng: np.random.Generator,
                steps: int = 2000) -> float:
   """P(a step straggles): the share of ``steps`` random steps, each of
-  ``groups_per_step`` distinct prompts (one random chunk each), holding a straggler."""
+  ``groups_per_step`` groups (distinct prompts while the trace has enough, else drawn
+  with replacement, as a loader's epochs wrap), one random chunk each, that hold a
+  straggler."""
   n, chunks = flags.shape
-  per_step = min(groups_per_step, n)
-  prompts = np.argsort(rng.random((steps, n)), axis=1)[:, :per_step]
-  chunk = rng.integers(0, chunks, (steps, per_step))
+  if groups_per_step <= n:
+    prompts = np.argsort(rng.random((steps, n)), axis=1)[:, :groups_per_step]
+  else:
+    prompts = rng.integers(0, n, (steps, groups_per_step))
+  chunk = rng.integers(0, chunks, prompts.shape)
   return float(flags[prompts, chunk].any(axis=1).mean())
 
 
@@ -179,7 +211,7 @@ def straggler_rates(trace: Trace, g: int, tau: float, groups_per_step: int, *,
     raise ValueError(f"group size {g} needs at least {g} responses per prompt; the trace "
                      f"holds {trace.responses}")
   flags = _group_flags(trace.lengths, g, tau)
-  rng = np.random.Generator(np.random.PCG64([seed, g]))
+  rng = np.random.Generator(np.random.PCG64([seed, 17, g]))
   step = lambda rows: _step_rate(flags[rows], groups_per_step, rng, steps=500)
   group_low, group_high = bootstrap_interval(lambda rows: flags[rows].mean(), trace.prompts,
                                              seed, samples)
@@ -187,7 +219,7 @@ def straggler_rates(trace: Trace, g: int, tau: float, groups_per_step: int, *,
   return {"group_rate": float(flags.mean()), "group_low": group_low, "group_high": group_high,
           "step_rate": _step_rate(flags, groups_per_step, rng), "step_low": step_low,
           "step_high": step_high, "groups": int(flags.size),
-          "groups_per_step": int(min(groups_per_step, trace.prompts))}
+          "groups_per_step": int(groups_per_step)}
 
 
 def tau_curve(trace: Trace, sizes: Sequence[int], taus: Sequence[float]

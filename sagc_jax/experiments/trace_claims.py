@@ -51,21 +51,24 @@ def _refused(arm: str, refill: bool) -> str:
   return ""
 
 
-def trace_claims(traces: Sequence[Trace], cost: Callable, *, controller: dict[str, Any],
-                 rollout: dict[str, Any], algorithms: Sequence[str], taus: Sequence[float],
-                 replicates: int, steps: int, max_rounds: int = 3, length_scale: float = 1.0,
+def trace_claims(traces: Sequence[Trace], cost: Callable, *, algorithms: Sequence[str],
+                 taus: Sequence[float], replicates: int, steps: int, rollout: dict[str, Any],
+                 candidates: Sequence[int], max_rounds: int, length_scale: float = 1.0,
                  length_cap: int | None = None, refill: bool = False,
                  log: Callable[[str], None] = print) -> tuple[str, list[dict[str, Any]]]:
-  """The markdown tables and their rows (module docstring)."""
+  """The markdown tables and their rows (module docstring); the controller section is
+  the first trace's run's, with ``candidates`` and each of ``taus``."""
+  controller = dict(traces[0].header["controller"], candidates=tuple(candidates))
   rows: list[dict[str, Any]] = []
   sections = []
-  reference = f"static_G{max(controller['candidates'])}"
+  reference = f"static_G{max(candidates)}"
   for algorithm in algorithms:
     for tau in taus:
-      config = replay_config(dict(controller, tau=float(tau)), rollout, steps)
       mine = []
       for rep in range(replicates):
         log(f"replay: {algorithm}, tau {tau:g}, replicate {rep + 1}/{replicates}")
+        config = replay_config(dict(controller, tau=float(tau),
+                                    seed=int(controller.get("seed", 0)) + rep), rollout, steps)
         result = replay(traces, config, cost, dapo=algorithm == "dapo", max_rounds=max_rounds,
                         kinds=ARMS, seed=rep, bootstrap=True, length_scale=length_scale,
                         length_cap=length_cap)

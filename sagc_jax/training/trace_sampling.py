@@ -3,8 +3,11 @@
 K responses for each of N prompts of the held-out split, drawn with the run's own
 sampling settings (temperature, top-p/k, response cap, stop tokens) through the
 sampled evaluation sampler, in calls of the sampler's row bucket; per response its
-token length, training reward, correctness and whether it hit the cap without a stop
-token. Every call's wall-clock and padded decode work (rows x decode steps) is kept,
+token length, reward (the task reward mix: the run's user reward functions are left
+out, as in evaluation, so DAPO's keep rule replayed from them may differ for a run
+that uses some), correctness and whether it hit the cap without a stop token. A call's
+seed is fixed by its first prompt and its repetition, so a rerun with the same
+settings (``rollout.eval_batch`` included) draws the same responses. Every call's wall-clock and padded decode work (rows x decode steps) is kept,
 and the decode cost ``seconds = a + b x decode_slots`` is fitted from them by least
 squares: the ``cpu`` cost model of the replay (on a CPU, cost follows rows x steps).
 
@@ -88,13 +91,18 @@ def _resume(partial: Path, header: dict[str, Any], log) -> list[dict[str, Any]]:
   settings = lambda h: {k: v for k, v in json.loads(json.dumps(h)).items() if k != "prompts"}
   try:
     same = settings(json.loads(lines[0])) == settings(header)
-    batches = [json.loads(line) for line in lines[1:]]
   except (ValueError, IndexError):
-    same, batches = False, []
+    same = False
   if not same:
     log(f"calibrate: {partial} was written with other settings; starting again")
     partial.unlink()
     return []
+  batches = []
+  for line in lines[1:]:
+    try:
+      batches.append(json.loads(line))
+    except ValueError:       # the line a kill cut short: that batch is sampled again
+      break
   batches = [b for b in batches if b["records"][-1]["id"] < header["prompts"]]
   partial.write_text("\n".join(json.dumps(x) for x in [header, *batches]) + "\n")
   log(f"calibrate: resuming after {sum(len(b['records']) for b in batches)} prompts "
@@ -112,7 +120,8 @@ def record_trace(config: Any, out: Path, *, workdir: Any = None, prompts: int = 
   config = reader_config(values)
   out.mkdir(parents=True, exist_ok=True)
   partial = out / "trace.partial.jsonl"
-  with open_policy(config, workdir, restore=workdir is not None, local_dir=out / "policy",
+  with open_policy(config, workdir, restore=workdir is not None,
+                   local_dir=None if workdir is not None else out / "policy",
                    log=log) as (inputs, step):
     n = min(prompts, len(inputs.eval_source))
     if n < prompts:
