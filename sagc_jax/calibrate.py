@@ -34,8 +34,8 @@ def _define_flags():
   flags.DEFINE_integer("responses", 32, "Responses per prompt (at least twice the largest "
                        "candidate G, so a replay resamples groups).")
   flags.DEFINE_string("cost", "cpu", "Cost model of the recommendation: 'cpu' (the trace's "
-                      "measured decode cost) or 'aot:REPORT.json' (python -m sagc_jax.aot "
-                      "... --out REPORT.json).")
+                      "measured decode cost; 'cpu:OTHER.jsonl': another trace's) or "
+                      "'aot:REPORT.json' (python -m sagc_jax.aot ... --out REPORT.json).")
   flags.DEFINE_string("check", None, "Also compare the straggler rates a finished run "
                       "observed (its metrics.jsonl, at its tau) with the trace's prediction.")
   flags.DEFINE_float("check_other_tau", 1.8, "With --check: also the prediction at this tau.")
@@ -58,8 +58,9 @@ def main(argv: Sequence[str], flags) -> None:
   else:
     if flags.config is None:
       raise ValueError("--config is required unless --trace names an existing trace")
-    if not (flags.cost == "cpu" or flags.cost.startswith("aot:")):
-      raise ValueError(f"--cost={flags.cost!r} is not 'cpu' or 'aot:REPORT.json'")
+    if not (flags.cost == "cpu" or flags.cost.startswith(("cpu:", "aot:"))):
+      raise ValueError(f"--cost={flags.cost!r} is not 'cpu', 'cpu:TRACE.jsonl' or "
+                       "'aot:REPORT.json'")
     smallest = min(flags.config.controller.candidates)
     if 2 * smallest > flags.responses:
       raise ValueError(f"--responses={flags.responses}: a replay resamples groups, so it "

@@ -144,13 +144,18 @@ def reject_positional(argv: Sequence[str]) -> None:
 
 
 def trace_cost_model(flag: str, trace: Any) -> Any:
-  """The cost model a ``--cost`` flag names for replaying ``trace``: ``cpu`` (the trace's
-  measured decode cost, ``control.trace_replay.DecodeCost``) or ``aot:REPORT.json``
-  (a preset's compiled programs, ``aot.trace_cost.CompiledStepCost``)."""
+  """The cost model a ``--cost`` flag names for replaying ``trace``: ``cpu`` (the decode
+  cost calibrate measured while sampling ``trace``; ``cpu:OTHER.jsonl``: the one measured
+  for another trace, on its machine), ``control.trace_replay.DecodeCost``; or
+  ``aot:REPORT.json`` (a preset's compiled programs, ``aot.trace_cost.CompiledStepCost``)."""
+  from sagc_jax.control.trace_replay import DecodeCost
+
   if flag == "cpu":
-    from sagc_jax.control.trace_replay import DecodeCost
     return DecodeCost.of(trace)
+  if flag.startswith("cpu:") and len(flag) > 4:
+    from sagc_jax.control.trace import read_trace
+    return DecodeCost.of(read_trace(flag[4:]))
   if flag.startswith("aot:") and len(flag) > 4:
     from sagc_jax.aot.trace_cost import CompiledStepCost
     return CompiledStepCost.load(flag[4:])
-  raise ValueError(f"--cost={flag!r} is not 'cpu' or 'aot:REPORT.json'")
+  raise ValueError(f"--cost={flag!r} is not 'cpu', 'cpu:TRACE.jsonl' or 'aot:REPORT.json'")

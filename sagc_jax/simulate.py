@@ -42,7 +42,9 @@ def _define_flags():
                        "claims table (sagc_jax.experiments.claims) next to --out as claims.md")
   flags.DEFINE_list("trace", [], "Replay this trace (a second one, comma-separated: the "
                     "trace after RL, for drift) instead of simulating lengths.")
-  flags.DEFINE_string("cost", "cpu", "Trace replay cost model: 'cpu' or 'aot:REPORT.json'.")
+  flags.DEFINE_string("cost", "cpu", "Trace replay cost model: 'cpu' (the first trace's "
+                      "measured decode cost), 'cpu:TRACE.jsonl' (another trace's) or "
+                      "'aot:REPORT.json'.")
   flags.DEFINE_list("algorithms", ["grpo", "dapo"], "Trace replay: grpo and/or dapo.")
   flags.DEFINE_list("taus", [], "Trace replay: the tau of each table (default: the run's).")
   flags.DEFINE_integer("replicates", 5, "Trace replay: bootstrap replicates (>= 3).")

@@ -26,7 +26,7 @@ def _header(**extra):
   return {"sampling": {"max_new_tokens": 64},
           "controller": {"candidates": [2, 4], "tau": 1.5, "delta": 0.25, "seed": 0},
           "rollout": {"mode": "hold_prompts", "prompts_per_step": 4, "rollouts_per_step": 16},
-          "decode_cost": {"a_s": 0.5, "b_s": 0.01}, **extra}
+          "decode_cost": {"step_s": 0.5, "slot_s": 0.01}, **extra}
 
 
 def _synthetic(tmp_path, prompts=12, k=8, seed=0, offset=0, name="t.jsonl"):
@@ -131,7 +131,7 @@ def _uniform_trace(tmp_path, rewards_vary: bool, name: str):
 
 
 def test_dapo_keeps_only_groups_whose_rewards_vary_and_pays_for_every_round(tmp_path):
-  cost = DecodeCost(0.0, 1.0)            # seconds = rows x longest per round
+  cost = DecodeCost(0.0, 1.0)            # seconds = the round's response tokens
   for vary in (False, True):
     trace = _uniform_trace(tmp_path, vary, f"t{vary}.jsonl")
     config = replay_config(trace.header["controller"], trace.header["rollout"], steps=5)
@@ -143,15 +143,15 @@ def test_dapo_keeps_only_groups_whose_rewards_vary_and_pays_for_every_round(tmp_
       rounds = 1 if vary else 3
       assert col["rounds"] == [rounds] * 5
       assert col["n_groups"] == [4 * rounds] * 5
-      assert col["total_s"] == [rounds * 4 * g * 20] * 5
+      assert col["total_s"] == [rounds * 4 * g * 20.0] * 5
       # Signal from kept groups only: 4 p (1 - p) log2 G = log2 G at p = 1/2.
       assert col["signal"] == ([4 * np.log2(g)] * 5 if vary else [0.0] * 5)
 
 
-def test_decode_cost_prices_rows_times_the_longest_row():
+def test_decode_cost_prices_the_longest_row_and_every_decoded_token():
   cost = DecodeCost(0.5, 0.01)
   got = cost([(np.array([3, 9, 4]), np.array([10])), (np.array([2, 2]), np.array([10]))])
-  assert got["total_s"] == pytest.approx(0.5 + 0.01 * 3 * 9 + 0.5 + 0.01 * 2 * 2)
+  assert got["total_s"] == pytest.approx(0.5 * 9 + 0.01 * 16 + 0.5 * 2 + 0.01 * 4)
 
 
 def test_the_replay_is_deterministic_in_its_seed(tmp_path):
@@ -172,7 +172,7 @@ def test_the_replay_predicts_the_held_out_half_of_a_real_trace():
   fit, held_out = trace.take(responses=np.arange(k)), trace.take(responses=np.arange(k, 2 * k))
   header = trace.header
   config = replay_config(header["controller"], header["rollout"], steps=400)
-  summary = replay([fit], config, DecodeCost.of(trace), kinds=(), seed=0)["summary"]
+  summary = replay([fit], config, DecodeCost(1.0, 0.0), kinds=(), seed=0)["summary"]
   tau = float(header["controller"]["tau"])
   for g in header["controller"]["candidates"]:
     if g > k:
@@ -190,7 +190,7 @@ def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
   from sagc_jax.control.calibration import _arms
 
   trace = trace_lib.read_trace(BEFORE)
-  cost = DecodeCost.of(trace)
+  cost = DecodeCost(0.05, 1e-3)
   settings = cost.settings(trace)
   report = calibration_report(trace, cost, steps=60, replicates=2, taus=(1.5, 2.5),
                               deltas=(0.1, 0.5), log=lambda m: None, **settings)

@@ -11,10 +11,16 @@ from sagc_jax.control.trace import read_trace
 from sagc_jax.training.trace_sampling import fit_decode_cost, record_trace
 
 
-def test_decode_cost_fit_recovers_a_line_through_the_calls():
-  calls = [{"decode_slots": s, "seconds": 0.3 + 2e-4 * s} for s in (100, 400, 900, 1600)]
+def test_decode_cost_fit_recovers_the_step_and_slot_costs_of_the_calls():
+  calls = [{"decode_steps": t, "decode_slots": s, "seconds": 0.02 * t + 2e-4 * s}
+           for t, s in ((100, 900), (400, 2000), (512, 9000), (300, 8000))]
   fit = fit_decode_cost(calls)
-  assert fit["a_s"] == pytest.approx(0.3) and fit["b_s"] == pytest.approx(2e-4)
+  assert fit["step_s"] == pytest.approx(0.02) and fit["slot_s"] == pytest.approx(2e-4)
+  assert fit["calls"] == calls
+  # Calls that a negative per-step cost would fit best: the cost stays non-negative.
+  fit = fit_decode_cost([{"decode_steps": t, "decode_slots": s, "seconds": 1e-3 * s - 1e-3 * t}
+                         for t, s in ((10, 900), (40, 2000), (50, 9000))])
+  assert fit["step_s"] >= 0 and fit["slot_s"] > 0
 
 
 def test_a_trace_resumed_midway_equals_one_sampled_at_once(shared, tmp_path):
@@ -33,7 +39,7 @@ def test_a_trace_resumed_midway_equals_one_sampled_at_once(shared, tmp_path):
   assert ((1 <= whole.lengths) & (whole.lengths <= 16)).all()
   assert (whole.lengths[whole.truncated] == 16).all()
   assert (whole.rewards >= whole.correct).all()
-  assert whole.header["decode_cost"]["calls"] == 3          # 2 prompts x 8 rows per call
+  assert len(whole.header["decode_cost"]["calls"]) == 3     # 2 prompts x 8 rows per call
   assert any("calibrate: 6/6 prompts" in m for m in messages)
 
   part = tmp_path / "part"

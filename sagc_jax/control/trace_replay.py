@@ -60,22 +60,23 @@ CostFn = Callable[[Rounds, tuple[np.ndarray, np.ndarray]], dict[str, float]]
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCost:
-  """The trace's measured CPU decode cost: a sampling round of ``rows`` rows runs
-  lock-step until its longest response is done, ``a_s + b_s x rows x longest``
-  seconds (``trace_sampling.fit_decode_cost``). No learner cost: calibration does
+  """A trace's measured CPU decode cost (``trace_sampling.fit_decode_cost``): a sampling
+  round runs until its longest row is done, each decode step costing ``step_s`` plus
+  ``slot_s`` per row still decoding (finished rows are compacted away), so a round
+  costs ``step_s x longest + slot_s x sum(lengths)``. No learner cost: calibration does
   not measure it."""
 
-  a_s: float
-  b_s: float
+  step_s: float
+  slot_s: float
   name: str = "cpu"
 
   @classmethod
   def of(cls, trace: Trace) -> "DecodeCost":
-    fit = trace.header.get("decode_cost")
-    if not fit:
-      raise ValueError("the trace's header holds no decode_cost: the 'cpu' cost model needs "
-                       "a trace written by python -m sagc_jax.calibrate")
-    return cls(float(fit["a_s"]), float(fit["b_s"]))
+    fit = trace.header.get("decode_cost") or {}
+    if "step_s" not in fit:
+      raise ValueError("the trace's header holds no decode_cost with step_s and slot_s: the "
+                       "'cpu' cost model needs a trace written by python -m sagc_jax.calibrate")
+    return cls(float(fit["step_s"]), float(fit["slot_s"]))
 
   def settings(self, trace: Trace) -> dict[str, Any]:
     """What a replay under this cost takes from the trace's run: its rollout budget,
@@ -83,7 +84,7 @@ class DecodeCost:
     return replay_settings(trace)
 
   def __call__(self, rounds: Rounds, trained: Any = None) -> dict[str, float]:
-    rollout = sum(self.a_s + self.b_s * lengths.size * int(lengths.max())
+    rollout = sum(self.step_s * int(lengths.max()) + self.slot_s * float(lengths.sum())
                   for lengths, _ in rounds)
     return {"rollout_s": rollout, "learner_s": 0.0, "total_s": rollout}
 

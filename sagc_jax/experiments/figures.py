@@ -70,6 +70,21 @@ _PROMPTS = "Simulator: prompt heterogeneity"
 _AOT = "AOT: the 3B presets on v5e:4x4"
 _AOT_16K = "AOT: 16k-token responses on v5e:4x4"
 
+_CALIBRATION = "Calibration: SmolLM2-135M-Instruct before RL"
+_REPLAY_POD = "Trace replay: SmolLM2 rollouts at a v5e:4x4 3B-16k step's cost"
+_REPLAY_CPU = "Trace replay: SmolLM2 rollouts at CPU cost"
+_TRACES = "configs/traces/smollm2_word_problems_before_rl.jsonl," \
+          "configs/traces/smollm2_word_problems_after_rl.jsonl"
+_POD_COST = "aot:configs/traces/llama3_2_3b_16k_v5e_4x4.json"
+# tau 1.8 (the SmolLM2 config's) and the tau calibrate recommends under each cost.
+_POD_TAUS, _CPU_TAUS = "1.8,CALIBRATED_POD", "1.8,CALIBRATED_CPU"
+
+
+def _replay(cost: str, taus: str) -> Callable[[Path], list[str]]:
+  return lambda d: [_PY, "-m", "sagc_jax.simulate", f"--trace={_TRACES}", f"--cost={cost}",
+                    f"--taus={taus}", f"--out={d / 'replay.json'}"]
+
+
 JOBS = (
     Job("main_job", "Quickstart command 1: the tiny GRPO + SAGC run and its plot", 3.5,
         lambda d: [_PY, "-m", "sagc_jax.train", "--config=configs/tiny_cpu.py",
@@ -118,6 +133,19 @@ JOBS = (
         _compare("compare_paper_regime_cpu", ["--config.train.eval_every=4"],
                  ["--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
         section="The paper's regime at equal wall-clock"),
+    Job("calibrate_smollm2", "Calibration: SmolLM2-135M-Instruct before RL, 32 prompts x 32 "
+        "responses, recommended under the CPU cost", 40.0,
+        lambda d: [_PY, "-m", "sagc_jax.calibrate", "--config=configs/smollm2_cpu.py",
+                   "--prompts=32", f"--out={d}"], section=_CALIBRATION),
+    Job("calibrate_smollm2_pod", "Calibration: the committed SmolLM2 trace, recommended under "
+        "the v5e:4x4 3B-16k cost", 0.5,
+        lambda d: [_PY, "-m", "sagc_jax.calibrate", f"--trace={_TRACES.split(',')[0]}",
+                   f"--cost={_POD_COST}", f"--out={d}"], section=_CALIBRATION),
+    Job("replay_smollm2_pod", "Trace replay: SmolLM2 before/after RL, GRPO and DAPO, under "
+        "the v5e:4x4 3B-16k compiled cost", 2.0, _replay(_POD_COST, _POD_TAUS),
+        section=_REPLAY_POD),
+    Job("replay_smollm2_cpu", "Trace replay: SmolLM2 before/after RL, GRPO and DAPO, under "
+        "the CPU cost", 1.0, _replay("cpu", _CPU_TAUS), section=_REPLAY_CPU),
     *(Job(f"aot_{preset}", f"Sizing a 3B run: {title} on v5e:4x4 (TPU AOT)", 8.0,
           _aot(preset), section=section, needs="libtpu")
       for preset, title, section in (

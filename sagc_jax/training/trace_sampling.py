@@ -8,8 +8,8 @@ out, as in evaluation, so DAPO's keep rule replayed from them may differ for a r
 that uses some), correctness and whether it hit the cap without a stop token. A call's
 seed is fixed by its first prompt and its repetition, so a rerun with the same
 settings (``rollout.eval_batch`` included) draws the same responses. Every call's wall-clock and padded decode work (rows x decode steps) is kept,
-and the decode cost ``seconds = a + b x decode_slots`` is fitted from them by least
-squares: the ``cpu`` cost model of the replay (on a CPU, cost follows rows x steps).
+and the decode cost ``seconds = step_s x decode_steps + slot_s x decode_slots`` is
+fitted from them (``fit_decode_cost``): the ``cpu`` cost model of the replay.
 
 Resumable: each finished batch of prompts is appended to ``trace.partial.jsonl``; a
 run with the same settings continues from it, and the finished trace replaces it.
@@ -44,18 +44,23 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
 
 
 def fit_decode_cost(calls: list[dict[str, Any]]) -> dict[str, Any]:
-  """Least-squares ``seconds = a + b x decode_slots`` over the sampler calls (``a``:
-  prefill and call overhead; ``b``: seconds per row per decode step)."""
-  slots = np.asarray([c["decode_slots"] for c in calls], np.float64)
-  seconds = np.asarray([c["seconds"] for c in calls], np.float64)
-  if len(calls) >= 2 and np.ptp(slots) > 0:
-    b, a = np.polyfit(slots, seconds, 1)
-  else:
-    a, b = 0.0, float(seconds.sum() / max(slots.sum(), 1.0))
-  if b <= 0:       # noise on a flat set of calls: all of it per slot
-    a, b = 0.0, float(seconds.sum() / max(slots.sum(), 1.0))
-  return {"model": "seconds = a_s + b_s * rows * decode_steps", "a_s": float(max(a, 0.0)),
-          "b_s": float(b), "calls": len(calls), "seconds": float(seconds.sum()),
+  """Non-negative least squares ``seconds = step_s x decode_steps + slot_s x
+  decode_slots`` over the sampler calls: a decode step costs a fixed part (the loop, the
+  weights read) and a part per row it still decodes (compaction drops finished rows, so
+  a call's slots are about the sum of its rows' lengths). The calls are kept with it."""
+  x = np.asarray([[c["decode_steps"], c["decode_slots"]] for c in calls], np.float64)
+  y = np.asarray([c["seconds"] for c in calls], np.float64)
+  best = None
+  for cols in ((0, 1), (0,), (1,)):            # the NNLS solution lies on one of these
+    coef = np.zeros(2)
+    coef[list(cols)] = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+    if (coef >= 0).all():
+      error = float(np.sum((x @ coef - y) ** 2))
+      best = min(best or (error, coef), (error, coef), key=lambda t: t[0])
+  step_s, slot_s = best[1] if best else (0.0, float(y.sum() / max(x[:, 1].sum(), 1.0)))
+  return {"model": "seconds = step_s * decode_steps + slot_s * decode_slots",
+          "step_s": float(step_s), "slot_s": float(slot_s), "seconds": float(y.sum()),
+          "calls": calls,
           "machine": " ".join(filter(None, (platform.machine(), platform.processor(),
                                             f"{os.cpu_count()} cores")))}
 
