@@ -66,12 +66,13 @@ def replay_traces(flags) -> None:
   if flags.replicates < 3 or flags.steps < 10:
     raise ValueError(f"--replicates={flags.replicates} must be >= 3 and --steps={flags.steps} "
                      ">= 10")
-  traces = [read_trace(path) for path in flags.trace]
-  cost = trace_cost_model(flags.cost, traces[0])
   try:
-    taus = [float(t) for t in flags.taus] or [float(traces[0].header["controller"]["tau"])]
+    taus = [float(t) for t in flags.taus]
   except ValueError:
     raise ValueError(f"--taus={','.join(flags.taus)} is not a list of numbers") from None
+  traces = [read_trace(path) for path in flags.trace]
+  cost = trace_cost_model(flags.cost, traces[0])
+  taus = taus or [float(traces[0].header["controller"]["tau"])]
   settings = cost.settings(traces[0])
   refill = bool(getattr(cost, "bound_ratios", None))
   table, rows = trace_claims(traces, cost, algorithms=flags.algorithms, taus=taus,

@@ -14,7 +14,8 @@ distinct ``raise ValueError`` of the config checks that a command line can reach
 controller classes it builds, ``rewards/specs.py`` (``check_reward_config``),
 ``rl/config.py`` (``LearnerConfig``, ``check_split``), ``cli.py`` (unknown key, bad
 type, repeated override, positional argument), ``train.py``, ``eval.py``,
-``simulate.py`` with ``control/simulator.py`` and ``control/prompt_simulator.py``,
+``simulate.py`` with ``control/simulator.py``, ``control/prompt_simulator.py`` and
+(``--trace``) ``control/trace.py`` / ``aot/trace_cost.py``, ``calibrate.py``,
 ``compare.py`` and ``aot/__main__.py``. ``tests/fixtures/cli_errors.json`` holds, per
 case, the command line, its exit status and the last line of its stderr, made by
 running the commands at the commit that wrote it:
@@ -95,6 +96,8 @@ E = ("--workdir", "{tmp}/run")                                               # e
 JSONL = ("--config.data.name=jsonl", "--config.data.files=('train.jsonl',)",
          "--config.data.eval_files=('test.jsonl',)")
 TRAIN, SIM, EVAL = "sagc_jax.train", "sagc_jax.simulate", "sagc_jax.eval"
+CALIBRATE = "sagc_jax.calibrate"
+TRACE = "configs/traces/smollm2_word_problems_before_rl.jsonl"
 COMPARE, AOT = "sagc_jax.compare", "sagc_jax.aot"
 
 # (case id, module, argv): one bad setting each (module docstring).
@@ -218,6 +221,28 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("simulate.claims_seeds", SIM, (*S, "--config.sim.steps=2", "--claims_seeds=-1")),
     ("simulate_prompts.pool_size", SIM, (*P, "--config.pool.size=0")),
     ("simulate_prompts.tail_prob_open", SIM, (*P, "--config.sim.tail_prob_start=0.0")),
+    # ---- simulate --trace (control/trace.py, aot/trace_cost.py)
+    ("simulate.trace_missing", SIM, ("--trace", "{tmp}/missing.jsonl", "--out", "{tmp}/r.json")),
+    ("simulate.trace_empty", SIM, ("--trace", "{tmp}/not_a_folder", "--out", "{tmp}/r.json")),
+    ("simulate.trace_three", SIM, ("--trace", f"{TRACE},{TRACE},{TRACE}", "--out", "{tmp}/r")),
+    ("simulate.trace_algorithms", SIM, ("--trace", TRACE, "--algorithms=ppo",
+                                        "--out", "{tmp}/r.json")),
+    ("simulate.trace_replicates", SIM, ("--trace", TRACE, "--replicates=2",
+                                        "--out", "{tmp}/r.json")),
+    ("simulate.trace_taus", SIM, ("--trace", TRACE, "--taus=wide", "--out", "{tmp}/r.json")),
+    ("simulate.trace_cost", SIM, ("--trace", TRACE, "--cost=gpu", "--out", "{tmp}/r.json")),
+    ("simulate.trace_aot_missing", SIM, ("--trace", TRACE, "--cost=aot:{tmp}/missing.json",
+                                         "--out", "{tmp}/r.json")),
+    # ---- calibrate (calibrate.py, training/trace_sampling.py)
+    ("calibrate.no_out", CALIBRATE, ("--config", "configs/tiny_cpu.py")),
+    ("calibrate.no_config", CALIBRATE, ("--out", "{tmp}/cal")),
+    ("calibrate.prompts", CALIBRATE, ("--config", "configs/tiny_cpu.py", "--out", "{tmp}/cal",
+                                      "--prompts=0")),
+    ("calibrate.workdir", CALIBRATE, ("--config", "configs/tiny_cpu.py", "--out", "{tmp}/cal",
+                                      "--workdir", "{tmp}/no_run")),
+    ("calibrate.validate", CALIBRATE, ("--config", "configs/tiny_cpu.py", "--out", "{tmp}/cal",
+                                       "--config.rollout.top_p=1.5")),
+    ("calibrate.trace_missing", CALIBRATE, ("--out", "{tmp}/cal", "--trace", "{tmp}/no.jsonl")),
     # ---- eval
     ("eval.no_run", EVAL, ("--workdir", "{tmp}/no_run")),
     ("eval.damaged_config", EVAL, ("--workdir", "{tmp}/damaged_run")),
