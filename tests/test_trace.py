@@ -211,7 +211,7 @@ def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
   json.dumps(report)                       # report.json holds it
 
 
-def test_observed_rates_pool_each_sizes_steps_and_bracket_the_pooled_rate():
+def test_observed_rates_pool_each_sizes_groups_with_a_wilson_interval():
   from sagc_jax.control.calibration import observed_rates
 
   rows = [{"g": 4, "n_groups": 8, "n_stragglers": s} for s in (1, 3, 2, 6)]
@@ -220,7 +220,11 @@ def test_observed_rates_pool_each_sizes_steps_and_bracket_the_pooled_rate():
   assert got["G4"]["group_rate"] == pytest.approx(12 / 32)
   assert got["G16"]["group_rate"] == pytest.approx(3 / 4)
   assert (got["G4"]["steps"], got["G16"]["groups"]) == (4, 4)
-  assert got["G4"]["group_low"] < 12 / 32 < got["G4"]["group_high"]
+  from scipy.stats import binomtest     # the reference Wilson score interval
+
+  wilson = binomtest(12, 32).proportion_ci(method="wilson")
+  assert (got["G4"]["group_low"], got["G4"]["group_high"]) == pytest.approx(
+      (wilson.low, wilson.high), abs=1e-6)
 
 
 @pytest.mark.skipif(not AOT_REPORT.exists(), reason="the committed AOT report is missing")

@@ -155,23 +155,20 @@ def format_report(report: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def observed_rates(rows: Sequence[dict[str, Any]], seed: int = 0,
-                   samples: int = 1000) -> dict[str, dict[str, float]]:
+def observed_rates(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
   """Per G a run used: the group straggler rate it observed over its steps at that G
-  (``metrics.jsonl`` rows: ``g``, ``n_groups``, ``n_stragglers``) with a 95% bootstrap
-  interval over those steps (a step's groups share its draw of prompts)."""
-  rng = np.random.Generator(np.random.PCG64([seed, 9]))
+  (``metrics.jsonl`` rows: ``g``, ``n_groups``, ``n_stragglers``) with a 95% Wilson
+  score interval over those groups (each group is a different prompt's)."""
   out = {}
   for g in sorted({int(r["g"]) for r in rows}):
     steps = [r for r in rows if int(r["g"]) == g]
-    groups = np.array([r["n_groups"] for r in steps], np.float64)
-    stragglers = np.array([r["n_stragglers"] for r in steps], np.float64)
-    picks = rng.integers(0, len(steps), (samples, len(steps)))
-    boot = stragglers[picks].sum(axis=1) / np.maximum(groups[picks].sum(axis=1), 1.0)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    out[f"G{g}"] = {"group_rate": float(stragglers.sum() / groups.sum()),
-                    "group_low": float(low), "group_high": float(high),
-                    "steps": len(steps), "groups": int(groups.sum())}
+    n = float(sum(r["n_groups"] for r in steps))
+    k = float(sum(r["n_stragglers"] for r in steps))
+    p, z = k / n, 1.959964
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    out[f"G{g}"] = {"group_rate": p, "group_low": float(centre - half),
+                    "group_high": float(centre + half), "steps": len(steps), "groups": int(n)}
   return out
 
 
@@ -182,8 +179,8 @@ def prediction_check(trace: Trace, rows: Sequence[dict[str, Any]], tau: float,
   budget = types.SimpleNamespace(**rollout)
   observed = observed_rates(rows)
   sizes = sorted({int(g[1:]) for g in observed} | set(trace.header["controller"]["candidates"]))
-  title = f"predicted at tau {other_tau:g} | " if other_tau is not None else ""
-  lines = [f"| G | predicted at tau {tau:g} | observed at tau {tau:g} (steps) | {title}",
+  title = f" predicted at tau {other_tau:g} |" if other_tau is not None else ""
+  lines = [f"| G | predicted at tau {tau:g} | observed at tau {tau:g} (groups, steps) |{title}",
            "|---|---|---|" + ("---|" if other_tau is not None else "")]
   cell = lambda r: f"{r['group_rate']:.3f} [{r['group_low']:.3f}, {r['group_high']:.3f}]"
   for g in sizes:
@@ -192,7 +189,8 @@ def prediction_check(trace: Trace, rows: Sequence[dict[str, Any]], tau: float,
     predicted = straggler_rates(trace, g, tau, prompts_for(budget, g))
     seen = observed.get(f"G{g}")
     row = (f"| {g} | {cell(predicted)} | "
-           + (f"{cell(seen)} ({seen['steps']})" if seen else "not used") + " |")
+           + (f"{cell(seen)} ({seen['groups']}, {seen['steps']})" if seen else "not used")
+           + " |")
     if other_tau is not None:
       row += f" {cell(straggler_rates(trace, g, other_tau, prompts_for(budget, g)))} |"
     lines.append(row)
