@@ -11,7 +11,7 @@ tables (``sagc_jax.experiments.prompt_claims``).
 
 ``--trace T[,T2]`` replays recorded rollouts instead (``python -m sagc_jax.calibrate``
 writes them; ``sagc_jax.control.trace_replay``): every static G, SAGC, prompt_aware and
-per_prompt, for ``--algorithms`` and ``--taus``, over ``--replicates`` bootstrap
+per_prompt, for ``--algorithms`` and ``--taus`` (``--delta``), over ``--replicates`` bootstrap
 replicates, priced by ``--cost`` (``cpu``, or ``aot:REPORT.json`` from ``python -m
 sagc_jax.aot ... --out``). A second trace (after RL) makes the prompts drift from the
 first to it over the run. The controller settings are the traced run's; the rollout
@@ -47,6 +47,8 @@ def _define_flags():
                       "'aot:REPORT.json'.")
   flags.DEFINE_list("algorithms", ["grpo", "dapo"], "Trace replay: grpo and/or dapo.")
   flags.DEFINE_list("taus", [], "Trace replay: the tau of each table (default: the run's).")
+  flags.DEFINE_float("delta", None, "Trace replay: the controllers' delta (default: the "
+                     "traced run's).")
   flags.DEFINE_integer("replicates", 5, "Trace replay: bootstrap replicates (>= 3).")
   flags.DEFINE_integer("steps", 300, "Trace replay: steps per replicate.")
   return flags.FLAGS
@@ -75,13 +77,17 @@ def replay_traces(flags) -> None:
   taus = taus or [float(traces[0].header["controller"]["tau"])]
   settings = cost.settings(traces[0])
   refill = bool(getattr(cost, "bound_ratios", None))
+  if flags.delta is not None and not 0.0 < flags.delta < 1.0:
+    raise ValueError(f"--delta={flags.delta} must be in (0, 1)")
   table, rows = trace_claims(traces, cost, algorithms=flags.algorithms, taus=taus,
+                             delta=flags.delta,
                              replicates=flags.replicates, steps=flags.steps, refill=refill,
                              log=lambda m: print(m, flush=True), **settings)
   truncated = [float(t.truncated.mean()) for t in traces]
   drift = "drifting from the first trace to the second" if len(traces) == 2 else \
       "one stationary trace: an upper bound for the contextual kinds"
-  notes = [f"cost {cost.name}", f"rollout budget {settings['rollout']}",
+  delta = flags.delta if flags.delta is not None else traces[0].header["controller"]["delta"]
+  notes = [f"cost {cost.name}", f"delta {delta:g}", f"rollout budget {settings['rollout']}",
            f"candidates {settings['candidates']}",
            f"truncated share {', '.join(f'{t:.3f}' for t in truncated)}"]
   if settings["length_scale"] != 1.0:

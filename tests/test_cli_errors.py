@@ -98,6 +98,7 @@ JSONL = ("--config.data.name=jsonl", "--config.data.files=('train.jsonl',)",
 TRAIN, SIM, EVAL = "sagc_jax.train", "sagc_jax.simulate", "sagc_jax.eval"
 CALIBRATE = "sagc_jax.calibrate"
 TRACE = "configs/traces/smollm2_word_problems_before_rl.jsonl"
+AOT_REPORT = "configs/traces/llama3_2_3b_16k_v5e_4x4.json"
 COMPARE, AOT = "sagc_jax.compare", "sagc_jax.aot"
 
 # (case id, module, argv): one bad setting each (module docstring).
@@ -230,6 +231,8 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("simulate.trace_replicates", SIM, ("--trace", TRACE, "--replicates=2",
                                         "--out", "{tmp}/r.json")),
     ("simulate.trace_taus", SIM, ("--trace", TRACE, "--taus=wide", "--out", "{tmp}/r.json")),
+    ("simulate.trace_delta", SIM, ("--trace", TRACE, "--cost=aot:" + AOT_REPORT, "--delta=1.5",
+                                   "--out", "{tmp}/r.json")),
     ("simulate.trace_cost", SIM, ("--trace", TRACE, "--cost=gpu", "--out", "{tmp}/r.json")),
     ("simulate.trace_aot_missing", SIM, ("--trace", TRACE, "--cost=aot:{tmp}/missing.json",
                                          "--out", "{tmp}/r.json")),

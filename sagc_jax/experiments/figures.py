@@ -83,7 +83,7 @@ _POD_TAUS = _CPU_TAUS = "1.8,2"
 
 def _replay(cost: str, taus: str) -> Callable[[Path], list[str]]:
   return lambda d: [_PY, "-m", "sagc_jax.simulate", f"--trace={_TRACES}", f"--cost={cost}",
-                    f"--taus={taus}", f"--out={d / 'replay.json'}"]
+                    f"--taus={taus}", "--delta=0.1", f"--out={d / 'replay.json'}"]
 
 
 JOBS = (
@@ -146,7 +146,8 @@ JOBS = (
         "the v5e:4x4 3B-16k compiled cost", 2.0, _replay(_POD_COST, _POD_TAUS),
         section=_REPLAY_POD),
     Job("replay_smollm2_cpu", "Trace replay: SmolLM2 before/after RL, GRPO and DAPO, under "
-        "the CPU cost", 1.0, _replay("cpu", _CPU_TAUS), section=_REPLAY_CPU),
+        "the CPU cost", 1.0,
+        _replay(f"cpu:{_TRACES.split(',')[1]}", _CPU_TAUS), section=_REPLAY_CPU),
     *(Job(f"aot_{preset}", f"Sizing a 3B run: {title} on v5e:4x4 (TPU AOT)", 8.0,
           _aot(preset), section=section, needs="libtpu")
       for preset, title, section in (

@@ -55,10 +55,14 @@ def trace_claims(traces: Sequence[Trace], cost: Callable, *, algorithms: Sequenc
                  taus: Sequence[float], replicates: int, steps: int, rollout: dict[str, Any],
                  candidates: Sequence[int], max_rounds: int, length_scale: float = 1.0,
                  length_cap: int | None = None, refill: bool = False,
+                 delta: float | None = None,
                  log: Callable[[str], None] = print) -> tuple[str, list[dict[str, Any]]]:
   """The markdown tables and their rows (module docstring); the controller section is
-  the first trace's run's, with ``candidates`` and each of ``taus``."""
+  the first trace's run's, with ``candidates``, ``delta`` (when given) and each of
+  ``taus``."""
   controller = dict(traces[0].header["controller"], candidates=tuple(candidates))
+  if delta is not None:
+    controller["delta"] = float(delta)
   rows: list[dict[str, Any]] = []
   sections = []
   reference = f"static_G{max(candidates)}"
