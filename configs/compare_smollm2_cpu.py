@@ -24,5 +24,5 @@ def get_config():
   c.rollout.rollouts_per_step = 16
   c.train.update(dict(steps=5, checkpoint_every=5, eval_every=5, log_completions_every=0))
   c.compare = ml_collections.ConfigDict(dict(algorithms=("grpo", "dapo"), seeds=3,
-                                             static_sizes=(4, 16), reward_target=None))
+                                             static_sizes=(4, 16)))
   return c

@@ -17,6 +17,5 @@ from sagc_jax.config import tpu_pod_preset
 def get_config():
   c = tpu_pod_preset()
   c.compare = ml_collections.ConfigDict(dict(algorithms=("grpo", "dapo"), seeds=1,
-                                             reward_target=ml_collections.config_dict
-                                             .placeholder(float)))
+                                             time_budget_s=0.0, eval_points=8, targets=()))
   return c

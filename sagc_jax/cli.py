@@ -3,13 +3,15 @@
 Flags are defined only when a tool actually runs (never at import, so tests
 and other tools can import the modules freely). Every user mistake ends the
 same way: a one-line ``error: ...`` on stderr and exit status 2. That covers a
-``ValueError`` from config validation and a bad ``--config.*`` override (an unknown
-key, named with the closest existing one; a value of the wrong type), which
-absl / ml_collections would otherwise report as a traceback.
+``ValueError`` from config validation, a bad ``--config.*`` override (an unknown
+key, named with the closest existing one; a value of the wrong type) and a config
+file that fails to load (its line and the Python error), which absl /
+ml_collections would otherwise report as a traceback.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Any, Callable, Sequence
@@ -42,10 +44,15 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
       if done.code == 1 and _asks_for_help(argv):
         raise SystemExit(0) from None
       raise
-  # ml_collections raises AttributeError / KeyError / TypeError for an unknown key or a
-  # type it cannot override.
-  except (absl_flags.Error, AttributeError, KeyError, TypeError) as err:
-    _fail(_override_message(str(err), argv))
+  except Exception as err:        # pylint: disable=broad-except
+    broken = _config_file_error(err, argv)
+    if broken:
+      _fail(broken)
+    # ml_collections raises AttributeError / KeyError / TypeError for an unknown key or
+    # a type it cannot override.
+    if isinstance(err, (absl_flags.Error, AttributeError, KeyError, TypeError)):
+      _fail(_override_message(str(err), argv))
+    raise
 
   def checked_main(args: Sequence[str]) -> None:
     reject_positional(args)
@@ -58,6 +65,33 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
 
 
 _HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
+
+
+def _config_file_error(err: BaseException, argv: Sequence[str]) -> str | None:
+  """One line for an error raised while a config file given on the command line was
+  loaded (a syntax error, or an exception in its ``get_config``): the file, the line
+  and the Python error. None when no such file is in the error's traceback."""
+  import traceback
+
+  files = {}
+  for i, arg in enumerate(argv[1:], 1):
+    value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else (
+        argv[i + 1] if arg.startswith("--") and i + 1 < len(argv) else "")
+    if value.endswith(".py") and os.path.isfile(value):
+      files[os.path.realpath(value)] = value
+  while err is not None:          # absl wraps the loader's error: follow the chain
+    path = line = None
+    if isinstance(err, SyntaxError) and err.filename:
+      path, line = os.path.realpath(err.filename), err.lineno
+    for frame in traceback.extract_tb(err.__traceback__):
+      if os.path.realpath(frame.filename) in files:
+        path, line = os.path.realpath(frame.filename), frame.lineno
+    if path in files:
+      what = (f"{type(err).__name__}: {err.msg}" if isinstance(err, SyntaxError)
+              else f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+      return f"config file {files[path]}, line {line}: {' '.join(what.split())}"
+    err = err.__cause__ or err.__context__
+  return None
 
 
 def _asks_for_help(argv: Sequence[str]) -> bool:

@@ -30,7 +30,8 @@ def _define_flags():
 def main(argv: Sequence[str], flags) -> None:
   from absl import logging
 
-  from sagc_jax.experiments.arms import run_arms, run_configs, seed_count, select_arms
+  from sagc_jax.experiments.arms import (eval_points, run_arms, run_configs, seed_count,
+                                         select_arms, targets, time_budget)
   from sagc_jax.experiments.compare import report
   from sagc_jax.experiments.machine import machine_info
   from sagc_jax.runtime.storage import is_remote
@@ -49,11 +50,9 @@ def main(argv: Sequence[str], flags) -> None:
       raise ValueError("--config is required unless --merge_only")
     from sagc_jax.config import validate
     arms = select_arms(run_configs(flags.config), flags.arms)
-    target = flags.config.compare.get("reward_target")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
-      raise ValueError(f"compare.reward_target={target!r} must be a number or None")
     (workdir / "compare.json").write_text(json.dumps(
-        {"seeds": seed_count(flags.config), "reward_target": target,
+        {"seeds": seed_count(flags.config), "time_budget_s": time_budget(flags.config),
+         "eval_points": eval_points(flags.config), "targets": targets(flags.config),
          "machine": machine_info()}) + "\n")
     for name, arm in arms.items():
       try:

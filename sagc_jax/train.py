@@ -73,10 +73,14 @@ def main(argv: Sequence[str], flags) -> None:
   single = not flags.distributed and "SAGC_COORDINATOR" not in os.environ
   from sagc_jax.runtime.metrics import finished_summary
 
-  finished = finished_summary(flags.workdir, flags.config.train.steps) if single else None
+  finished = finished_summary(flags.workdir, flags.config.train) if single else None
   if finished is not None:           # nothing to train: no data, model or compilation
-    print(f"{flags.workdir} finished all {finished['steps']} steps earlier "
-          "(train.steps; raise it to train on)")
+    if finished.get("budget_spent"):
+      print(f"{flags.workdir} spent its time budget earlier, after {finished['steps']} steps "
+            f"(train.time_budget_s={finished['time_budget_s']:g}; raise it to train on)")
+    else:
+      print(f"{flags.workdir} finished all {finished['steps']} steps earlier "
+            "(train.steps; raise it to train on)")
     print(format_summary(finished))
     return
   from absl import logging

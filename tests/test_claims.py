@@ -30,16 +30,15 @@ SAGC = dict(step_straggler_rate=[0.40, 0.50, 0.45], group_straggler_rate=[0.30, 
             wall_clock_s=[80.0, 82.0, 78.0], final_reward=[0.50, 0.52, 0.48],
             eval_sampled_accuracy_end=[0.30, 0.31, 0.29], p_largest_end=[0.9, 0.8, 0.85],
             p_smallest_end=[0.1, 0.2, 0.15], response_len_mean=[30.0, 31.0, 29.0],
-            reward_at_sagc_time=[0.50, 0.52, 0.48],
-            sampled_accuracy_at_sagc_time=[0.30, 0.31, 0.29])
+            mean_sampled_accuracy_over_h=[0.30, 0.31, 0.29])
 STATIC16 = dict(step_straggler_rate=[0.99, 0.98, 1.0], group_straggler_rate=[0.10, 0.50, 0.20],
                 wall_clock_s=[100.0, 104.0, 96.0], final_reward=[0.51, 0.49, 0.50],
                 eval_sampled_accuracy_end=[0.50, 0.52, 0.48], p_largest_end=[0.5] * 3,
                 p_smallest_end=[0.5] * 3, response_len_mean=[20.0, 21.0, 19.0],
-                reward_at_sagc_time=[0.40, 0.45, 0.50],
-                sampled_accuracy_at_sagc_time=[0.40, 0.42, 0.38])
+                mean_sampled_accuracy_over_h=[0.40, 0.42, 0.38])
 STATIC4 = dict(STATIC16, wall_clock_s=[40.0, 40.0, 40.0], final_reward=[0.40, 0.41, 0.39],
-               eval_sampled_accuracy_end=[0.20, 0.21, 0.19])
+               eval_sampled_accuracy_end=[0.20, 0.21, 0.19],
+               mean_sampled_accuracy_over_h=[0.20, 0.36, 0.29])
 
 
 def by_key(entries):
@@ -67,13 +66,17 @@ def test_each_claim_is_a_seed_paired_statistic_with_the_right_verdict():
   assert got["eval_sampled_accuracy_end"]["verdict"] == "✗"
   assert got["posterior_gap"]["stat"][0] == pytest.approx(0.7)
   assert got["posterior_gap"]["verdict"] == "✓"
-  # equal wall-clock reward: differences +0.10, +0.07, -0.02: not shown to be lower -> ✓
-  diff = np.array([0.10, 0.07, -0.02])
-  assert got["reward_at_sagc_time"]["stat"][0] == pytest.approx(diff.mean())
-  assert got["reward_at_sagc_time"]["verdict"] == "✓"
-  # equal wall-clock accuracy: SAGC 0.10 lower in every seed -> ✗
-  assert got["sampled_accuracy_at_sagc_time"]["stat"][0] == pytest.approx(-0.10)
-  assert got["sampled_accuracy_at_sagc_time"]["verdict"] == "✗"
+  # equal wall-clock accuracy, against every static G: 0.10 below static 16 in every
+  # seed -> ✗; against static 4 the differences +0.10, -0.05, 0.00 -> not shown lower, ✓
+  per_hour = {e["claim"].against: e for e in table["grpo"]
+              if e["claim"].key == "mean_sampled_accuracy_over_h"}
+  assert sorted(per_hour) == [4, 16]
+  assert per_hour[16]["stat"][0] == pytest.approx(-0.10)
+  assert per_hour[16]["verdict"] == "✗" and per_hour[16]["detail"] == "vs static G=16"
+  diff = np.array([0.10, -0.05, 0.00])
+  assert per_hour[4]["stat"][0] == pytest.approx(diff.mean())
+  assert per_hour[4]["stat"][1] == pytest.approx(T2 * diff.std(ddof=1) / np.sqrt(3))
+  assert per_hour[4]["verdict"] == "✓"
   # length: SAGC is 10 tokens longer in every seed -> "shorter or equal" fails
   assert got["response_len_mean"]["stat"][0] == pytest.approx(10.0)
   assert got["response_len_mean"]["verdict"] == "✗"
@@ -96,7 +99,8 @@ def test_markdown_has_one_row_per_claim_and_a_column_pair_per_group():
   text = claims.claims_markdown(rows)
   lines = text.splitlines()
   assert lines[0] == "| claim | grpo, 3 seeds | ✓/✗ | dapo, 3 seeds | ✓/✗ |"
-  assert len(lines) == 2 + len(claims.CLAIMS)
+  assert len(lines) == 2 + len(claims.CLAIMS) + 2      # + equal wall-clock vs G = 4, 16
+  assert "not below static G=4 |" in text and "not below static G=16 |" in text
   assert "1.25 ± " in text and "x (vs static G=16)" in text
 
 

@@ -190,10 +190,18 @@ def test_rerunning_a_finished_run_prints_its_summary_without_building_anything(c
   assert f"{workdir} finished all 3 steps earlier" in proc.stdout
   assert "0.250 before RL -> 0.500 after 3 steps" in proc.stdout
   assert sorted(p.name for p in workdir.iterdir()) == ["summary.json"]   # nothing built
+  from types import SimpleNamespace
   from sagc_jax.runtime.metrics import finished_summary
-  assert finished_summary(str(workdir), 4) is None                      # more steps: train
+  train = lambda steps, budget=0.0: SimpleNamespace(steps=steps, time_budget_s=budget)
+  assert finished_summary(str(workdir), train(4)) is None               # more steps: train
   (workdir / "summary.json").write_text(json.dumps({"steps": 3, "preempted": True}))
-  assert finished_summary(str(workdir), 3) is None                      # stopped early
+  assert finished_summary(str(workdir), train(3)) is None               # stopped early
+  # A budget-stopped run is finished for the same budget only.
+  (workdir / "summary.json").write_text(json.dumps({"steps": 3, "preempted": False,
+                                                    "time_budget_s": 9.0,
+                                                    "budget_spent": True}))
+  assert finished_summary(str(workdir), train(100, 9.0)) is not None
+  assert finished_summary(str(workdir), train(100, 20.0)) is None       # a larger budget
 
 
 def test_commands_start_without_transformers_torch_advice():

@@ -31,8 +31,9 @@ is raised as ``SystemExit``).
 
 Placeholders in a command line: ``{tmp}`` is the case's own folder, in which
 ``run/config.json`` is ``{}`` (a training run directory whose config is the schema's
-defaults, for ``eval``), ``damaged_run/config.json`` a truncated JSON file, and
-``not_a_folder`` an empty file. The training cases use ``--workdir
+defaults, for ``eval``), ``damaged_run/config.json`` a truncated JSON file,
+``not_a_folder`` an empty file, ``syntax_error.py`` and ``raises.py`` config files that
+fail to load (a syntax error; an exception in ``get_config``). The training cases use ``--workdir
 {tmp}/not_a_folder``: a command line that passes validation (a check that went
 missing) then fails at once on that file, instead of training for minutes (the
 ``compare``, ``eval`` and ``aot`` cases have no such guard). In a message, ``{tmp}``
@@ -53,8 +54,8 @@ Raises that no command line reaches (each with why), so no case:
   bool``: a bool key accepts only booleans (``1`` is True, ``3`` is refused by absl);
 * ``<key>=... must be a string`` (``model.path``, ``train.wandb_project``, the folder
   keys), ``rollout.<buckets>=... must be a tuple of positive ints`` (not iterable),
-  ``reward.fns: ... must be a string``, ``compare.reward_target=... must be a number or
-  None``: ml_collections keeps each key's type (a float key refuses ``None``);
+  ``reward.fns: ... must be a string``, ``compare.time_budget_s=... must be a number``
+  (a bool or a string): ml_collections keeps each key's type;
 * ``config key ... is missing`` (``checks.lookup``): every key it looks up is in the
   schema, and a config file cannot drop one from the command line; a controller's
   ``<name> must be a number`` (``check_range``): its keys are float keys, which take
@@ -115,6 +116,9 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cli.missing_workdir", TRAIN, ("--config", "configs/tiny_cpu.py")),
     ("cli.unknown_flag", TRAIN, (*T, "--foo=1")),
     ("train.max_steps", TRAIN, (*T, "--max_steps=0")),
+    ("cli.config_syntax_error", TRAIN, ("--config", "{tmp}/syntax_error.py",
+                                        "--workdir", "{tmp}/not_a_folder")),
+    ("cli.config_raises", TRAIN, ("--config={tmp}/raises.py", "--workdir", "{tmp}/not_a_folder")),
     # ---- config/validate.py and config/checks.py: model, mesh
     ("model.dtype", TRAIN, (*T, "--config.model.dtype=float16")),
     ("model.require_path", TRAIN, (*T, "--config.model.require_path=True")),
@@ -194,6 +198,8 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("train.eval_k_rows", TRAIN, (*T, "--config.train.eval_k=32",
                                   "--config.rollout.max_rows_per_call=16")),
     ("train.max_consecutive_skipped", TRAIN, (*T, "--config.train.max_consecutive_skipped=-1")),
+    ("train.time_budget_s", TRAIN, (*T, "--config.train.time_budget_s=-1")),
+    ("train.eval_points", TRAIN, (*T, "--config.train.eval_points=4")),
     ("train.remote_data_dir", TRAIN, (*T, "--config.data.data_dir=gs://bucket/tfds")),
     # ---- learner (rl/config.py)
     ("learner.algorithm", TRAIN, (*T, "--config.learner.algorithm=ppo")),
@@ -214,7 +220,7 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("learner.overlong_buffer", TRAIN, (*T, "--config.learner.overlong_buffer=100")),
     ("learner.split", TRAIN, (*T, "--config.learner.mini_batches=3")),
     # ---- sft
-    ("sft.warmup_steps", TRAIN, (*T, "--config.sft.warmup_steps=250")),
+    ("sft.warmup_steps", TRAIN, (*T, "--config.sft.warmup_steps=800")),
     # ---- simulate (control/simulator.py, control/prompt_simulator.py)
     ("simulate.steps", SIM, (*S, "--config.sim.steps=0")),
     ("simulate.tail_factor", SIM, (*S, "--config.sim.tail_factor_max=1.5")),
@@ -260,6 +266,9 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("compare.seeds", COMPARE, (*C, "--config.compare.seeds=0")),
     ("compare.arms", COMPARE, (*C, "--arms=grpo_magic")),
     ("compare.arm_invalid", COMPARE, (*C, "--config.train.steps=0")),
+    ("compare.time_budget_s", COMPARE, (*C, "--config.compare.time_budget_s=-1")),
+    ("compare.eval_points", COMPARE, (*C, "--config.compare.eval_points=0")),
+    ("compare.targets", COMPARE, (*C, "--config.compare.targets=(0.5,1.5)")),
     # ---- aot
     ("aot.refill_slots_search", AOT, (*A, "--refill_slots_search=64,many")),
     ("aot.search_learner_only", AOT, (*A, "--only=learner", "--refill_slots_search=64")),
@@ -288,6 +297,9 @@ def prepare(tmp: Path) -> None:
   (tmp / "damaged_run").mkdir()
   (tmp / "damaged_run" / "config.json").write_text('{"model": ')
   (tmp / "not_a_folder").write_text("")
+  (tmp / "syntax_error.py").write_text("def get_config(:\n  return None\n")
+  (tmp / "raises.py").write_text("import ml_collections\n\n\ndef get_config():\n"
+                                 "  raise ValueError('no such model: big')\n")
 
 
 def fill(argv, tmp: Path) -> list[str]:

@@ -46,6 +46,26 @@ def test_arm_matrix_covers_every_static_g_and_sagc_per_algorithm():
   assert grpo.kl_coef > 0 and not grpo.dynamic_sampling
 
 
+def test_a_time_budget_gives_every_arm_the_same_step_time_and_evaluation_points():
+  config = with_compare(preset("grpo", "sagc"), ("grpo", "dapo"))
+  config.train.steps = 300
+  for name, arm in arms_lib.arm_configs(config).items():
+    assert arm.train.time_budget_s == 0.0 and arm.train.eval_points == 0, name
+  config.compare.update(dict(time_budget_s=30.0, eval_points=5, targets=(0.4, 0.6)))
+  for name, arm in arms_lib.arm_configs(config).items():
+    validate(arm)
+    assert (arm.train.time_budget_s, arm.train.eval_points) == (30.0, 5), name
+    assert arm.train.steps == 300 and arm.train.eval_every == 300     # the cap only
+  assert arms_lib.targets(config) == (0.4, 0.6)
+  for key, bad, match in (("time_budget_s", -1.0, "a number of seconds >= 0"),
+                          ("eval_points", 0, "a positive int"),
+                          ("targets", (0.5, 1.5), r"accuracies in \(0, 1\]")):
+    broken = config.copy_and_resolve_references()
+    broken.compare[key] = bad
+    with pytest.raises(ValueError, match=f"compare.{key}=.*{match}"):
+      arms_lib.arm_configs(broken) if key != "targets" else arms_lib.targets(broken)
+
+
 def test_static_sizes_choose_the_static_arms():
   config = with_compare(preset("grpo", "sagc"), ("grpo",))
   config.compare.static_sizes = (4, 16)
@@ -127,31 +147,6 @@ def test_confidence_intervals_use_student_t():
   assert compare.mean_ci([])[2] == 0
 
 
-def test_time_to_target_is_the_first_crossing_of_the_trailing_mean():
-  rows = [{"reward_mean": r, "time_total_s": 2.0} for r in (0, 0, 1, 1, 1, 1, 1, 0)]
-  # trailing 5-step means: 0.6 (steps 1-5), 0.8 (2-6), 1.0 (3-7), 0.8 (4-8)
-  assert compare.time_to_target(rows, 0.75) == 12.0      # reached at step 6
-  assert compare.time_to_target(rows, 0.6) == 10.0
-  assert np.isnan(compare.time_to_target(rows, 1.5))
-  assert np.isnan(compare.time_to_target(rows, None))
-
-
-def test_reward_and_accuracy_at_a_wall_clock_are_read_off_the_cumulative_clock():
-  rows = [{"reward_mean": float(i), "time_total_s": 2.0} for i in range(1, 13)]
-  rows[3]["eval_sampled_accuracy"] = 0.25             # evaluated after step 4 (t = 8 s)
-  rows[8]["eval_sampled_accuracy"] = 0.5              # after step 9 (t = 18 s)
-  # By 15 s, 7 steps were done (t = 14 s): mean reward of steps 1..7 (window 10) = 4.
-  assert compare.reward_at_time(rows, 15.0) == 4.0
-  assert compare.reward_at_time(rows, 15.0, window=3) == 6.0       # steps 5..7
-  assert compare.reward_at_time(rows, 24.0) == np.mean(range(3, 13))   # its own end
-  assert np.isnan(compare.reward_at_time(rows, 1.0))                # no step done yet
-  assert np.isnan(compare.reward_at_time(rows, 30.0))               # it ended before
-  assert compare.sampled_accuracy_at_time(rows, 15.0) == 0.25
-  assert compare.sampled_accuracy_at_time(rows, 18.0) == 0.5
-  assert np.isnan(compare.sampled_accuracy_at_time(rows, 7.0))
-  assert np.isnan(compare.sampled_accuracy_at_time(rows, 30.0))
-
-
 def test_window_means_give_the_start_and_end_trend():
   rows = [{"response_len_mean": float(i)} for i in range(1, 13)] + [{"other": 1.0}]
   assert compare.window_mean(rows, "response_len_mean", "start") == 3.0     # 1..5
@@ -166,7 +161,7 @@ def test_report_over_seeds_gives_mean_and_ci_per_arm(tmp_path):
                                ("grpo", "sagc", None)]:
       fake_arm(tmp_path, f"{algorithm}_{kind}{g or ''}_seed{seed}", algorithm, kind, g,
                steps=12, seed=seed * 10 + (g or 0))
-  (tmp_path / "compare.json").write_text(json.dumps({"seeds": 3, "reward_target": 0.5}))
+  (tmp_path / "compare.json").write_text(json.dumps({"seeds": 3, "targets": [0.5]}))
   rows = compare.report(tmp_path, log=lambda m: None)
   assert len(rows) == 9 and {r["seed"] for r in rows} == {0, 1, 2}
   with open(tmp_path / "results.csv", encoding="utf-8") as f:
@@ -178,9 +173,14 @@ def test_report_over_seeds_gives_mean_and_ci_per_arm(tmp_path):
   mean, half, n = summary["grpo_sagc"]["wall_clock_s"]
   assert n == 3 and mean == pytest.approx(np.mean([r["wall_clock_s"] for r in sagc]))
   assert half > 0
-  # the fake reward climbs 1/12 per step: its 5-step mean first reaches 0.5 at step 8
+  # Without a budget the horizon is the shortest run's step time (static 4's 12 x 1.5 s);
+  # the fake runs are evaluated once, at their end (0.5, from 0.4 before RL).
+  per_hour = json.loads((tmp_path / "per_hour.json").read_text())
+  assert per_hour["horizon_s"] == pytest.approx(12 * 1.5)
   static4 = [r for r in rows if r["arm"] == "grpo_static4"]
-  assert all(r["time_to_target_s"] == pytest.approx(8 * 1.5) for r in static4)
+  assert all(r["mean_sampled_accuracy_over_h"] == pytest.approx(0.45) for r in static4)
+  assert "## The best model per hour" in (tmp_path / "results.md").read_text()
+  assert (tmp_path / "learning.png").read_bytes()[:4] == b"\x89PNG"
   for r in rows:       # speedups are against the same seed's largest static G
     if r["arm"] == "grpo_static16":
       assert r["speedup_vs_largest_static"] == pytest.approx(1.0)
@@ -288,9 +288,10 @@ def fake_arm(root: Path, name: str, algorithm: str, kind: str, g: int | None, st
            "response_len_mean": 20.0, "new_compilations": 0.0}
     row.update({f"p_mean/G{c}": float(rng.uniform(0, 1)) for c in (4, 8, 16)})
     if step == steps:
-      row["eval_accuracy"] = 0.5
+      row.update(eval_accuracy=0.5, eval_sampled_accuracy=0.5)
     rows.append(row)
-  (arm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  before = {"step": 0, "eval_accuracy": 0.4, "eval_sampled_accuracy": 0.4}
+  (arm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [before] + rows))
   (arm / "summary.json").write_text(json.dumps({"steps": steps, "eval_accuracy_start": 0.4}))
 
 

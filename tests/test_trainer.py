@@ -207,6 +207,36 @@ def test_resume_is_exact(shared, tmp_path, kind):
     assert all(0.0 <= r["predicted_straggler_rate"] <= 1.0 for r in straight_rows)
 
 
+def test_a_budgeted_run_stops_at_the_first_step_past_its_budget_and_a_resume_stays_there(
+    shared, tmp_path):
+  """train.time_budget_s: the last step is the first whose cumulative step time reaches
+  the budget; it is checkpointed and evaluated; the evaluations fall at the first step
+  boundary after each of train.eval_points points of the budget (re-derived here from
+  the rows' own step times); a resume trains nothing and the run counts as finished."""
+  from sagc_jax.runtime.metrics import finished_summary
+
+  config = small_config(shared, steps=500)
+  config.train.update(dict(time_budget_s=3.0, eval_points=3, eval_every=500,
+                           checkpoint_every=500))
+  summary, _, trainer = run(config, tmp_path)
+  rows = load_history(tmp_path)
+  clock = np.cumsum([r["time_total_s"] for r in rows])
+  assert 1 < len(rows) < 500
+  assert clock[-2] < 3.0 <= clock[-1]                         # the first step past it
+  np.testing.assert_allclose([r["time_cumulative_s"] for r in rows], clock)
+  assert summary["budget_spent"] and summary["time_budget_s"] == 3.0
+  assert not summary["preempted"] and summary["steps"] == len(rows)
+  expected = sorted({int(np.searchsorted(clock, j * 1.0)) + 1 for j in (1, 2, 3)})
+  assert [r["step"] for r in rows if "eval_sampled_accuracy" in r] == expected
+  assert trainer.checkpointer.all_steps()[-1] == len(rows)
+  assert finished_summary(tmp_path, trainer.config.train) is not None
+  logged = []
+  summary, _, resumed = run(config, tmp_path, log=logged.append)
+  assert resumed.step == len(rows) and len(load_history(tmp_path)) == len(rows)
+  assert any("the time budget is spent" in m for m in logged)
+  assert summary["budget_spent"] and summary["steps"] == len(rows)
+
+
 def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
   config = small_config(shared, steps=4)
   run(config, tmp_path)
@@ -399,7 +429,7 @@ def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_pat
   assert [r["step"] for r in rows] == [1, 2]
   assert rows[-1]["eval_sampled_accuracy"] == summary["eval_sampled_accuracy_end"]
   from sagc_jax.runtime.metrics import finished_summary
-  assert finished_summary(tmp_path, 2) is not None
+  assert finished_summary(tmp_path, config.train) is not None
 
 
 @pytest.mark.parametrize("key, value, match", [

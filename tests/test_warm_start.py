@@ -101,6 +101,42 @@ def test_a_full_disk_while_saving_the_warm_start_leaves_no_partial_folder(tmp_pa
   assert [p.name for p in workdir.glob("sft_model*")] == ["sft_model"]
 
 
+def test_a_full_disk_while_copying_the_cached_warm_start_is_one_sentence(tmp_path,
+                                                                       monkeypatch):
+  """ENOSPC injected into the copy of a cached warm start into the workdir: one
+  sentence naming the disk's mount point and the space the copy needed (not shutil's
+  list of per-file errors), and no temporary folder left in the workdir."""
+  import errno
+  import os
+  import shutil
+
+  import pytest
+
+  from sagc_jax.runtime.storage import DiskFullError
+
+  config, train = _small_warm_start(tmp_path, steps=2)
+  cache = tmp_path / "cache"
+  prepare_policy(config, tmp_path / "first", train, log=lambda m: None, cache=cache)
+  real_copy = shutil.copyfile
+
+  def full_disk(src, dst, **kwargs):          # what copytree's copy2 calls per file
+    if os.fspath(src).endswith(".safetensors"):
+      raise OSError(errno.ENOSPC, "No space left on device", dst)
+    return real_copy(src, dst, **kwargs)
+  monkeypatch.setattr(shutil, "copyfile", full_disk)
+  workdir = tmp_path / "run"
+  with pytest.raises(DiskFullError) as raised:
+    prepare_policy(config, workdir, train, log=lambda m: None, cache=cache)
+  message = str(raised.value)
+  mount = workdir
+  while not os.path.ismount(mount):
+    mount = mount.parent
+  assert message.startswith(f"the disk at {mount} is full: copying ")
+  assert " MiB and " in message and "MiB are free" in message
+  assert "\n" not in message and "[" not in message and "Errno" not in message
+  assert not list(workdir.glob("sft_model*"))
+
+
 def test_a_warm_start_with_the_same_settings_is_copied_from_the_cache(tmp_path):
   """The main job's warm start serves a later comparison or workdir with the same
   model, data, sft settings and seed: the same weights, copied, not fine-tuned again;
@@ -155,3 +191,52 @@ def test_the_warm_start_prints_progress_at_least_every_ten_seconds(tmp_path, mon
   steps = [int(line.split()[2].split("/")[0]) for line in lines]
   assert steps[0] == 1 and steps[-1] == 12 and 3 <= len(lines) < 12, lines
   assert all("eta" in line and "steps/s" in line for line in lines)
+
+
+def test_a_workdir_on_a_full_tmpfs_is_refused_in_one_line(tmp_path):
+  """The train command on a small tmpfs workdir whose free space holds the tiny model
+  once but not twice: the copy of the cached warm start fails, and the command says so
+  in one line (exit 2) naming the disk, with no temporary folder left. Needs root and
+  tmpfs (skipped elsewhere)."""
+  import os
+  import shutil
+  import subprocess
+  import sys
+  from pathlib import Path
+
+  import pytest
+
+  from sagc_jax.training.warm_start import warm_start_key
+
+  small = tmp_path / "small"
+  small.mkdir()
+  if os.geteuid() != 0 or subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)],
+      capture_output=True).returncode:
+    pytest.skip("cannot mount a tmpfs here (needs root)")
+  try:
+    config, train = _small_warm_start(tmp_path, steps=2)
+    cache = tmp_path / "cache"
+    prepare_policy(config, tmp_path / "first", train, log=lambda m: None, cache=cache)
+    kept = cache / "warm_starts" / warm_start_key(config)
+    size = sum(p.stat().st_size for p in kept.rglob("*") if p.is_file())
+    free = shutil.disk_usage(small).free
+    (small / "filler").write_bytes(b"\0" * (free - size - (1 << 19)))
+    config_file = tmp_path / "cfg.py"
+    config_file.write_text("\n".join([
+        "from sagc_jax.config import tiny_cpu_config", "def get_config():",
+        "  c = tiny_cpu_config()",
+        "  c.data.synthetic.update(dict(num_train=100, num_test=20, max_ops=1))",
+        "  c.sft.update(dict(steps=2, batch_size=8, seq_bucket=48, warmup_steps=1))",
+        f"  c.data.data_dir = {str(tmp_path / 'tfds')!r}", "  return c", ""]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
+         f"--workdir={small / 'run'}"], capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, SAGC_CACHE_DIR=str(cache)), cwd=Path(__file__).parents[1])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines[-1].startswith(f"error: the disk at {small} is full: copying {kept}"), lines
+    assert "Traceback" not in proc.stderr
+    assert not list((small / "run").glob("sft_model*"))
+  finally:
+    subprocess.run(["umount", str(small)], check=False)

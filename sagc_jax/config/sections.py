@@ -367,7 +367,16 @@ class TrainSection(Section):
   gs:// inputs ('' = $SAGC_CACHE_DIR or ~/.cache/sagc_jax). ``metrics_sync_secs``:
   how often a gs:// metrics.jsonl is rewritten. ``stop_grace_s``: after SIGTERM /
   Ctrl-C the process ends this many seconds later (0 = no deadline;
-  docs/reliability.md)."""
+  docs/reliability.md).
+
+  ``time_budget_s`` (0 = none): the run ends at the first step boundary after its
+  cumulative step time (``time_total_s`` summed: warm-up and evaluations excluded)
+  reaches the budget, and checkpoints, evaluates and summarises there as at its last
+  step; ``steps`` is then a cap. A time-boxed reservation, and the equal-time arms of a
+  comparison (docs/results.md, "the best model per hour"). ``eval_points`` (needs a
+  budget; 0 = none): also evaluate at the first step boundary after each of that many
+  evenly spaced points of the budget, so that every arm is measured along one time
+  axis."""
 
   NAME = "train"
   steps: int = 100
@@ -390,10 +399,17 @@ class TrainSection(Section):
   local_cache_dir: str = ""
   metrics_sync_secs: float = 30.0
   stop_grace_s: float = 25.0
+  time_budget_s: float = 0.0
+  eval_points: int = 0
 
   def __post_init__(self):
     root = self._root()
     self._bool("eval_greedy")
+    checks.number_in(root, "train.time_budget_s", 0.0)
+    self._int_at_least("eval_points", 0, "0 = only train.eval_every")
+    if self.eval_points and not self.time_budget_s:
+      raise ValueError(f"train.eval_points={self.eval_points} needs train.time_budget_s > 0 "
+                       "(the points divide the budget)")
     for key in ("steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every"):
       checks.positive_int(root, f"train.{key}")
     checks.number_in(root, "train.metrics_sync_secs", 0.0)

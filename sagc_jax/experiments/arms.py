@@ -50,6 +50,10 @@ def arm_configs(config) -> dict[str, Any]:
         if not (key == "kl_coef" and algorithm == "grpo"):
           arm.learner[key] = None
       arm.controller.update(dict(kind=kind) if g is None else dict(kind=kind, static_g=g))
+      budget = time_budget(config)
+      if budget:        # equal time for every arm, evaluated along one time axis
+        arm.train.update(dict(time_budget_s=budget, eval_points=eval_points(config),
+                              eval_every=arm.train.steps))
       arms[name] = arm
   return arms
 
@@ -78,6 +82,36 @@ def contextual_kinds(config) -> tuple[str, ...]:
     raise ValueError(f"compare.contextual={kinds!r} must be distinct kinds of "
                      f"{CONTEXTUAL_KINDS}")
   return kinds
+
+
+def time_budget(config) -> float:
+  """``compare.time_budget_s`` (0 or unset: none): every arm's ``train.time_budget_s``;
+  ``train.steps`` is then only a cap, and an arm that reaches it is reported."""
+  budget = config.compare.get("time_budget_s", 0.0) or 0.0
+  if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (
+      0 <= budget < float("inf")):
+    raise ValueError(f"compare.time_budget_s={budget!r} must be a number of seconds >= 0 "
+                     "(0 = no budget: every arm runs train.steps)")
+  return float(budget)
+
+
+def eval_points(config) -> int:
+  """``compare.eval_points`` (default 8): evaluations at evenly spaced points of the
+  budget."""
+  points = config.compare.get("eval_points", 8)
+  if isinstance(points, bool) or not isinstance(points, int) or points < 1:
+    raise ValueError(f"compare.eval_points={points!r} must be a positive int")
+  return points
+
+
+def targets(config) -> tuple[float, ...]:
+  """``compare.targets``: held-out sampled accuracies whose time to reach is reported."""
+  values = tuple(config.compare.get("targets", ()) or ())
+  bad = [t for t in values if isinstance(t, bool) or not isinstance(t, (int, float))
+         or not 0 < t <= 1]
+  if bad:
+    raise ValueError(f"compare.targets={values!r} must be accuracies in (0, 1]")
+  return tuple(float(t) for t in values)
 
 
 def seed_count(config) -> int:
@@ -142,7 +176,7 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
   policy = prepare_policy(config, shared, train, log, model_path=start, cache=cache)
   for index, (name, arm) in enumerate(arms.items()):
     arm_dir = workdir / "arms" / name
-    if finished_summary(arm_dir, arm.train.steps) is not None:
+    if finished_summary(arm_dir, arm.train) is not None:
       log(f"[{index + 1}/{len(arms)}] {name}: finished earlier, skipped")
       continue
     log(f"[{index + 1}/{len(arms)}] {name}")

@@ -3,9 +3,11 @@
 
 The report: ``results.csv`` (one row per arm and seed: both straggler rates, total
 and rollout wall-clock, speedup against the same seed's largest static G of the same
-algorithm, rollouts generated, final train reward, time to the reward target, held-out
-accuracy, mean response length, mean G), ``results.md`` (per arm: mean and 95%
-Student-t confidence interval over the seeds) and PNG plots
+algorithm, rollouts generated, final train reward, held-out accuracy at the end, at
+the horizon H and its mean over [0, H], mean response length, mean G),
+``results.md`` (per arm: mean and 95% Student-t confidence interval over the seeds,
+then the best model per hour: ``per_hour``), ``learning.csv`` and ``per_hour.json``
+(``per_hour``) and PNG plots
 (``plots.plot_comparison``: G and lambda over steps, running straggler rate and reward
 vs wall-clock as the mean over seeds with a 95% band, posterior straggler probability
 per G).
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,31 +27,30 @@ from sagc_jax.experiments.arms import split_run_name
 from sagc_jax.experiments.claims import (Paired, claims_markdown, format_ci, mean_ci,
                                           paired_markdown)
 from sagc_jax.experiments.machine import machine_info, machine_line
-from sagc_jax.experiments.plots import plot_comparison, trailing_mean
+from sagc_jax.experiments.per_hour import analyse, per_hour_markdown, write as write_per_hour
+from sagc_jax.experiments.plots import plot_comparison, plot_learning
 from sagc_jax.runtime.metrics import summarize
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
                   "straggler_event", "straggler_rate", "group_straggler_rate",
                   "step_straggler_rate", "wall_clock_s", "rollout_s",
-                  "speedup_vs_largest_static", "rollouts", "time_to_target_s",
+                  "speedup_vs_largest_static", "rollouts",
                   "eval_accuracy_start", "eval_accuracy_end", "eval_sampled_accuracy_start",
                   "eval_sampled_accuracy_end", "final_reward",
                   "eval_sampled_gain", "response_len_mean", "response_len_start",
                   "response_len_end", "max_over_median_start", "max_over_median_end",
-                  "mean_g", "reward_at_sagc_time", "sampled_accuracy_at_sagc_time")
+                  "mean_g", "sampled_accuracy_at_h", "mean_sampled_accuracy_over_h")
 # The contextual controllers (compare.contextual) against SAGC of the same algorithm and
 # seed, in claims.md (docs/controllers.md): the quantities of the comparison's question.
 CONTEXTUAL_PAIRED = (
     Paired("eval_sampled_accuracy_end", "held-out sampled accuracy at the end, arm - SAGC",
            "difference", "above"),
-    Paired("sampled_accuracy_at_sagc_time", "held-out sampled accuracy when SAGC's steps "
-           "ended (equal wall-clock), arm - SAGC", "difference", "above"),
-    Paired("reward_at_sagc_time", "train reward when SAGC's steps ended, arm - SAGC",
+    Paired("mean_sampled_accuracy_over_h", "held-out sampled accuracy, mean over [0, H] "
+           "of step time, arm - SAGC", "difference", "above"),
+    Paired("sampled_accuracy_at_h", "held-out sampled accuracy at H, arm - SAGC",
            "difference", "above"),
     Paired("final_reward", "final train reward (last 10 steps), arm - SAGC", "difference",
            "above"),
-    Paired("time_to_target_s", "wall-clock to compare.reward_target, arm / SAGC", "ratio",
-           "below"),
     Paired("wall_clock_s", "wall-clock of the steps, arm / SAGC", "ratio", "below"),
     Paired("group_straggler_rate", "group straggler rate, arm - SAGC", "difference", "below"),
     Paired("step_straggler_rate", "step straggler rate, arm - SAGC", "difference", "below"),
@@ -63,7 +63,7 @@ SUMMARY_COLUMNS = (
     ("wall_clock_s", "wall-clock s", ".1f"), ("rollout_s", "rollout s", ".1f"),
     ("speedup_vs_largest_static", "speedup vs largest static G", ".2f"),
     ("rollouts", "rollouts generated", ".0f"),
-    ("time_to_target_s", "time to reward target s", ".1f"),
+    ("mean_sampled_accuracy_over_h", "held-out acc sampled, mean over [0, H]", ".3f"),
     ("final_reward", "final train reward", ".3f"),
     ("eval_accuracy_end", "held-out acc greedy (end)", ".3f"),
     ("eval_sampled_accuracy_end", "held-out acc sampled (end)", ".3f"),
@@ -84,14 +84,16 @@ TREND_WINDOW = 5       # steps averaged at each end of a run for the start / end
 
 
 def load_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
-  """An arm's config, metrics rows, eval history and summary from its run directory."""
-  from sagc_jax.runtime.metrics import load_history
+  """An arm's config, metrics rows (with their evaluations), the evaluation before RL
+  and the summary, from its run directory."""
+  from sagc_jax.runtime.metrics import load_evaluation_before_rl, load_history
 
   arm_dir = Path(arm_dir)
   config = json.loads((arm_dir / "config.json").read_text())
   summary_path = arm_dir / "summary.json"
   return {"name": arm_dir.name, "dir": str(arm_dir), "config": config,
           "rows": load_history(arm_dir),          # step rows (not the step-0 evaluation)
+          "before_rl": load_evaluation_before_rl(arm_dir),
           "summary": json.loads(summary_path.read_text()) if summary_path.exists() else {}}
 
 
@@ -118,48 +120,6 @@ def load_comparison(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   return arms
 
 
-def time_to_target(metrics: Sequence[dict[str, Any]], target: float | None,
-                   window: int = 5) -> float:
-  """The cumulative step wall-clock at which the ``window``-step trailing mean of the
-  train reward first reaches ``target`` (nan: never, or no target)."""
-  if target is None or len(metrics) < window:
-    return float("nan")
-  clock = np.cumsum([r["time_total_s"] for r in metrics])
-  hits = np.flatnonzero(trailing_mean([r["reward_mean"] for r in metrics], window) >= target)
-  return float(clock[hits[0] + window - 1]) if hits.size else float("nan")
-
-
-def _steps_done_by(metrics: Sequence[dict[str, Any]], seconds: float) -> int | None:
-  """How many steps a run had done when its cumulative step wall-clock reached
-  ``seconds`` (a relative 1e-9 absorbs the rounding of summing the same times in
-  another order); None when ``seconds`` is not finite or the run ended before it (it
-  would have gone on)."""
-  clock = np.cumsum([r["time_total_s"] for r in metrics])
-  if not len(metrics) or not math.isfinite(seconds) or clock[-1] < seconds * (1 - 1e-9):
-    return None
-  return int(np.searchsorted(clock, seconds * (1 + 1e-9), side="right"))
-
-
-def reward_at_time(metrics: Sequence[dict[str, Any]], seconds: float,
-                   window: int = 10) -> float:
-  """The train reward of a run when its cumulative step wall-clock reached ``seconds``:
-  the mean over the ``window`` steps ending at the last step done by then (nan when
-  none was, or when the run ended before ``seconds``)."""
-  done = _steps_done_by(metrics, seconds)
-  if not done:
-    return float("nan")
-  return float(np.mean([r["reward_mean"] for r in metrics[max(0, done - window):done]]))
-
-
-def sampled_accuracy_at_time(metrics: Sequence[dict[str, Any]], seconds: float) -> float:
-  """The held-out sampled accuracy of the last evaluation a run made within its first
-  ``seconds`` of step wall-clock (nan when it made none, or ended before then)."""
-  done = _steps_done_by(metrics, seconds)
-  evals = [r["eval_sampled_accuracy"] for r in metrics[:done or 0]
-           if "eval_sampled_accuracy" in r]
-  return float(evals[-1]) if evals else float("nan")
-
-
 def window_mean(metrics: Sequence[dict[str, Any]], key: str, end: str,
                 window: int = TREND_WINDOW) -> float:
   """Mean of ``key`` over the first (``end="start"``) or last ``window`` steps that
@@ -170,8 +130,10 @@ def window_mean(metrics: Sequence[dict[str, Any]], key: str, end: str,
 
 
 def results_table(arms: Sequence[dict[str, Any]],
-                  reward_target: float | None = None) -> list[dict[str, Any]]:
-  """One result row per run (arm and seed; see ``RESULT_COLUMNS``)."""
+                  per_hour: dict[str, Any]) -> list[dict[str, Any]]:
+  """One result row per run (arm and seed; see ``RESULT_COLUMNS``); the equal
+  wall-clock columns come from ``per_hour.analyse``."""
+  at_h = {(m["arm"], m["seed"]): m for m in per_hour["runs"]}
   nan = float("nan")
   rows = []
   for arm in arms:
@@ -190,7 +152,6 @@ def results_table(arms: Sequence[dict[str, Any]],
         **{column: stats.get(key, nan) for column, key in _SUMMARIZED},
         "rollouts": (float(sum(r["rollouts"] for r in metrics))
                      if metrics and all("rollouts" in r for r in metrics) else nan),
-        "time_to_target_s": time_to_target(metrics, reward_target),
         "eval_accuracy_start": summary.get("eval_accuracy_start", nan),
         "eval_accuracy_end": last_eval.get("eval_accuracy", nan),
         "eval_sampled_accuracy_start": summary.get("eval_sampled_accuracy_start", nan),
@@ -198,6 +159,8 @@ def results_table(arms: Sequence[dict[str, Any]],
         "final_reward": float(np.mean([r["reward_mean"] for r in metrics[-10:]]))
         if metrics else nan,
     }
+    row["sampled_accuracy_at_h"] = at_h[(name, seed)]["accuracy_at_h"]
+    row["mean_sampled_accuracy_over_h"] = at_h[(name, seed)]["mean_accuracy_over_h"]
     row["eval_sampled_gain"] = (row["eval_sampled_accuracy_end"]
                                 - row["eval_sampled_accuracy_start"])
     # The final posterior means of the smallest and largest candidate (claims.py).
@@ -218,12 +181,6 @@ def results_table(arms: Sequence[dict[str, Any]],
     largest = [r for r in same_seed if r["controller"] == "static" and r["static_g"] == largest_g]
     row["speedup_vs_largest_static"] = (largest[0]["wall_clock_s"] / row["wall_clock_s"]
                                         if largest else nan)
-    # At equal wall-clock: where this run stood when the same seed's SAGC run ended
-    # (the fair comparison for a method that trades rollouts for time; claims.py).
-    sagc = [r for r in same_seed if r["controller"] == "sagc"]
-    seconds = sagc[0]["wall_clock_s"] if sagc else nan
-    row["reward_at_sagc_time"] = reward_at_time(arm["rows"], seconds)
-    row["sampled_accuracy_at_sagc_time"] = sampled_accuracy_at_time(arm["rows"], seconds)
   return rows
 
 
@@ -268,8 +225,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def report(workdir: Path, log=print) -> list[dict[str, Any]]:
-  """Writes results.csv, results.md, claims.md and the plots of the runs under
-  ``workdir``; returns the result rows."""
+  """Writes results.csv, results.md (with the best model per hour), claims.md,
+  learning.csv, per_hour.json and the plots of the runs under ``workdir``; returns
+  the result rows."""
   arms = load_comparison(workdir)
   settings = workdir / "compare.json"
   settings = json.loads(settings.read_text()) if settings.exists() else {}
@@ -280,8 +238,11 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
                f"built on {machine_line(machine_info())}.\n\n")
   else:
     caption = f"Measured on: {machine_line(machine)}.\n\n"
-  rows = results_table(arms, settings.get("reward_target"))
-  table, claims = markdown_table(rows), claims_markdown(rows) + contextual_markdown(rows)
+  per_hour = analyse(arms, settings)
+  rows = results_table(arms, per_hour)
+  table = markdown_table(rows) + "\n\n" + per_hour_markdown(per_hour)
+  claims = claims_markdown(rows) + contextual_markdown(rows)
+  write_per_hour(per_hour, workdir)
   with open(workdir / "results.csv", "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
     writer.writeheader()
@@ -289,9 +250,12 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   (workdir / "results.md").write_text(caption + table + "\n", encoding="utf-8")
   (workdir / "claims.md").write_text(caption + claims + "\n", encoding="utf-8")
   plot_comparison(arms, workdir, machine)
+  plot_learning(per_hour["learning"], per_hour["horizon_s"], workdir, machine)
   log(table)
   log(claims)
   log(f"wrote {workdir / 'results.csv'} (one row per arm and seed), {workdir / 'results.md'} "
-      f"(mean ± 95% CI over seeds), {workdir / 'claims.md'} (the paper's claims, per "
-      f"seed-paired comparison) and plots in {workdir}")
+      f"(mean ± 95% CI over seeds, the best model per hour), {workdir / 'claims.md'} (the "
+      f"paper's claims, per seed-paired comparison), {workdir / 'learning.csv'} (every "
+      f"evaluation), {workdir / 'per_hour.json'} (every pair of arms at equal step time) "
+      f"and plots in {workdir}")
   return rows

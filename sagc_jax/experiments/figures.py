@@ -125,15 +125,14 @@ JOBS = (
           ("sampler", "sampler vs transformers", 12.0, "Sampler vs transformers"),
           ("learner", "learner packed vs padded", 6.0, "Learner: packed vs padded vs Tunix"),
           ("overlap", "scoring while the tail decodes", 2.5, "Scoring while the tail decodes"))),
-    Job("compare_quick", "Comparing GRPO and DAPO: the quick tiny comparison (3 seeds)", 16.0,
-        _compare("compare_tiny_cpu"), section="Quick comparison: SAGC vs static G = 16"),
-    Job("compare_paper_regime", "The paper's regime on CPU: comparison + claims (3 seeds)",
-        29.0, _compare("compare_paper_regime_cpu"), section="The paper's regime on CPU"),
-    Job("compare_paper_regime_evals", "The paper's regime on CPU: accuracy at equal "
-        "wall-clock (SAGC and static 16, evaluations every 4 steps)", 16.0,
-        _compare("compare_paper_regime_cpu", ["--config.train.eval_every=4"],
-                 ["--arms=grpo_sagc,grpo_static16,dapo_sagc,dapo_static16"]),
-        section="The paper's regime at equal wall-clock"),
+    Job("compare_quick", "Comparing GRPO and DAPO: the quick tiny comparison (3 seeds of "
+        "40 steps)", 16.0,
+        _compare("compare_tiny_cpu", ["--config.compare.time_budget_s=0",
+                                      "--config.train.steps=40", "--config.train.eval_every=40"]),
+        section="Quick comparison: SAGC vs static G = 16"),
+    Job("compare_paper_regime", "The paper's regime: the best model per hour (8 seeds, "
+        "every arm 30 s of step time)", 85.0, _compare("compare_paper_regime_cpu"),
+        section="The paper's regime: the best model per hour"),
     Job("calibrate_smollm2", "Calibration: SmolLM2-135M-Instruct before RL, 32 prompts x 32 "
         "responses, recommended under the CPU cost", 40.0,
         lambda d: [_PY, "-m", "sagc_jax.calibrate", "--config=configs/smollm2_cpu.py",

@@ -308,6 +308,54 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
   return paths
 
 
+def plot_learning(rows: Sequence[dict[str, Any]], horizon: float, workdir: Path,
+                  machine: dict[str, Any] | None = None) -> Path:
+  """``learning.png``: held-out sampled accuracy against cumulative step time (left,
+  the horizon H marked) and against steps (right), one row of panels per algorithm;
+  per arm the mean over seeds of the curves linear between evaluations, with a 95%
+  t band (``per_hour.learning_rows``)."""
+  from sagc_jax.experiments.claims import mean_ci
+
+  plt = _pyplot()
+  runs: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
+  for row in rows:
+    runs.setdefault((row["algorithm"], row["arm"]), {}).setdefault(
+        int(row["seed"]), []).append(row)
+  algorithms = list(dict.fromkeys(a for a, _ in runs))
+  variants = list(dict.fromkeys(arm.removeprefix(a + "_") for a, arm in runs))
+  fig, axes = plt.subplots(len(algorithms), 2, figsize=(12, 3.4 * len(algorithms) + 0.6),
+                           sharey=True, squeeze=False)
+  for (algorithm, arm), seeds in runs.items():
+    k = variants.index(arm.removeprefix(algorithm + "_"))
+    row_axes = axes[algorithms.index(algorithm)]
+    for ax, key in zip(row_axes, ("step_time_s", "step")):
+      curves = [sorted(points, key=lambda r: r[key]) for points in seeds.values()]
+      end = min(c[-1][key] for c in curves)
+      grid = np.linspace(0.0, end, 100)
+      ys = np.array([np.interp(grid, [r[key] for r in c], [r["sampled_accuracy"] for r in c])
+                     for c in curves])
+      stats = [mean_ci(ys[:, i]) for i in range(grid.size)]
+      mean = np.array([m for m, _, _ in stats])
+      ax.plot(grid, mean, color=f"C{k}", label=f"{arm} (n={len(curves)})", **line_style(k))
+      if len(curves) > 1:
+        lower, upper = rate_band(mean, np.array([h for _, h, _ in stats]))
+        ax.fill_between(grid, lower, upper, color=f"C{k}", alpha=0.15, lw=0)
+    row_axes[0].set_title(f"{algorithm}: against step time", fontsize=9)
+    row_axes[1].set_title(f"{algorithm}: against steps", fontsize=9)
+    row_axes[0].set_ylabel("held-out sampled accuracy")
+  for ax in axes[:, 0]:
+    ax.axvline(horizon, color="k", ls="--", lw=0.8, label=f"H = {horizon:.0f} s")
+  for ax in axes[:, 1]:
+    outside_legend(ax, fontsize=7)
+  axes[-1, 0].set_xlabel("cumulative step time s")
+  axes[-1, 1].set_xlabel("step")
+  path = workdir / "learning.png"
+  stamp(fig, machine)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
 def plot_calibration(report: dict[str, Any], path: str | os.PathLike) -> None:
   """PNG of a calibration: the group straggler probability per G against tau (the run's
   and the recommended tau marked), and each replayed arm's seconds per unit of signal

@@ -315,17 +315,22 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
   }
 
 
-def finished_summary(workdir: Any, steps: int) -> dict | None:
-  """A run's ``summary.json`` when it finished all ``steps`` steps and was not stopped
-  by a signal (a run stopped at its last step may still owe its final evaluation),
-  else None. Damaged or missing: None (the trainer rebuilds it)."""
+def finished_summary(workdir: Any, train: Any) -> dict | None:
+  """A run's ``summary.json`` when the run is finished for the ``train`` section
+  (``steps``, ``time_budget_s``): it did all ``train.steps`` steps, or spent this
+  same time budget, and was not stopped by a signal (a run stopped at its last step
+  may still owe its final evaluation); else None. Damaged or missing: None (the
+  trainer rebuilds it)."""
   path = run_path(workdir) / "summary.json"
   try:
     summary = json.loads(path.read_text()) if path.exists() else None
   except (ValueError, OSError):
     return None
-  if (isinstance(summary, dict) and summary.get("steps") == steps
-      and not summary.get("preempted")):
+  if not isinstance(summary, dict) or summary.get("preempted"):
+    return None
+  budget = train.time_budget_s
+  if summary.get("steps") == train.steps or (
+      budget and summary.get("budget_spent") and summary.get("time_budget_s") == budget):
     return summary
   return None
 

@@ -23,6 +23,7 @@ built-in tiny model with its supervised warm start (both deterministic).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -130,6 +131,48 @@ def stage(source: str, root: Path, log: Callable[[str], None] = print, *,
   log(f"staging {what} {source}: copied {len(files)} files, {total / 2**30:.2f} GiB to "
       f"{dest} in {time.perf_counter() - start:.1f} s")
   return str(dest)
+
+
+def _mount_point(path: Path) -> Path:
+  """The mount point of the disk that holds ``path`` (an existing folder)."""
+  path = path.absolute()
+  while not os.path.ismount(path) and path != path.parent:
+    path = path.parent
+  return path
+
+
+def _folder_bytes(folder: Path) -> int:
+  return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+class DiskFullError(OSError):
+  """ENOSPC, told as one sentence (its ``str`` is the message, without "[Errno 28]")."""
+
+  def __str__(self) -> str:
+    return self.strerror
+
+
+def copy_folder(source: Path, dest: Path) -> None:
+  """``shutil.copytree(source, dest)``; when the disk fills up, ``dest`` is removed and
+  the error is one sentence naming the disk and the space the copy needed (shutil
+  reports a failed tree copy as a list of per-file errors)."""
+  try:
+    shutil.copytree(source, dest)
+  except OSError as err:
+    shutil.rmtree(dest, ignore_errors=True)
+    causes = [err] + [e for e in (err.args[0] if isinstance(err, shutil.Error)
+                                  and err.args and isinstance(err.args[0], list) else ())]
+    full = any(getattr(c, "errno", None) == errno.ENOSPC or "[Errno 28]" in str(c)
+               for c in causes)
+    if not full:
+      raise
+    disk = _mount_point(dest.parent)
+    free = shutil.disk_usage(dest.parent).free
+    raise DiskFullError(errno.ENOSPC, (
+        f"the disk at {disk} is full: copying {source} to {dest.parent} needs "
+        f"{_folder_bytes(source) / 2**20:.1f} MiB and {free / 2**20:.1f} MiB are free "
+        "(the partial copy was removed); free space there or choose another folder, "
+        "then rerun")) from None
 
 
 def rename_into_place(tmp: Path, dest: Path, marker: str) -> None:

@@ -11,8 +11,11 @@ A run is built from its parts, each its own module:
   exports.
 
 ``Trainer.run`` reads top to bottom: warm-up, the evaluation before RL, then per step
-the step, an evaluation every ``train.eval_every`` steps, its metrics row, a checkpoint
-every ``train.checkpoint_every`` steps and an export every ``train.export_every``. A
+the step, an evaluation when one is due (``run_state.evaluation_due``: every
+``train.eval_every`` steps, at the last step, at the points of a time budget), its
+metrics row, a checkpoint every ``train.checkpoint_every`` steps and an export every
+``train.export_every``. A run with ``train.time_budget_s`` ends at the first step
+boundary after its cumulative step time reaches it. A
 stop signal ends a phase whose work a resume redoes (``training.supervisor``).
 """
 
@@ -38,7 +41,7 @@ from sagc_jax.training.build import build_components, largest_host_gather
 from sagc_jax.training.evaluation import Evaluator
 from sagc_jax.training.export import prepare_export_root
 from sagc_jax.training.inputs import build_run_inputs, configure_compilation_cache
-from sagc_jax.training.run_state import RunState, write_run_config
+from sagc_jax.training.run_state import RunState, evaluation_due, write_run_config
 from sagc_jax.training.step import RLStep, StepResult
 from sagc_jax.training.supervisor import Supervisor
 
@@ -180,7 +183,8 @@ class Trainer:
 
   # ------------------------------------------------------------------- loop
   def run(self, max_steps: int | None = None) -> dict[str, Any]:
-    """Trains until ``train.steps`` (or ``max_steps`` more steps); returns a summary."""
+    """Trains until ``train.steps`` (or ``max_steps`` more steps), or until the step
+    that spends ``train.time_budget_s``; returns a summary."""
     c, stoppable = self.config, self.supervisor.stoppable
     try:
       with stoppable("warm-up", every_process=True):
@@ -210,7 +214,12 @@ class Trainer:
     # on its own, maybe during warm-up): one leaving alone would wait forever in a
     # collective the others never enter.
     stop = self.supervisor.agree_on_stop(self.log)
-    while self.step < end and not stop:
+    if self.state.budget_spent(c.train):
+      self.log(f"the time budget is spent: {self.state.step_seconds():.1f} s of step time "
+               f"by step {self.step} (train.time_budget_s={c.train.time_budget_s:g}); "
+               "raise it to train on")
+    while self.step < end and not stop and not self.state.budget_spent(c.train):
+      before_s = self.state.step_seconds()
       try:
         result = self.train_step()
       except StopRequested as stopped:
@@ -220,7 +229,13 @@ class Trainer:
         stop = True
         break
       row, interrupted = result.row, False
-      if self.step % c.train.eval_every == 0 or self.step == c.train.steps:
+      row["time_cumulative_s"] = before_s + row["time_total_s"]
+      spent = bool(c.train.time_budget_s) and row["time_cumulative_s"] >= c.train.time_budget_s
+      if spent:
+        self.log(f"step {self.step}: the time budget is spent ({row['time_cumulative_s']:.1f} "
+                 f"s of step time, train.time_budget_s={c.train.time_budget_s:g}); this is "
+                 "the run's last step")
+      if evaluation_due(c.train, self.step, before_s, row["time_cumulative_s"]):
         try:
           with stoppable(f"the evaluation after step {self.step}"):
             evaluation = self.evaluate_with_lines(f"after step {self.step}")
@@ -241,7 +256,7 @@ class Trainer:
         self.metrics.progress(row)
       self.state.check_skipped_updates(row)   # before this step can be checkpointed
       self.checkpointer.check()               # a failed background save stops the run
-      if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps:
+      if self.step % c.train.checkpoint_every == 0 or self.step == c.train.steps or spent:
         self.state.save()
       if c.train.export_every and self.step % c.train.export_every == 0 and not interrupted:
         try:
@@ -275,7 +290,7 @@ class Trainer:
   def _finish(self, preempted: bool) -> dict[str, Any]:
     """The run's summary, written to ``summary.json`` (process 0); ``preempted``: the run
     stopped early on an agreed signal."""
-    summary = self.state.summary(preempted=preempted)
+    summary = self.state.summary(self.config.train, preempted=preempted)
     if self.is_primary:
       (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     if distributed.is_multiprocess() and self.stopped_in is None:

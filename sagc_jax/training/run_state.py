@@ -13,6 +13,7 @@ too, with the settings that changed since the last start logged.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable
 
 import jax
@@ -23,7 +24,7 @@ from sagc_jax.runtime import distributed
 from sagc_jax.training.evaluation import paired_gain
 from sagc_jax.runtime.metrics import summarize
 
-__all__ = ["RunState", "config_changes", "write_run_config"]
+__all__ = ["RunState", "config_changes", "evaluation_due", "write_run_config"]
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -55,6 +56,25 @@ def write_run_config(config: Any, workdir: Any, *, resuming: bool,
       log(f"{'resuming' if resuming else 'restarting'} with {len(changes)} changed "
           f"setting(s): " + "; ".join(changes))
   path.write_text(new)
+
+
+def evaluation_due(train: Any, step: int, before_s: float, after_s: float) -> bool:
+  """Whether step ``step``, which took the run's cumulative step time from
+  ``before_s`` to ``after_s``, is followed by an evaluation: every
+  ``train.eval_every`` steps, at the last step (``train.steps`` or the step that
+  spent ``train.time_budget_s``), and at the first step boundary after each of the
+  ``train.eval_points`` evenly spaced points ``j * budget / eval_points``."""
+  if step % train.eval_every == 0 or step == train.steps:
+    return True
+  budget, points = train.time_budget_s, train.eval_points
+  if not budget:
+    return False
+  if after_s >= budget:
+    return True
+
+  def passed(seconds: float) -> int:          # points j * budget / points <= seconds
+    return min(points, math.floor(seconds * points / budget))
+  return bool(points) and passed(after_s) > passed(before_s)
 
 
 class RunState:
@@ -104,10 +124,21 @@ class RunState:
                  f"from checkpoint step {step}")
     self.log(f"resumed from checkpoint step {step} in {self.checkpointer.directory}")
 
+  def step_seconds(self) -> float:
+    """The run's cumulative step time: what ``train.time_budget_s`` is spent on."""
+    return float(sum(row["time_total_s"] for row in self.history))
+
+  def budget_spent(self, train: Any) -> bool:
+    """The run has used its ``train.time_budget_s`` (never, without a budget)."""
+    return bool(train.time_budget_s) and self.step_seconds() >= train.time_budget_s
+
   def evaluation_missing(self, train: Any) -> bool:
-    """The restored step was due an evaluation (``train.eval_every``, the last step)
-    that the history lacks (a stop signal skipped it after the step was saved)."""
-    due = self.step > 0 and (self.step % train.eval_every == 0 or self.step == train.steps)
+    """The restored step was due an evaluation (``evaluation_due``) that the history
+    lacks (a stop signal skipped it after the step was saved)."""
+    if not self.step or not self.history:
+      return False
+    after = self.step_seconds()
+    due = evaluation_due(train, self.step, after - self.history[-1]["time_total_s"], after)
     return bool(due and self.eval_history and self.eval_history[-1]["step"] != self.step)
 
   def record_evaluation(self, evaluation: dict[str, float], sampled_correct: Any) -> None:
@@ -183,11 +214,14 @@ class RunState:
           f"{last[-1] if last else None}. Lower learner.lr or learner.max_grad_norm, or "
           f"check the rewards, then resume.{restored}")
 
-  def summary(self, preempted: bool) -> dict[str, Any]:
-    """The run's summary: the step rows' means, accuracy before / after RL and the
-    paired accuracy gain over the same held-out examples."""
+  def summary(self, train: Any, preempted: bool) -> dict[str, Any]:
+    """The run's summary: the step rows' means, accuracy before / after RL, the
+    paired accuracy gain over the same held-out examples and, with a
+    ``train.time_budget_s``, whether the run spent it (then it is finished)."""
     out: dict[str, Any] = {**summarize(self.history), "steps": self.step,
                            "preempted": preempted}
+    if train.time_budget_s:
+      out.update(time_budget_s=train.time_budget_s, budget_spent=self.budget_spent(train))
     if self.eval_history:
       first, last = self.eval_history[0], self.eval_history[-1]
       after = last["step"] > first["step"]        # an evaluation after RL exists

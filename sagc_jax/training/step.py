@@ -275,7 +275,7 @@ def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGro
       time_reward_s=sum(r.reward_s for r in rounds),
       time_reward_overlapped_s=sum(r.reward_overlapped_s for r in rounds),
       time_learner_s=time_learner, time_total_s=time_total,
-      generated_tokens=generated,
+      generated_tokens=generated, decode_slots=decode_slots,
       padding_efficiency=generated / decode_slots if decode_slots else 0.0,
       reward_mean=float(rewards.scores.mean()), accuracy=float(rewards.correct.mean()),
       format_rate=float(rewards.formatted.mean()),

@@ -30,7 +30,7 @@ import numpy as np
 
 from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokenizer, \
     save_pretrained
-from sagc_jax.runtime.storage import rename_into_place
+from sagc_jax.runtime.storage import copy_folder, rename_into_place
 from sagc_jax.training.sft import supervised_finetune, tokenize_examples
 
 SFT_MARKER = "sft_done.json"
@@ -121,7 +121,7 @@ def _copy_into_place(source: Path, target: Path) -> None:
   """Copies a finished folder to ``target`` under a temporary name, then renames it:
   a reader never sees half a folder, and of two concurrent writers one wins."""
   tmp = _fresh_tmp(target)
-  shutil.copytree(source, tmp)
+  copy_folder(source, tmp)
   rename_into_place(tmp, target, SFT_MARKER)
 
 
@@ -178,8 +178,8 @@ def supervised_warm_start(config: Any, init_dir: Path, sft_dir: Path, train_sour
   # primary gets here (the others find its copy), with per-host disks each host keeps
   # its own (identical, the fine-tuning is deterministic) copy.
   tmp = _fresh_tmp(sft_dir)
+  copy_folder(init_dir, tmp)
   try:
-    shutil.copytree(init_dir, tmp)
     save_pretrained(model, cfg, tmp)
     (tmp / SFT_MARKER).write_text(json.dumps({
         "steps": sft.steps, "guess_stage_steps": sft.guess_stage_steps,

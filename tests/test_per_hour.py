@@ -1,0 +1,157 @@
+"""The best model per hour (``experiments/per_hour.py``): learning curves read off a
+hand-made learning table, checked against values computed by hand, and the paired
+intervals and p-values against scipy's paired t-test."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from sagc_jax.experiments import per_hour
+
+
+def curve_rows(arm, seed, points, algorithm="grpo"):
+  return [{"arm": arm, "algorithm": algorithm, "seed": seed, "step": i, "step_time_s": t,
+           "sampled_accuracy": a} for i, (t, a) in enumerate(points)]
+
+
+def test_accuracy_at_h_and_mean_over_h_by_hand():
+  # Points (0, 0.2), (4, 0.4), (12, 0.6), (14, 0.5); H = 10.
+  # At H: 0.4 + (10 - 4) / 8 * 0.2 = 0.55.
+  # Area on [0, 10]: 4 * (0.2 + 0.4) / 2 = 1.2, plus 6 * (0.4 + 0.55) / 2 = 2.85 -> 4.05.
+  at_h, mean_h = per_hour.curve_measures([0, 4, 12, 14], [0.2, 0.4, 0.6, 0.5], 10.0)
+  assert at_h == pytest.approx(0.55) and mean_h == pytest.approx(0.405)
+  # An evaluation exactly at H, and a flat curve.
+  assert per_hour.curve_measures([0, 10], [0.3, 0.5], 10.0) == pytest.approx((0.5, 0.4))
+  assert per_hour.curve_measures([0, 3, 11], [0.5] * 3, 10.0) == pytest.approx((0.5, 0.5))
+  # A run that stopped before H (its step cap) has neither value.
+  assert all(np.isnan(per_hour.curve_measures([0, 4, 9], [0.2, 0.4, 0.6], 10.0)))
+
+
+def test_time_to_target_interpolates_and_censors():
+  times, accuracy = [0, 4, 12, 14], [0.2, 0.4, 0.6, 0.5]
+  # 0.5 is half-way from 0.4 (t = 4) to 0.6 (t = 12): t = 8.
+  assert per_hour.time_to_target(times, accuracy, 0.5) == (pytest.approx(8.0), True)
+  assert per_hour.time_to_target(times, accuracy, 0.4) == (4.0, True)
+  assert per_hour.time_to_target(times, accuracy, 0.2) == (0.0, True)   # reached at start
+  assert per_hour.time_to_target(times, accuracy, 0.7) == (14.0, False)  # censored at 14
+
+
+def test_holm_adjusts_step_down():
+  # p sorted 0.01, 0.02, 0.04 -> 3 * 0.01 = 0.03, 2 * 0.02 = 0.04, max(0.04, 0.04) = 0.04
+  assert per_hour.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+  # monotone: a later p adjusted below an earlier one is raised to it
+  assert per_hour.holm([0.001, 0.3, 0.02, float("nan")])[:3] == pytest.approx(
+      [0.003, 0.3, 0.04])
+  assert np.isnan(per_hour.holm([0.5, float("nan")])[1])
+
+
+def test_paired_intervals_and_p_values_match_scipy():
+  stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(3)
+  for n in (2, 3, 8, 10):
+    a, b = rng.normal(0.5, 0.1, n), rng.normal(0.45, 0.1, n)
+    test = per_hour.paired_test(list(a - b))
+    reference = stats.ttest_rel(a, b)
+    low, high = reference.confidence_interval(0.95)
+    assert test["n"] == n and test["mean"] == pytest.approx(np.mean(a - b))
+    assert test["half_width"] == pytest.approx((high - low) / 2, rel=1e-3)
+    assert test["p"] == pytest.approx(reference.pvalue, rel=1e-6)
+  assert np.isnan(per_hour.paired_test([0.1])["p"])
+
+
+def test_a_hand_made_learning_table_ranks_arms_and_censors_targets(tmp_path):
+  """Three arms x 3 seeds with known curves: static4 climbs fastest, sagc a constant
+  0.1 below it, static16 flat. Every measure is checked against hand values."""
+  H = 10.0
+  rows = []
+  for seed in range(3):
+    lift = 0.01 * seed
+    rows += curve_rows("grpo_static4", seed, [(0, 0.2), (5, 0.6 + lift), (11, 0.8 + lift)])
+    rows += curve_rows("grpo_sagc", seed, [(0, 0.1), (5, 0.5 + lift), (11, 0.7 + lift)])
+    rows += curve_rows("grpo_static16", seed, [(0, 0.2), (12, 0.2 + lift)])
+  runs = per_hour.run_measures(rows, H, targets=(0.5, 0.9))
+  by = {(r["arm"], r["seed"]): r for r in runs}
+  # static4 seed 0: at H = 0.6 + 5/6 * 0.2; area = 5 * 0.8 / 2 + 5 * (0.6 + at_h) / 2.
+  at_h = 0.6 + 5 / 6 * 0.2
+  assert by[("grpo_static4", 0)]["accuracy_at_h"] == pytest.approx(at_h)
+  assert by[("grpo_static4", 0)]["mean_accuracy_over_h"] == pytest.approx(
+      (2.0 + 2.5 * (0.6 + at_h)) / H)
+  # time to 0.5 for static4 seed 0: 0.2 -> 0.6 over [0, 5]: t = 3.75; sagc: 0.1 -> 0.5: 5.0
+  assert by[("grpo_static4", 0)]["time_to_target_s"]["0.5"] == (pytest.approx(3.75), True)
+  assert by[("grpo_sagc", 0)]["time_to_target_s"]["0.5"] == (pytest.approx(5.0), True)
+  assert by[("grpo_static16", 0)]["time_to_target_s"]["0.5"] == (12.0, False)
+  summary = {a["arm"]: a for a in per_hour.arm_summary(runs, (0.5, 0.9))}
+  assert summary["grpo_static16"]["targets"]["0.5"]["reached"] == 0
+  assert summary["grpo_static4"]["targets"]["0.9"]["censored_at_s"] == [11.0] * 3
+  result = per_hour.compare_pairs(runs, (0.5,))["grpo"]
+  pairs = {(p["first"], p["second"]): p for p in result["pairs"]}
+  assert len(pairs) == 3
+  # static4 - sagc: the curves differ by 0.1 at every point, so everywhere: a constant
+  # 0.1 per seed, zero spread -> p = 0, significant.
+  diff = pairs[("grpo_static4", "grpo_sagc")]
+  assert diff["mean_accuracy_over_h"]["mean"] == pytest.approx(0.1)
+  assert diff["significant"]
+  # Time to 0.5: static4 5 * 0.3 / (0.4 + lift), sagc
+  # 5 * 0.4 / (0.4 + lift): a ratio of 0.75 in every seed.
+  ratio = diff["time_ratio"]["0.5"]
+  assert ratio["n"] == 3 and ratio["mean"] == pytest.approx(0.75)
+  # Ranks: static4 beats both, sagc beats static16 -> 1, 2, 3.
+  assert result["rank"] == {"grpo_static4": 1, "grpo_sagc": 2, "grpo_static16": 3}
+  # The written files.
+  per_hour.write({"learning": rows, "horizon_s": H, "runs": runs, "pairs": {"grpo": result}},
+                 tmp_path)
+  with open(tmp_path / "learning.csv", encoding="utf-8") as f:
+    table = list(csv.DictReader(f))
+  assert len(table) == len(rows) and list(table[0]) == list(per_hour.LEARNING_COLUMNS)
+  assert json.loads((tmp_path / "per_hour.json").read_text())["horizon_s"] == H
+
+
+def test_learning_rows_accumulate_work_and_time_from_the_metrics_rows():
+  arm = {"name": "dapo_sagc_seed2", "config": {"learner": {"algorithm": "dapo"}},
+         "before_rl": {"step": 0, "eval_sampled_accuracy": 0.25, "eval_accuracy": 0.5}}
+  arm["rows"] = [
+      {"step": 1, "time_total_s": 2.0, "rollouts": 32.0, "decode_slots": 100.0,
+       "learner/padded_tokens": 50.0, "reward_mean": 0.2},
+      {"step": 2, "time_total_s": 3.0, "rollouts": 16.0, "generated_tokens": 60.0,
+       "padding_efficiency": 0.5, "learner/padded_tokens": 40.0, "reward_mean": 0.4,
+       "eval_sampled_accuracy": 0.375, "eval_accuracy": 0.625}]
+  rows = per_hour.learning_rows(arm)
+  assert [r["step"] for r in rows] == [0, 2]
+  assert rows[0]["sampled_accuracy"] == 0.25 and rows[0]["step_time_s"] == 0.0
+  last = rows[1]
+  assert (last["arm"], last["algorithm"], last["seed"]) == ("dapo_sagc", "dapo", 2)
+  # slot-steps of step 2 from its generated tokens / padding efficiency (older rows)
+  assert (last["step_time_s"], last["rollouts"], last["slot_steps"],
+          last["learner_tokens"]) == (5.0, 48.0, 220.0, 90.0)
+  assert last["train_reward"] == pytest.approx(0.3)          # steps 1-2 since step 0
+  assert (last["sampled_accuracy"], last["greedy_accuracy"]) == (0.375, 0.625)
+
+
+def test_analyse_uses_the_budget_as_horizon_and_names_runs_that_hit_the_step_cap():
+  def arm(name, times, accuracy, summary):
+    rows = [{"step": i + 1, "time_total_s": t, "reward_mean": 0.5} for i, t in
+            enumerate(np.diff([0.0, *times]))]
+    rows[-1]["eval_sampled_accuracy"] = accuracy
+    return {"name": name, "config": {"learner": {"algorithm": "grpo"},
+                                     "train": {"steps": len(rows)}},
+            "rows": rows, "before_rl": {"eval_sampled_accuracy": 0.2}, "summary": summary}
+  arms = [arm("grpo_static4_seed0", [3.0, 6.0, 10.5], 0.6,
+              {"steps": 3, "budget_spent": True}),
+          arm("grpo_static16_seed0", [4.0, 8.0], 0.4, {"steps": 2, "budget_spent": False})]
+  result = per_hour.analyse(arms, {"time_budget_s": 10.0, "targets": [0.5]})
+  assert result["horizon_s"] == 10.0 and result["horizon_source"] == "compare.time_budget_s"
+  assert result["capped"] == ["grpo_static16_seed0"]
+  runs = {r["arm"]: r for r in result["runs"]}
+  assert np.isnan(runs["grpo_static16"]["mean_accuracy_over_h"])      # ended at 8 s < H
+  # static4: (0, 0.2) -> (10.5, 0.6): at H 0.2 + 0.4 * 10 / 10.5; mean = (0.2 + at H) / 2
+  at_h = 0.2 + 0.4 * 10 / 10.5
+  assert runs["grpo_static4"]["accuracy_at_h"] == pytest.approx(at_h)
+  assert runs["grpo_static4"]["mean_accuracy_over_h"] == pytest.approx((0.2 + at_h) / 2)
+  text = per_hour.per_hour_markdown(result)
+  assert "hit train.steps before H" in text and "grpo_static16_seed0" in text
+  # Without a budget the horizon is the shortest run's step time (8 s).
+  assert per_hour.analyse(arms, {})["horizon_s"] == pytest.approx(8.0)
