@@ -27,16 +27,16 @@ def rows_for(algorithm, sagc, static4, static16):
 
 
 SAGC = dict(step_straggler_rate=[0.40, 0.50, 0.45], group_straggler_rate=[0.30, 0.20, 0.40],
-            wall_clock_s=[80.0, 82.0, 78.0], final_reward=[0.50, 0.52, 0.48],
+            seconds_per_step=[0.80, 0.82, 0.78], final_reward=[0.50, 0.52, 0.48],
             eval_sampled_accuracy_end=[0.30, 0.31, 0.29], p_largest_end=[0.9, 0.8, 0.85],
             p_smallest_end=[0.1, 0.2, 0.15], response_len_mean=[30.0, 31.0, 29.0],
             mean_sampled_accuracy_over_h=[0.30, 0.31, 0.29])
 STATIC16 = dict(step_straggler_rate=[0.99, 0.98, 1.0], group_straggler_rate=[0.10, 0.50, 0.20],
-                wall_clock_s=[100.0, 104.0, 96.0], final_reward=[0.51, 0.49, 0.50],
+                seconds_per_step=[1.00, 1.04, 0.96], final_reward=[0.51, 0.49, 0.50],
                 eval_sampled_accuracy_end=[0.50, 0.52, 0.48], p_largest_end=[0.5] * 3,
                 p_smallest_end=[0.5] * 3, response_len_mean=[20.0, 21.0, 19.0],
                 mean_sampled_accuracy_over_h=[0.40, 0.42, 0.38])
-STATIC4 = dict(STATIC16, wall_clock_s=[40.0, 40.0, 40.0], final_reward=[0.40, 0.41, 0.39],
+STATIC4 = dict(STATIC16, seconds_per_step=[0.40, 0.40, 0.40], final_reward=[0.40, 0.41, 0.39],
                eval_sampled_accuracy_end=[0.20, 0.21, 0.19],
                mean_sampled_accuracy_over_h=[0.20, 0.36, 0.29])
 
@@ -56,10 +56,10 @@ def test_each_claim_is_a_seed_paired_statistic_with_the_right_verdict():
   assert got["step_straggler_rate"]["verdict"] == "✓"
   # group rate: differences +0.2, -0.3, +0.2: the interval straddles 0 -> not shown
   assert got["group_straggler_rate"]["verdict"] == "✗"
-  # wall-clock: per-seed speedup static16 / SAGC = 1.25, 1.268, 1.231 -> above 1
-  speedup = np.array([100.0, 104.0, 96.0]) / np.array([80.0, 82.0, 78.0])
-  assert got["wall_clock_s"]["stat"][0] == pytest.approx(speedup.mean())
-  assert got["wall_clock_s"]["verdict"] == "✓"
+  # step time: per-seed speedup static16 / SAGC = 1.25, 1.268, 1.231 -> above 1
+  speedup = np.array([1.00, 1.04, 0.96]) / np.array([0.80, 0.82, 0.78])
+  assert got["seconds_per_step"]["stat"][0] == pytest.approx(speedup.mean())
+  assert got["seconds_per_step"]["verdict"] == "✓"
   # reward: best static is G=16 (0.50 ± 4.303 * 0.01 / sqrt 3); SAGC 0.50 is within it
   assert got["final_reward"]["verdict"] == "✓" and "G=16" in got["final_reward"]["detail"]
   # accuracy: SAGC 0.30 is far below the best static's 0.50 ± 0.05

@@ -38,6 +38,13 @@ def test_time_to_target_interpolates_and_censors():
   assert per_hour.time_to_target(times, accuracy, 0.4) == (4.0, True)
   assert per_hour.time_to_target(times, accuracy, 0.2) == (0.0, True)   # reached at start
   assert per_hour.time_to_target(times, accuracy, 0.7) == (14.0, False)  # censored at 14
+  # A point without a value is left out, never counted as reached.
+  assert per_hour.time_to_target([0, 4, 12], [float("nan"), 0.4, 0.6], 0.5) == (
+      pytest.approx(8.0), True)
+  assert per_hour.time_to_target([0, 4], [float("nan")] * 2, 0.5) == (4, False)
+  # A missing value after H does not cost the run its value at H.
+  assert per_hour.curve_measures([0, 10, 14], [0.3, 0.5, float("nan")], 10.0) == (
+      pytest.approx((0.5, 0.4)))
 
 
 def test_holm_adjusts_step_down():
@@ -143,8 +150,8 @@ def test_analyse_uses_the_budget_as_horizon_and_names_runs_that_hit_the_step_cap
               {"steps": 3, "budget_spent": True}),
           arm("grpo_static16_seed0", [4.0, 8.0], 0.4, {"steps": 2, "budget_spent": False})]
   result = per_hour.analyse(arms, {"time_budget_s": 10.0, "targets": [0.5]})
-  assert result["horizon_s"] == 10.0 and result["horizon_source"] == "compare.time_budget_s"
-  assert result["capped"] == ["grpo_static16_seed0"]
+  assert result["horizon_s"] == 10.0 and result["horizon_source"] == "the time budget"
+  assert result["short"] == {"grpo_static16_seed0": "hit train.steps"}
   runs = {r["arm"]: r for r in result["runs"]}
   assert np.isnan(runs["grpo_static16"]["mean_accuracy_over_h"])      # ended at 8 s < H
   # static4: (0, 0.2) -> (10.5, 0.6): at H 0.2 + 0.4 * 10 / 10.5; mean = (0.2 + at H) / 2
@@ -152,6 +159,18 @@ def test_analyse_uses_the_budget_as_horizon_and_names_runs_that_hit_the_step_cap
   assert runs["grpo_static4"]["accuracy_at_h"] == pytest.approx(at_h)
   assert runs["grpo_static4"]["mean_accuracy_over_h"] == pytest.approx((0.2 + at_h) / 2)
   text = per_hour.per_hour_markdown(result)
-  assert "hit train.steps before H" in text and "grpo_static16_seed0" in text
-  # Without a budget the horizon is the shortest run's step time (8 s).
+  assert "grpo_static16_seed0 (hit train.steps)" in text
+  # One measured seed each: no arm can be ranked.
+  assert result["pairs"]["grpo"]["rank"] == {"grpo_static4": None, "grpo_static16": None}
+  assert "| grpo_static4 | 1 | – |" in text
+  # Without a budget the horizon is the shortest run's step time (8 s); the runs' own
+  # train.time_budget_s stands in for a missing compare.json.
   assert per_hour.analyse(arms, {})["horizon_s"] == pytest.approx(8.0)
+  for a in arms:
+    a["config"]["train"]["time_budget_s"] = 10.0
+  assert per_hour.analyse(arms, {})["horizon_s"] == 10.0
+  # No targets: the tables have no empty columns.
+  lines = per_hour.per_hour_markdown(per_hour.analyse(arms, {})).splitlines()
+  tables = [line for line in lines if line.startswith("|")]
+  assert all(line.count("|") == tables[0].count("|") for line in tables[:4])
+  assert all(" |  |" not in line for line in tables)

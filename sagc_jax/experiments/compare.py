@@ -2,8 +2,8 @@
 ``<workdir>/arms`` (``sagc_jax.experiments.arms``), the summary over seeds and claims.md.
 
 The report: ``results.csv`` (one row per arm and seed: both straggler rates, total
-and rollout wall-clock, speedup against the same seed's largest static G of the same
-algorithm, rollouts generated, final train reward, held-out accuracy at the end, at
+and rollout wall-clock, mean step time and the speedup in it against the same seed's
+largest static G of the same algorithm, rollouts generated, final train reward, held-out accuracy at the end, at
 the horizon H and its mean over [0, H], mean response length, mean G),
 ``results.md`` (per arm: mean and 95% Student-t confidence interval over the seeds,
 then the best model per hour: ``per_hour``), ``learning.csv`` and ``per_hour.json``
@@ -33,7 +33,7 @@ from sagc_jax.runtime.metrics import summarize
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
                   "straggler_event", "straggler_rate", "group_straggler_rate",
-                  "step_straggler_rate", "wall_clock_s", "rollout_s",
+                  "step_straggler_rate", "wall_clock_s", "seconds_per_step", "rollout_s",
                   "speedup_vs_largest_static", "rollouts",
                   "eval_accuracy_start", "eval_accuracy_end", "eval_sampled_accuracy_start",
                   "eval_sampled_accuracy_end", "final_reward",
@@ -51,7 +51,7 @@ CONTEXTUAL_PAIRED = (
            "difference", "above"),
     Paired("final_reward", "final train reward (last 10 steps), arm - SAGC", "difference",
            "above"),
-    Paired("wall_clock_s", "wall-clock of the steps, arm / SAGC", "ratio", "below"),
+    Paired("seconds_per_step", "mean step time, arm / SAGC", "ratio", "below"),
     Paired("group_straggler_rate", "group straggler rate, arm - SAGC", "difference", "below"),
     Paired("step_straggler_rate", "step straggler rate, arm - SAGC", "difference", "below"),
     Paired("mean_g", "mean G, arm - SAGC", "difference", None, "+.2f"),
@@ -60,7 +60,8 @@ CONTEXTUAL_PAIRED = (
 SUMMARY_COLUMNS = (
     ("group_straggler_rate", "group straggler rate", ".3f"),
     ("step_straggler_rate", "step straggler rate", ".3f"),
-    ("wall_clock_s", "wall-clock s", ".1f"), ("rollout_s", "rollout s", ".1f"),
+    ("wall_clock_s", "wall-clock s", ".1f"), ("seconds_per_step", "s per step", ".3f"),
+    ("rollout_s", "rollout s", ".1f"),
     ("speedup_vs_largest_static", "speedup vs largest static G", ".2f"),
     ("rollouts", "rollouts generated", ".0f"),
     ("mean_sampled_accuracy_over_h", "held-out acc sampled, mean over [0, H]", ".3f"),
@@ -159,6 +160,7 @@ def results_table(arms: Sequence[dict[str, Any]],
         "final_reward": float(np.mean([r["reward_mean"] for r in metrics[-10:]]))
         if metrics else nan,
     }
+    row["seconds_per_step"] = row["wall_clock_s"] / len(metrics) if metrics else nan
     row["sampled_accuracy_at_h"] = at_h[(name, seed)]["accuracy_at_h"]
     row["mean_sampled_accuracy_over_h"] = at_h[(name, seed)]["mean_accuracy_over_h"]
     row["eval_sampled_gain"] = (row["eval_sampled_accuracy_end"]
@@ -179,8 +181,8 @@ def results_table(arms: Sequence[dict[str, Any]],
     # not in the comparison, e.g. a partial merge).
     largest_g = max(arm["config"]["controller"]["candidates"])
     largest = [r for r in same_seed if r["controller"] == "static" and r["static_g"] == largest_g]
-    row["speedup_vs_largest_static"] = (largest[0]["wall_clock_s"] / row["wall_clock_s"]
-                                        if largest else nan)
+    row["speedup_vs_largest_static"] = (
+        largest[0]["seconds_per_step"] / row["seconds_per_step"] if largest else nan)
   return rows
 
 

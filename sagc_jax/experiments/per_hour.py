@@ -16,10 +16,11 @@ The rule, fixed before any result (docs/claims.md, "The best model per hour"):
   curve up to H divided by H; the accuracy at H is read off the same curve. A run
   whose last evaluation falls before H (it hit ``train.steps``) has neither;
 * the time to a target accuracy (``compare.targets``) is where the curve first
-  reaches it; a run that never does is censored at its total time ("> total");
+  reaches it; a run that never does is censored at its last evaluation ("> that
+  time");
 * arms are compared in pairs, seed-paired, within an algorithm: the mean of the
   per-seed differences with a 95% Student-t interval and a two-sided paired t
-  p-value, Holm-corrected over that algorithm's pairs (the Holm family: every pair
+  p-value (zero spread: 0 for a nonzero mean), Holm-corrected over that algorithm's pairs (the Holm family: every pair
   of its arms, on the primary measure; everything else is descriptive);
 * an arm's rank is 1 + the number of arms Holm-significantly better than it on the
   primary measure.
@@ -89,8 +90,10 @@ def curve_measures(times: Sequence[float], accuracy: Sequence[float],
   """``(accuracy at H, mean accuracy over [0, H])`` of a curve linear between its
   points (``times`` increasing from 0); both nan when the curve ends before H."""
   t, a = np.asarray(times, float), np.asarray(accuracy, float)
-  if t.size < 2 or t[-1] < horizon or not np.all(np.isfinite(a)):
+  used = int(np.searchsorted(t, horizon)) + 1         # the points up to the first >= H
+  if t.size < 2 or t[-1] < horizon or not np.all(np.isfinite(a[:used])):
     return float("nan"), float("nan")
+  t, a = t[:used], a[:used]
   at_h = float(np.interp(horizon, t, a))
   inside = t < horizon
   xs = np.concatenate([t[inside], [horizon]])
@@ -101,9 +104,13 @@ def curve_measures(times: Sequence[float], accuracy: Sequence[float],
 
 def time_to_target(times: Sequence[float], accuracy: Sequence[float],
                    target: float) -> tuple[float, bool]:
-  """``(t, True)``: where the linear curve first reaches ``target``; ``(total, False)``
-  when it never does (censored at the run's last evaluation)."""
+  """``(t, True)``: where the linear curve first reaches ``target``; ``(last, False)``
+  when it never does (censored at the run's last evaluation). Points without a
+  value (an evaluation that did not measure sampled accuracy) are left out."""
   t, a = np.asarray(times, float), np.asarray(accuracy, float)
+  t, a = t[np.isfinite(a)], a[np.isfinite(a)]
+  if not a.size:
+    return float(times[-1]), False
   if a[0] >= target:
     return float(t[0]), True
   for j in range(1, t.size):
@@ -200,7 +207,11 @@ def compare_pairs(measures: Sequence[dict[str, Any]],
       if pair["significant"]:
         loser = pair["second"] if pair["mean_accuracy_over_h"]["mean"] > 0 else pair["first"]
         better[loser] += 1
-    out[algorithm] = {"pairs": pairs, "rank": {arm: 1 + better[arm] for arm in arms}}
+    measured = {arm: sum(math.isfinite(m["mean_accuracy_over_h"])
+                         for m in measures if m["arm"] == arm) for arm in arms}
+    # An arm without two measured seeds cannot lose a test: it has no rank.
+    out[algorithm] = {"pairs": pairs, "rank": {arm: 1 + better[arm] if measured[arm] >= 2
+                                               else None for arm in arms}}
   return out
 
 
@@ -235,7 +246,7 @@ def _ci(stat: dict[str, Any] | tuple, fmt: str) -> str:
 def _target_cell(entry: dict[str, Any]) -> str:
   reached, of = entry["reached"], entry["of"]
   if not reached:
-    return f"0/{of} (> {max(entry['censored_at_s']):.0f} s)"
+    return f"0/{of} (> {min(entry['censored_at_s']):.0f} s)"
   cell = f"{reached}/{of}: {_ci(entry['time_s'], '.1f')} s"
   if entry["censored_at_s"]:
     cell += f"; others > {min(entry['censored_at_s']):.0f} s"
@@ -245,55 +256,70 @@ def _target_cell(entry: dict[str, Any]) -> str:
 def per_hour_markdown(result: dict[str, Any]) -> str:
   """The per-arm table, the all-pairs table and the ranking, as markdown."""
   horizon, targets = result["horizon_s"], result["targets"]
+
+  def row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
   lines = [f"## The best model per hour\n\nHorizon H = {horizon:.1f} s of step time "
            f"({result['horizon_source']}). Held-out sampled accuracy against cumulative "
            "step time, linear between evaluations; mean ± 95% t-interval over seeds. "
            "Rank: 1 + the arms Holm-significantly better on the mean over [0, H].\n"]
-  head = ("| arm | seeds | rank | mean acc over [0, H] | acc at H | "
-          + " | ".join(f"time to {t:g}" for t in targets) + " |")
-  lines += [head, "|" + "---|" * (5 + len(targets))]
+  head = (["arm", "seeds", "rank", "mean acc over [0, H]", "acc at H"]
+          + [f"time to {t:g}" for t in targets])
+  lines += [row(head), "|" + "---|" * len(head)]
   ranks = {arm: rank for group in result["pairs"].values() for arm, rank in group["rank"].items()}
   for arm in result["arms"]:
-    cells = [_target_cell(arm["targets"][f"{t:g}"]) for t in targets]
-    lines.append(f"| {arm['arm']} | {arm['seeds']} | {ranks[arm['arm']]} | "
-                 f"{_ci(arm['mean_accuracy_over_h'], '.3f')} | "
-                 f"{_ci(arm['accuracy_at_h'], '.3f')} | " + " | ".join(cells) + " |")
+    rank = ranks[arm["arm"]]
+    lines.append(row([arm["arm"], str(arm["seeds"]), "–" if rank is None else str(rank),
+                      _ci(arm["mean_accuracy_over_h"], ".3f"), _ci(arm["accuracy_at_h"], ".3f")]
+                     + [_target_cell(arm["targets"][f"{t:g}"]) for t in targets]))
+  head = (["pair", "mean acc over [0, H]", "p (Holm)", "acc at H"]
+          + [f"time to {t:g}, first / second" for t in targets])
   lines += ["", "Pairs, seed-paired (first - second); p Holm-adjusted over each algorithm's "
-            "pairs on the mean over [0, H]; time ratios over the seeds where both reached "
-            "the target:\n",
-            "| pair | mean acc over [0, H] | p (Holm) | acc at H | "
-            + " | ".join(f"time ratio to {t:g}" for t in targets) + " |",
-            "|" + "---|" * (4 + len(targets))]
+            "pairs on the mean over [0, H] (* below 0.05); time ratios over the seeds where "
+            "both reached the target:\n", row(head), "|" + "---|" * len(head)]
   for group in result["pairs"].values():
     for pair in group["pairs"]:
       star = " *" if pair["significant"] else ""
-      ratios = [_ci(pair["time_ratio"][f"{t:g}"], ".2f") for t in targets]
-      lines.append(f"| {pair['first']} - {pair['second']} | "
-                   f"{_ci(pair['mean_accuracy_over_h'], '+.3f')}{star} | "
-                   f"{pair['p_holm']:.3g} | {_ci(pair['accuracy_at_h'], '+.3f')} | "
-                   + " | ".join(ratios) + " |")
-  if result["capped"]:
-    lines.append(f"\nRuns that hit train.steps before H (no value at H): "
-                 f"{', '.join(result['capped'])}.")
+      lines.append(row([f"{pair['first']} - {pair['second']}",
+                        _ci(pair["mean_accuracy_over_h"], "+.3f") + star,
+                        f"{pair['p_holm']:.3g}", _ci(pair["accuracy_at_h"], "+.3f")]
+                       + [_ci(pair["time_ratio"][f"{t:g}"], ".2f") for t in targets]))
+  if result["short"]:
+    lines.append("\nRuns without a value at H (their last evaluation came before it): "
+                 + "; ".join(f"{name} ({why})" for name, why in result["short"].items()) + ".")
   return "\n".join(lines)
 
 
 def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
   """Learning rows, per-run measures, per-arm summary and all pairs of a comparison's
-  runs (``compare.load_comparison``), at ``settings["time_budget_s"]`` (else the
-  shortest run's step time) and ``settings["targets"]``."""
+  runs (``compare.load_comparison``), at the budget (``settings["time_budget_s"]``,
+  else the runs' own ``train.time_budget_s``; without one, the shortest finished
+  run's step time) and ``settings["targets"]``."""
   rows = [r for arm in arms for r in learning_rows(arm)]
-  budget = settings.get("time_budget_s") or 0.0
-  totals = [sum(r["time_total_s"] for r in arm["rows"]) for arm in arms]
-  horizon, source = ((float(budget), "compare.time_budget_s") if budget
+  budgets = {float(arm["config"]["train"].get("time_budget_s") or 0.0) for arm in arms}
+  budget = float(settings.get("time_budget_s") or 0.0)
+  if not budget and len(budgets) == 1:
+    budget = budgets.pop()               # arms merged without the comparison's record
+  finished = [arm for arm in arms if arm["summary"] and not arm["summary"].get("preempted")]
+  totals = [sum(r["time_total_s"] for r in arm["rows"]) for arm in finished or arms]
+  horizon, source = ((budget, "the time budget") if budget
                      else (float(min(totals)), "no budget: the shortest run's step time"))
   targets = [float(t) for t in settings.get("targets") or ()]
   measures = run_measures(rows, horizon, targets)
-  capped = sorted(arm["name"] for arm in arms if budget and not arm["summary"].get(
-      "budget_spent") and arm["summary"].get("steps") == arm["config"]["train"]["steps"])
+  from sagc_jax.experiments.arms import split_run_name
+
+  by_run = {(m["arm"], m["seed"]): m for m in measures}
+  short = {}
+  for arm in arms:
+    if not math.isfinite(by_run[split_run_name(arm["name"])]["mean_accuracy_over_h"]):
+      summary = arm["summary"]
+      short[arm["name"]] = (
+          "no summary: not finished" if not summary else "stopped by a signal"
+          if summary.get("preempted") else "hit train.steps"
+          if summary.get("steps") == arm["config"]["train"]["steps"] else "no evaluation")
   return {"horizon_s": horizon, "horizon_source": source, "targets": targets,
           "learning": rows, "runs": measures, "arms": arm_summary(measures, targets),
-          "pairs": compare_pairs(measures, targets), "capped": capped}
+          "pairs": compare_pairs(measures, targets), "short": short}
 
 
 def write(result: dict[str, Any], workdir: Path) -> None:
@@ -302,6 +328,16 @@ def write(result: dict[str, Any], workdir: Path) -> None:
     writer = csv.DictWriter(f, fieldnames=LEARNING_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(result["learning"])
-  body = {k: v for k, v in result.items() if k != "learning"}
-  (workdir / "per_hour.json").write_text(json.dumps(body, indent=1, default=float) + "\n",
-                                         encoding="utf-8")
+  body = _json_safe({k: v for k, v in result.items() if k != "learning"})
+  (workdir / "per_hour.json").write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+
+
+def _json_safe(value: Any) -> Any:
+  """Tuples as lists, numpy numbers as floats and NaN / inf as null (strict JSON)."""
+  if isinstance(value, dict):
+    return {k: _json_safe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_json_safe(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if math.isfinite(value) else None
+  return value

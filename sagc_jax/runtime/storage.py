@@ -156,10 +156,12 @@ def copy_folder(source: Path, dest: Path) -> None:
   """``shutil.copytree(source, dest)``; when the disk fills up, ``dest`` is removed and
   the error is one sentence naming the disk and the space the copy needed (shutil
   reports a failed tree copy as a list of per-file errors)."""
+  existed = dest.exists()          # copytree refuses it: never remove what was there
   try:
     shutil.copytree(source, dest)
   except OSError as err:
-    shutil.rmtree(dest, ignore_errors=True)
+    if not existed:
+      shutil.rmtree(dest, ignore_errors=True)
     causes = [err] + [e for e in (err.args[0] if isinstance(err, shutil.Error)
                                   and err.args and isinstance(err.args[0], list) else ())]
     full = any(getattr(c, "errno", None) == errno.ENOSPC or "[Errno 28]" in str(c)

@@ -200,7 +200,11 @@ class RLStep:
     row = metrics_row(step + 1, controller_metrics, groups, rounds,
                       prompts=self.config.rollout.prompts_for(g), rows=rows,
                       learner_metrics=learner_metrics, update_skipped=batch is None,
-                      time_learner=time_learner, time_total=time.perf_counter() - start,
+                      time_learner=time_learner,
+                      # Process 0's step time on every process: a time budget
+                      # (train.time_budget_s) must end every process at the same step.
+                      time_total=float(distributed.allgather_rows(
+                          np.array([time.perf_counter() - start]))[0]),
                       compiled=compiled, term_names=self.inputs.reward_fn.term_names)
     # The first round's sampled completions, for the run's completion log.
     return StepResult(row, rounds[0].records)
