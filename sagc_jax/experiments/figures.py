@@ -87,7 +87,7 @@ def _replay(cost: str, taus: str) -> Callable[[Path], list[str]]:
 
 
 JOBS = (
-    Job("main_job", "Quickstart command 1: the tiny GRPO + SAGC run and its plot", 3.5,
+    Job("main_job", "Quickstart command 1: the tiny GRPO + SAGC run and its plot", 7.0,
         lambda d: [_PY, "-m", "sagc_jax.train", "--config=configs/tiny_cpu.py",
                    f"--workdir={d / 'run'}"],
         section="The main job, three seeds"),
