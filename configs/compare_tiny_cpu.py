@@ -18,8 +18,10 @@ def get_config():
   # 8 evenly spaced points of it; train.steps is only a cap above every arm's need.
   c.train.update(dict(steps=400, eval_every=400, checkpoint_every=20))
   # 3 seeds per arm (mean and 95% CI in results.md); targets: held-out sampled
-  # accuracies whose time to reach is reported (per_hour.json).
+  # accuracies whose time to reach is reported (per_hour.json). This task's warm start
+  # samples 0.26-0.50 correct depending on the CPU model (XLA:CPU numerics), so a
+  # target can be met before RL (time 0) on some machines.
   c.compare = ml_collections.ConfigDict(dict(algorithms=("grpo", "dapo"), seeds=3,
                                              time_budget_s=20.0, eval_points=8,
-                                             targets=(0.3, 0.4)))
+                                             targets=(0.5, 0.6)))
   return c

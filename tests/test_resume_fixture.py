@@ -70,6 +70,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 EXPECTED = json.loads((FIXTURES / "run_before_expected.json").read_text())
+NEW_KEYS = frozenset({"decode_slots"})
 
 
 def _is_wall_clock(key: str) -> bool:
@@ -88,6 +89,26 @@ def _skip_unless_same_numerics() -> None:
   if differ:
     pytest.skip("the fixture was made with other versions of the packages that decide its "
                 f"floats ({', '.join(differ)}): a bit-exact resume is not expected")
+  # AVX2 code and one-threaded Eigen do not make the learner's floats vendor-independent:
+  # on an AMD EPYC host the commit that made the fixture resumes it with learner metrics
+  # ~1e-6 apart (rollouts, rewards and controller state equal), so the bit-exact
+  # comparison holds on the fixture's vendor only.
+  vendor = _cpu_vendor()
+  if vendor != FIXTURE_CPU_VENDOR:
+    pytest.skip(f"the fixture's floats were made on a {FIXTURE_CPU_VENDOR} CPU, this is "
+                f"{vendor}: its learner floats differ in the last bits")
+
+
+FIXTURE_CPU_VENDOR = "GenuineIntel"
+
+
+def _cpu_vendor() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      return next((line.split(":", 1)[1].strip() for line in f
+                   if line.startswith("vendor_id")), "unknown")
+  except OSError:
+    return "unknown"
 
 
 def _command_env(cache: Path) -> dict[str, str]:
@@ -127,7 +148,14 @@ def test_a_run_written_before_the_refactor_resumes_exactly(tmp_path):
   shutil.copytree(FIXTURES / "run_before", workdir)
   before_rows = _rows(workdir)
   before_config = json.loads((workdir / "config.json").read_text())
-  argv = [sys.executable, "-m", "sagc_jax.train", f"--config={REPO / EXPECTED['config']}",
+  # The fixture's command named configs/tiny_cpu.py when that file was
+  # ``return tiny_cpu_config()``; the file now sets command 1's own task, so the resume
+  # runs the same config through a file that still is exactly that.
+  assert EXPECTED["config"] == "configs/tiny_cpu.py"
+  config_file = tmp_path / "tiny_cpu_config.py"
+  config_file.write_text("from sagc_jax.config import tiny_cpu_config\n\n\n"
+                         "def get_config():\n  return tiny_cpu_config()\n")
+  argv = [sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
           *EXPECTED["overrides"], f"--workdir={workdir}"]
   proc = subprocess.run(argv, cwd=REPO, env=_command_env(tmp_path / "cache"),
                         capture_output=True, text=True, timeout=900)
@@ -138,7 +166,8 @@ def test_a_run_written_before_the_refactor_resumes_exactly(tmp_path):
   # The old rows are kept as they were, wall-clock keys included: resumed, not rerun.
   assert rows[:3] == before_rows
   for row, want in zip(rows[3:], EXPECTED["rows"]):
-    got = {k: v for k, v in row.items() if not _is_wall_clock(k)}
+    # Metrics added since the fixture was made (work measures of the row).
+    got = {k: v for k, v in row.items() if not _is_wall_clock(k) and k not in NEW_KEYS}
     assert got == want, f"step {want['step']}: " + "; ".join(_differences(got, want))
 
   summary = json.loads((workdir / "summary.json").read_text())
