@@ -42,6 +42,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sagc_jax.experiments.arms import split_run_name
 from sagc_jax.experiments.claims import format_ci, mean_ci
 
 LEARNING_COLUMNS = ("arm", "algorithm", "seed", "step", "step_time_s", "rollouts",
@@ -55,8 +56,6 @@ def learning_rows(arm: dict[str, Any]) -> list[dict[str, Any]]:
   the evaluation before RL at step 0, then every step row with an evaluation, with
   the run's cumulative step time, rollouts, decoded slot-steps and learner tokens at
   that step, and the mean train reward of the steps since the previous evaluation."""
-  from sagc_jax.experiments.arms import split_run_name
-
   name, seed = split_run_name(arm["name"])
   base = {"arm": name, "algorithm": arm["config"]["learner"]["algorithm"], "seed": seed}
   before = arm.get("before_rl") or {}
@@ -306,8 +305,6 @@ def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[st
                      else (float(min(totals)), "no budget: the shortest run's step time"))
   targets = [float(t) for t in settings.get("targets") or ()]
   measures = run_measures(rows, horizon, targets)
-  from sagc_jax.experiments.arms import split_run_name
-
   by_run = {(m["arm"], m["seed"]): m for m in measures}
   short = {}
   for arm in arms:
