@@ -20,20 +20,21 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "sagc_jax"
 
 # Layer of each part (dotted module prefix below ``sagc_jax``; the longest prefix wins).
 LAYERS = {
-    "control": 0,          # SAGC controller, rollout budget, simulator: numpy only
-    "runtime": 0,          # processes, compilation, checkpoints, storage, metrics
-    "rewards": 0,          # verifiers and the reward mix
-    "models": 1,
-    "data": 1,
-    "sampling": 2,
-    "rl": 2,
-    "config": 3,           # schema, presets, the typed sections and their checks (no JAX)
-    "training": 4,
-    "experiments": 5,
-    "aot": 5,
-    "bench": 5,
-    "cli": 5,              # absl plumbing the CLIs share
-    "": 6,                 # the command-line tools at the package root
+    "base": 0,             # the checks of config values that config/ and control/ share
+    "control": 1,          # SAGC controller, rollout budget, the replay engine: numpy only
+    "rewards": 1,          # verifiers and the reward mix
+    "runtime": 2,          # processes, compilation, checkpoints, storage, metrics
+    "models": 3,
+    "data": 3,
+    "sampling": 4,
+    "rl": 4,
+    "config": 5,           # schema, presets, the typed sections and their checks (no JAX)
+    "training": 6,
+    "experiments": 7,
+    "aot": 7,
+    "bench": 7,
+    "cli": 7,              # absl plumbing the CLIs share
+    "": 8,                 # the command-line tools at the package root
 }
 ROOT_MODULES = {"__init__", "cli", "train", "eval", "export", "import_model", "simulate", "compare",
                 "claims", "figures", "calibrate"}
@@ -210,7 +211,16 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
   (fake / "control" / "a.py").write_text("from sagc_jax.models.b import x\n")
   (fake / "models" / "b.py").write_text("def f():\n  from sagc_jax.control import a\n")
   monkeypatch.setattr(f"{__name__}.PACKAGE", fake)
-  with pytest.raises(AssertionError, match="control.a .layer 0. imports sagc_jax.models.b"):
+  with pytest.raises(AssertionError, match="control.a .layer 1. imports sagc_jax.models.b"):
     test_imports_flow_one_way()
   with pytest.raises(AssertionError, match="import cycles"):
     test_no_import_cycles()
+
+
+def test_control_imports_nothing_from_runtime():
+  """The controllers and the replay engine are host-side numpy: they run where no
+  process group, mesh or checkpoint exists (LAYERS puts runtime above control)."""
+  assert layer("runtime") > layer("control")
+  found = sorted(f"{m} -> {d}" for m, deps in graph().items() if m.startswith("control")
+                 for d in deps if d.startswith("runtime"))
+  assert not found, f"control/ imports runtime/: {found}"

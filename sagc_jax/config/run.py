@@ -18,7 +18,7 @@ from sagc_jax.config.sections import (FILE_DATASETS, SECTIONS, ControllerSection
                                       MeshSection, ModelSection, RewardSection, RolloutSection,
                                       SftSection, TrainSection)
 from sagc_jax.rl.config import LearnerConfig
-from sagc_jax.runtime import checks
+from sagc_jax.base import checks
 
 __all__ = ["RunConfig", "check_run", "run_config"]
 

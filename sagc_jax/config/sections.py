@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from sagc_jax.control import budget
 from sagc_jax.config.section import Section
 from sagc_jax.control.controller import controller_from_config
-from sagc_jax.runtime import checks
+from sagc_jax.base import checks
 
 __all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "PAGED_KERNEL_CHOICES", "REWARDS",
            "ControllerSection", "DataSection", "MeshSection", "ModelSection", "RewardSection",

@@ -19,7 +19,7 @@ def prompts_for(section: Any, g: int) -> int:
   """P(G): prompts per sampling round at group size ``g``.
 
   ``section`` is a rollout (or simulator ``sim``) config section with ``mode``,
-  ``rollouts_per_step`` and ``prompts_per_step``; ``runtime.checks.group_budget``
+  ``rollouts_per_step`` and ``prompts_per_step``; ``base.checks.group_budget``
   validates it at start-up.
   """
   if section.mode == "hold_rollouts":

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.runtime import checks
+from sagc_jax.base import checks
 from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.protocol import StepGroups

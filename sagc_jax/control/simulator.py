@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sagc_jax.runtime import checks
+from sagc_jax.base import checks
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
 from sagc_jax.control.controller import StaticController, controller_from_config
 from sagc_jax.control.protocol import StepGroups
