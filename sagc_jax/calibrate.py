@@ -44,6 +44,7 @@ def _define_flags():
 
 
 def main(argv: Sequence[str], flags) -> None:
+  from sagc_jax.config import controller_settings
   from sagc_jax.control.calibration import calibration_report, format_report
   from sagc_jax.control.trace import read_trace
   from sagc_jax.runtime.storage import run_path
@@ -76,7 +77,8 @@ def main(argv: Sequence[str], flags) -> None:
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = trace_cost_model(flags.cost, trace)
-  report = calibration_report(trace, cost, log=lambda m: print(m, flush=True),
+  report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
+                              log=lambda m: print(m, flush=True),
                               **cost.settings(trace))
   out.mkdir(parents=True, exist_ok=True)
   (out / "report.json").write_text(json.dumps(report, indent=1))

@@ -180,9 +180,9 @@ def reject_positional(argv: Sequence[str]) -> None:
 def trace_cost_model(flag: str, trace: Any) -> Any:
   """The cost model a ``--cost`` flag names for replaying ``trace``: ``cpu`` (the decode
   cost calibrate measured while sampling ``trace``; ``cpu:OTHER.jsonl``: the one measured
-  for another trace, on its machine), ``control.trace_replay.DecodeCost``; or
+  for another trace, on its machine), ``control.engine.DecodeCost``; or
   ``aot:REPORT.json`` (a preset's compiled programs, ``aot.trace_cost.CompiledStepCost``)."""
-  from sagc_jax.control.trace_replay import DecodeCost
+  from sagc_jax.control.engine import DecodeCost
 
   if flag == "cpu":
     return DecodeCost.of(trace)

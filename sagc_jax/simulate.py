@@ -3,14 +3,13 @@ controller against every static G on simulated rollout lengths, no model needed.
 
 Prints the comparison table in seconds and writes ``--out`` (JSON), ``--plot``
 (PNG) and, with ``--claims_seeds N``, the paper's claims table over N seeds. The
-simulator itself is ``sagc_jax.control.simulator``. A config with a ``pool``
-section (configs/simulate_prompts.py) runs the prompt-heterogeneity simulator
-instead (``sagc_jax.control.prompt_simulator``: static G, SAGC, prompt_aware,
-per_prompt), and ``--claims_seeds N`` then writes its per-arm and against-SAGC
-tables (``sagc_jax.experiments.prompt_claims``).
+engine is ``sagc_jax.control.replay`` (its synthetic world). A config with a ``pool``
+section (configs/simulate_prompts.py) runs the prompt-pool world instead (static G,
+SAGC, prompt_aware, per_prompt), and ``--claims_seeds N`` then writes its per-arm and
+against-SAGC tables (``sagc_jax.experiments.replay_tables``).
 
 ``--trace T[,T2]`` replays recorded rollouts instead (``python -m sagc_jax.calibrate``
-writes them; ``sagc_jax.control.trace_replay``): every static G, SAGC, prompt_aware and
+writes them; the engine's trace world): every static G, SAGC, prompt_aware and
 per_prompt, for ``--algorithms`` and ``--taus`` (``--delta``), over ``--replicates`` bootstrap
 replicates, priced by ``--cost`` (``cpu``, or ``aot:REPORT.json`` from ``python -m
 sagc_jax.aot ... --out``). A second trace (after RL) makes the prompts drift from the
@@ -57,8 +56,9 @@ def _define_flags():
 def replay_traces(flags) -> None:
   """``--trace``: the replay tables of the recorded rollouts (module docstring)."""
   from sagc_jax.cli import trace_cost_model
+  from sagc_jax.config import controller_settings
   from sagc_jax.control.trace import read_trace
-  from sagc_jax.experiments.trace_claims import trace_claims
+  from sagc_jax.experiments.replay_tables import trace_tables
 
   if len(flags.trace) > 2:
     raise ValueError(f"--trace takes one trace or two (before,after RL), got {len(flags.trace)}")
@@ -79,8 +79,10 @@ def replay_traces(flags) -> None:
   refill = bool(getattr(cost, "bound_ratios", None))
   if flags.delta is not None and not 0.0 < flags.delta < 1.0:
     raise ValueError(f"--delta={flags.delta} must be in (0, 1)")
-  table, rows = trace_claims(traces, cost, algorithms=flags.algorithms, taus=taus,
-                             delta=flags.delta,
+  section = controller_settings(traces[0].header["controller"])
+  if flags.delta is not None:
+    section["delta"] = float(flags.delta)
+  table, rows = trace_tables(traces, section, cost, algorithms=flags.algorithms, taus=taus,
                              replicates=flags.replicates, steps=flags.steps, refill=refill,
                              log=lambda m: print(m, flush=True), **settings)
   truncated = [float(t.truncated.mean()) for t in traces]
@@ -113,23 +115,21 @@ def main(argv: Sequence[str], flags) -> None:
   if flags.trace:
     replay_traces(flags)
     return
-  config = flags.config
+  from sagc_jax.config import controller_settings
+  from sagc_jax.control.replay import format_prompt_table, format_table, simulate
   from sagc_jax.experiments.plots import plot_simulation
+  from sagc_jax.experiments.replay_tables import simulate_tables
+
+  config = flags.config
 
   prompts = "pool" in config
-  if prompts:
-    from sagc_jax.control.prompt_simulator import format_prompt_table as format_table
-    from sagc_jax.control.prompt_simulator import simulate_prompts as simulate
-    from sagc_jax.experiments.prompt_claims import simulate_prompt_claims as simulate_claims
-  else:
-    from sagc_jax.control.simulator import format_table, simulate
-    from sagc_jax.experiments.claims import simulate_claims
-  result = simulate(config)
+  section = controller_settings(config.controller)
+  result = simulate(config, section)
   print(f"SAGC simulator{' (prompt pool)' if prompts else ''}: {config.sim.steps} steps, "
         f"mode={config.sim.mode}, "
         f"candidates={tuple(config.controller.candidates)}, tau={config.controller.tau}, "
         f"delta={config.controller.delta} ({result['simulator_seconds']:.2f} s)")
-  print(format_table(result))
+  print((format_prompt_table if prompts else format_table)(result))
   out = Path(flags.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=1))
@@ -139,7 +139,7 @@ def main(argv: Sequence[str], flags) -> None:
   if flags.claims_seeds < 0:
     raise ValueError(f"--claims_seeds={flags.claims_seeds} must be >= 0")
   if flags.claims_seeds:
-    table, _ = simulate_claims(config, flags.claims_seeds)
+    table, _ = simulate_tables(config, section, flags.claims_seeds)
     claims_path = out.with_name("claims.md")
     claims_path.write_text(table + "\n")
     print(table)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sagc_jax.control import tables
 from sagc_jax.experiments import claims
 
 T2 = 4.303     # Student-t 97.5% quantile, 2 degrees of freedom (3 seeds)
@@ -142,10 +143,10 @@ def test_paired_markdown_pairs_seeds_and_gives_a_verdict_per_side():
            for s, a, t in ((0, 0.60, 90.0), (1, 0.66, 100.0), (2, 0.72, 80.0))]
   rows += [{"arm": "partial", "seed": s, "acc": a, "time": t}     # seed 2 missing, 1 nan
            for s, a, t in ((0, 0.51, float("nan")), (1, 0.54, 120.0))]
-  quantities = [claims.Paired("acc", "accuracy, arm - base", "difference", "above"),
-                claims.Paired("time", "time, arm / base", "ratio", "below"),
-                claims.Paired("acc", "accuracy, no side", "difference", None)]
-  table = claims.paired_markdown(rows, [("up", "up", "base"), ("partial", "partial", "base")],
+  quantities = [tables.Paired("acc", "accuracy, arm - base", "difference", "above"),
+                tables.Paired("time", "time, arm / base", "ratio", "below"),
+                tables.Paired("acc", "accuracy, no side", "difference", None)]
+  table = tables.paired_markdown(rows, [("up", "up", "base"), ("partial", "partial", "base")],
                                  quantities)
   lines = table.splitlines()
   assert lines[0] == "| quantity | up | verdict | partial | verdict |"
@@ -157,7 +158,7 @@ def test_paired_markdown_pairs_seeds_and_gives_a_verdict_per_side():
   assert f"| time, arm / base | {mean:.3f} ± {half:.3f} | better |" in lines[3]
   assert lines[3].endswith(f"| {120 / 110:.3f} (1 of 3 seeds) | ? |")   # the nan seed left out
   assert "| higher |" in lines[4]
-  worse = claims.paired_markdown(rows, [("base", "base", "up")], quantities[:1])
+  worse = tables.paired_markdown(rows, [("base", "base", "up")], quantities[:1])
   assert worse.splitlines()[2].endswith("| worse |")
-  assert claims.paired_markdown(rows, [("x", "missing", "base")], quantities[:1]) \
+  assert tables.paired_markdown(rows, [("x", "missing", "base")], quantities[:1]) \
       .splitlines()[2] == "| accuracy, arm - base | – | n/a |"

@@ -14,7 +14,7 @@ distinct ``raise ValueError`` of the config checks that a command line can reach
 controller classes it builds, ``rewards/specs.py`` (``check_reward_config``),
 ``rl/config.py`` (``LearnerConfig``, ``check_split``), ``cli.py`` (unknown key, bad
 type, repeated override, positional argument), ``train.py``, ``eval.py``,
-``simulate.py`` with ``control/simulator.py``, ``control/prompt_simulator.py`` and
+``simulate.py`` with ``control/worlds.py``, ``control/replay.py`` and
 (``--trace``) ``control/trace.py`` / ``aot/trace_cost.py``, ``calibrate.py``,
 ``compare.py`` and ``aot/__main__.py``. ``tests/fixtures/cli_errors.json`` holds, per
 case, the command line, its exit status and the last line of its stderr, made by
@@ -221,7 +221,7 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("learner.split", TRAIN, (*T, "--config.learner.mini_batches=3")),
     # ---- sft
     ("sft.warmup_steps", TRAIN, (*T, "--config.sft.warmup_steps=800")),
-    # ---- simulate (control/simulator.py, control/prompt_simulator.py)
+    # ---- simulate (control/worlds.py, control/replay.py)
     ("simulate.steps", SIM, (*S, "--config.sim.steps=0")),
     ("simulate.tail_factor", SIM, (*S, "--config.sim.tail_factor_max=1.5")),
     ("simulate.static_arm_delta", SIM, (*S, "--config.controller.delta=0")),

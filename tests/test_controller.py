@@ -6,12 +6,13 @@ import pathlib
 import subprocess
 import sys
 
-import ml_collections
 import numpy as np
 import pytest
 
+from controllers import sagc, sagc_settings, static
+from sagc_jax.config import controller_settings
 from sagc_jax.control.controller import (SAGCController, StaticController,
-                                 controller_from_config, straggler_flags)
+                                         controller_from_config, straggler_flags)
 
 CANDIDATES = (4, 8, 16)
 
@@ -73,7 +74,7 @@ def test_straggler_event_is_ratio_test_with_zero_median_guard():
 
 
 def test_dual_update_is_projected_ascent():
-  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.25, eta=2.0, lambda_max=2.0)
+  ctrl = sagc(CANDIDATES, tau=2.0, delta=0.25, eta=2.0, lambda_max=2.0)
   expected = 0.0
   # rates 1.0, 0.5, 1.0, 0.0, 0.0, 0.0, 0.0: hits the upper bound, then 0.
   for straggle in [4, 2, 4, 0, 0, 0, 0]:
@@ -89,7 +90,7 @@ def test_dual_update_is_projected_ascent():
 def test_posterior_update_with_forgetting_matches_numpy():
   """Per-size forgetting: only the observed size's counts are discounted."""
   gamma, a0, b0 = 0.9, 1.5, 2.5
-  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.3, forgetting=gamma,
+  ctrl = sagc(CANDIDATES, tau=2.0, delta=0.3, forgetting=gamma,
                         prior_alpha=a0, prior_beta=b0, seed=3)
   rng = np.random.default_rng(0)
   s = np.zeros(3)
@@ -114,7 +115,7 @@ def test_posterior_update_with_forgetting_matches_numpy():
 def test_thompson_choice_matches_independent_rederivation(lambda_max):
   """Each decision is argmax over {i-1, i, i+1} of log2 G - lambda * Beta draw, except
   while lambda sits at lambda_max: then one size down (or stay at the smallest)."""
-  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.2, eta=3.0, lambda_max=lambda_max,
+  ctrl = sagc(CANDIDATES, tau=2.0, delta=0.2, eta=3.0, lambda_max=lambda_max,
                         seed=11)
   twin_rng = np.random.Generator(np.random.PCG64(11))
   world = lengths_world(200, 16, 0.3, 0.08, seed=5)
@@ -147,7 +148,7 @@ def test_thompson_choice_matches_independent_rederivation(lambda_max):
 
 def test_local_search_never_jumps_over_a_neighbour():
   candidates = (2, 4, 8, 16, 32)
-  ctrl = SAGCController(candidates, tau=1.5, delta=0.3, eta=5.0, forgetting=0.8, seed=0)
+  ctrl = sagc(candidates, tau=1.5, delta=0.3, eta=5.0, forgetting=0.8, seed=0)
   rng = np.random.default_rng(1)
   previous = None
   seen = set()
@@ -164,7 +165,7 @@ def test_local_search_never_jumps_over_a_neighbour():
 
 
 def test_propose_is_stable_until_observe():
-  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=0.2, seed=0)
+  ctrl = sagc(CANDIDATES, tau=2.0, delta=0.2, seed=0)
   for _ in range(50):
     g = ctrl.propose()
     assert ctrl.propose() == g == ctrl.g
@@ -172,7 +173,7 @@ def test_propose_is_stable_until_observe():
 
 
 def test_static_controller_fixed_g_and_metrics():
-  ctrl = StaticController(8, tau=2.0, delta=0.25)
+  ctrl = static(8, tau=2.0, delta=0.25)
   for _ in range(5):
     assert ctrl.propose() == 8
     metrics = ctrl.observe([30.0, 10.0], [10.0, 10.0])
@@ -184,9 +185,9 @@ def test_static_controller_fixed_g_and_metrics():
 # ------------------------------------------------ determinism and state
 def test_same_seed_same_decisions_and_seed_matters():
   world = lengths_world(300, 16, 0.3, 0.05, seed=2)
-  g1, _ = drive(SAGCController(seed=7), world)
-  g2, _ = drive(SAGCController(seed=7), world)
-  g3, _ = drive(SAGCController(seed=8), world)
+  g1, _ = drive(sagc(seed=7), world)
+  g2, _ = drive(sagc(seed=7), world)
+  g3, _ = drive(sagc(seed=8), world)
   np.testing.assert_array_equal(g1, g2)
   assert not np.array_equal(g1, g3)
 
@@ -194,14 +195,14 @@ def test_same_seed_same_decisions_and_seed_matters():
 @pytest.mark.parametrize("cut_between_propose_and_observe", [False, True])
 def test_state_round_trip_continues_exactly(cut_between_propose_and_observe):
   world = lengths_world(400, 16, 0.3, 0.05, seed=3)
-  reference_g, reference_metrics = drive(SAGCController(seed=5, forgetting=0.97), world)
+  reference_g, reference_metrics = drive(sagc(seed=5, forgetting=0.97), world)
 
-  first = SAGCController(seed=5, forgetting=0.97)
+  first = sagc(seed=5, forgetting=0.97)
   drive(first, world[:200])
   if cut_between_propose_and_observe:
     first.propose()
   state = json.loads(json.dumps(first.state_dict()))       # through real JSON
-  resumed = SAGCController(seed=123, forgetting=0.97)     # a different seed is overridden
+  resumed = sagc(seed=123, forgetting=0.97)     # a different seed is overridden
   resumed.load_state_dict(state)
   g_rest, metrics_rest = drive(resumed, world[200:])
   np.testing.assert_array_equal(g_rest, reference_g[200:])
@@ -213,12 +214,12 @@ def test_state_round_trip_in_the_infeasible_regime(event):
   """Resuming while lambda sits at its cap (the back-off rule) and while unused sizes
   hold old evidence (per-size forgetting) continues exactly as the unbroken run."""
   world = drifting_world(400, 4, 3, sigma=(0.3, 0.3), tail_prob=(0.2, 0.2))
-  reference_g, reference_metrics = drive(SAGCController(seed=5, event=event), world)
+  reference_g, reference_metrics = drive(sagc(seed=5, event=event), world)
   cut = 1 + next(t for t in range(150, 400) if reference_metrics[t]["lambda"] == 50.0)
   assert len(set(reference_g[:cut])) == 3            # every size holds evidence
-  first = SAGCController(seed=5, event=event)
+  first = sagc(seed=5, event=event)
   drive(first, world[:cut])
-  resumed = SAGCController(seed=9, event=event)
+  resumed = sagc(seed=9, event=event)
   resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
   assert resumed.state_dict() == first.state_dict()
   g_rest, metrics_rest = drive(resumed, world[cut:])
@@ -227,11 +228,11 @@ def test_state_round_trip_in_the_infeasible_regime(event):
 
 
 def test_state_mismatch_is_refused():
-  state = SAGCController(seed=0).state_dict()
+  state = sagc(seed=0).state_dict()
   with pytest.raises(ValueError, match="candidates"):
-    SAGCController(candidates=(2, 4, 8)).load_state_dict(state)
+    sagc(candidates=(2, 4, 8)).load_state_dict(state)
   with pytest.raises(ValueError, match="static"):
-    StaticController(8, candidates=CANDIDATES).load_state_dict(state)
+    static(8, candidates=CANDIDATES).load_state_dict(state)
 
 
 # ------------------------------------------------------------- behaviour
@@ -240,7 +241,7 @@ def test_feasible_constraint_settles_at_delta_with_near_optimal_utility(delta):
   world = lengths_world(4000, 32, 0.3, 0.03, seed=1)
   rates = static_rates(world)
   assert rates[0] < delta < rates[2]          # the constraint binds, and is feasible
-  gs, metrics = drive(SAGCController(delta=delta, seed=0), world)
+  gs, metrics = drive(sagc(delta=delta, seed=0), world)
   burn_in = 500
   long_run_rate = np.mean([m["straggler_rate"] for m in metrics[burn_in:]])
   assert abs(long_run_rate - delta) < 0.03
@@ -251,14 +252,14 @@ def test_feasible_constraint_settles_at_delta_with_near_optimal_utility(delta):
 def test_uses_largest_g_when_everything_is_safe():
   world = lengths_world(1000, 32, 0.1, 0.0, seed=4)
   assert static_rates(world)[2] == 0.0
-  gs, _ = drive(SAGCController(seed=0), world)
+  gs, _ = drive(sagc(seed=0), world)
   assert (gs[20:] == 16).mean() > 0.98
 
 
 def test_stays_at_smallest_g_when_even_it_violates():
   world = lengths_world(1500, 32, 0.3, 0.15, seed=5)
   assert static_rates(world)[0] > 0.25
-  gs, metrics = drive(SAGCController(delta=0.25, seed=0), world)
+  gs, metrics = drive(sagc(delta=0.25, seed=0), world)
   assert (gs[300:] == 4).mean() > 0.95
   assert metrics[-1]["lambda"] > 10
 
@@ -268,7 +269,7 @@ def test_readapts_after_regime_changes_in_both_directions(seed):
   light = lengths_world(800, 32, 0.1, 0.0, seed=seed)
   heavy = lengths_world(800, 32, 0.3, 0.15, seed=seed + 10)
   light_again = lengths_world(800, 32, 0.1, 0.0, seed=seed + 20)
-  gs, _ = drive(SAGCController(seed=seed), np.concatenate([light, heavy, light_again]))
+  gs, _ = drive(sagc(seed=seed), np.concatenate([light, heavy, light_again]))
   assert (gs[400:800] == 16).mean() > 0.98
   assert (gs[800 + 300:1600] == 4).mean() > 0.95       # heavier tails: back down in < 300 steps
   assert (gs[1600 + 300:] == 16).mean() > 0.95         # lighter again: back up in < 300 steps
@@ -276,7 +277,7 @@ def test_readapts_after_regime_changes_in_both_directions(seed):
 
 # ---------------------------------------------------- degenerate and bad input
 def test_degenerate_lengths_never_crash_or_nan():
-  ctrl = SAGCController(seed=0)
+  ctrl = sagc(seed=0)
   for gmax, gmed in [(np.zeros(8), np.zeros(8)), ([5, 0], [0, 0]), ([0], [0])]:
     ctrl.propose()
     metrics = ctrl.observe(gmax, gmed)
@@ -297,7 +298,7 @@ def test_degenerate_lengths_never_crash_or_nan():
     ([5.0, 2.0], [1.0, 3.0], "median length 3 exceeds max length 2"),
 ])
 def test_malformed_lengths_raise_value_error(gmax, gmed, match):
-  ctrl = SAGCController(seed=0)
+  ctrl = sagc(seed=0)
   ctrl.propose()
   with pytest.raises(ValueError, match=match):
     ctrl.observe(gmax, gmed)
@@ -324,42 +325,31 @@ def test_malformed_lengths_raise_value_error(gmax, gmed, match):
 ])
 def test_invalid_construction_raises(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    SAGCController(**kwargs)
+    sagc(**kwargs)
 
 
 def test_forgetting_one_is_allowed_and_static_needs_no_second_candidate():
-  SAGCController(forgetting=1.0)
-  StaticController(8)
+  sagc(forgetting=1.0)
+  static(8)
   with pytest.raises(ValueError, match="not one of candidates"):
-    StaticController(8, candidates=(4, 16))
+    static(8, candidates=(4, 16))
 
 
 # ------------------------------------------------------------------ config
 def test_from_config_builds_both_kinds_and_names_bad_keys():
-  config = ml_collections.ConfigDict()
-  config.controller = ml_collections.ConfigDict(dict(
-      kind="sagc", candidates=(4, 8, 16), tau=2.5, delta=0.2, eta=0.5, seed=3))
-  ctrl = controller_from_config(config)
+  section = controller_settings(dict(kind="sagc", tau=2.5, delta=0.2, eta=0.5, seed=3))
+  ctrl = controller_from_config(section)
   assert isinstance(ctrl, SAGCController)
   assert ctrl.params.tau == 2.5 and ctrl.eta == 0.5 and ctrl.candidates == (4, 8, 16)
-
-  config.controller.kind = "static"
-  config.controller.static_g = 16
-  del config.controller["eta"]
-  ctrl = controller_from_config(config)
+  section.update(kind="static", static_g=16)       # eta: a SAGC setting, ignored by static
+  ctrl = controller_from_config(section)
   assert isinstance(ctrl, StaticController) and ctrl.propose() == 16
-
-  config.controller.kind = "greedy"
   with pytest.raises(ValueError, match="controller.kind='greedy'"):
-    controller_from_config(config)
-  config.controller.kind = "static"
-  config.controller.eta = 1.0                      # a SAGC setting: ignored by static
-  assert controller_from_config(config).propose() == 16
-  config.controller.etta = 1.0
+    controller_from_config(dict(section, kind="greedy"))
   with pytest.raises(ValueError, match="controller.etta is not a controller setting"):
-    controller_from_config(config)
+    controller_from_config(dict(section, etta=1.0))
   with pytest.raises(ValueError, match="controller: delta"):
-    controller_from_config({"kind": "sagc", "delta": 2.0})
+    controller_from_config(dict(section, kind="sagc", delta=2.0))
 
 
 def _jax_free_modules() -> list[str]:
@@ -398,7 +388,7 @@ def step_rates(world, tau=2.0):
 
 def test_step_event_updates_match_numpy_and_both_events_are_reported():
   gamma, eta, delta = 0.95, 0.7, 0.3
-  ctrl = SAGCController(CANDIDATES, tau=2.0, delta=delta, eta=eta, forgetting=gamma,
+  ctrl = sagc(CANDIDATES, tau=2.0, delta=delta, eta=eta, forgetting=gamma,
                         event="step", seed=2)
   rng = np.random.default_rng(1)
   s, f, lam, hits = np.zeros(3), np.zeros(3), 0.0, 0
@@ -418,7 +408,7 @@ def test_step_event_updates_match_numpy_and_both_events_are_reported():
     assert metrics["group_straggler_rate"] == strag / n
     assert metrics["mean_step_straggler_rate"] == pytest.approx(hits / (t + 1))
   # The group controller reports the step event too, without using it.
-  group = SAGCController(CANDIDATES, event="group")
+  group = sagc(CANDIDATES, event="group")
   group.propose()
   m = group.observe([10., 30.], [10., 10.])
   assert (m["straggler_rate"], m["group_straggler_rate"], m["step_straggler"]) == (0.5, 0.5, 1.0)
@@ -429,7 +419,7 @@ def test_step_event_feasible_constraint_holds_the_step_rate_at_delta(delta):
   world = lengths_world(5000, 2, 0.3, 0.03, seed=7)
   rates = step_rates(world)
   assert rates[0] < delta < rates[2], rates
-  gs, metrics = drive(SAGCController(delta=delta, event="step", seed=0), world)
+  gs, metrics = drive(sagc(delta=delta, event="step", seed=0), world)
   burn_in = 500
   assert abs(np.mean([m["step_straggler"] for m in metrics[burn_in:]]) - delta) < 0.04
   assert np.log2(gs[burn_in:]).mean() > best_mixture_by_grid(rates, delta) - 0.15
@@ -443,25 +433,25 @@ def test_step_event_goes_to_smallest_g_when_even_it_violates():
   world = lengths_world(3000, 4, 0.3, 0.12, seed=8)
   rates = step_rates(world)
   assert rates[0] > 0.25 + 0.2, rates
-  gs, metrics = drive(SAGCController(delta=0.25, event="step", seed=0), world)
+  gs, metrics = drive(sagc(delta=0.25, event="step", seed=0), world)
   assert (gs[300:] == 4).mean() > 0.98
   assert metrics[-1]["lambda"] > 40
   long_run = np.mean([m["step_straggler"] for m in metrics[300:]])
-  own = np.mean([m["step_straggler"] for m in drive(StaticController(4, event="step"), world)[1][300:]])
+  own = np.mean([m["step_straggler"] for m in drive(static(4, event="step"), world)[1][300:]])
   assert abs(long_run - own) < 0.01, (long_run, own)
 
 
 def test_event_is_part_of_the_state():
-  step = SAGCController(CANDIDATES, event="step")
+  step = sagc(CANDIDATES, event="step")
   step.propose()
   step.observe([10.], [10.])
   with pytest.raises(ValueError, match="'step' straggler events"):
-    SAGCController(CANDIDATES, event="group").load_state_dict(step.state_dict())
-  twin = SAGCController(CANDIDATES, event="step")
+    sagc(CANDIDATES, event="group").load_state_dict(step.state_dict())
+  twin = sagc(CANDIDATES, event="step")
   twin.load_state_dict(json.loads(json.dumps(step.state_dict())))
   assert twin.state_dict() == step.state_dict()
   with pytest.raises(ValueError, match="event='steps' is not one of"):
-    SAGCController(CANDIDATES, event="steps")
+    sagc(CANDIDATES, event="steps")
 
 
 def test_controller_imports_and_runs_with_numpy_alone():
@@ -476,15 +466,15 @@ def test_controller_imports_and_runs_with_numpy_alone():
       "    if name.split('.')[0] in ('jax', 'jaxlib', 'flax', 'transformers', 'torch'):\n"
       "      raise ImportError('blocked ' + name)\n"
       "sys.meta_path.insert(0, Block())\n"
-      "from sagc_jax.control.controller import (BatchContext, PerPromptController,\n"
-      "    PromptAwareController, SAGCController)\n"
-      "c = SAGCController((4, 8, 16), tau=2.0, delta=0.2, seed=0)\n"
+      "from sagc_jax.control.controller import BatchContext, controller_from_config\n"
+      f"S = {controller_settings(dict(delta=0.2))!r}\n"
+      "c = controller_from_config(S)\n"
       "g = c.propose()\n"
       "c.observe([10.0] * 4, [5.0] * 4)\n"
       "ctx = BatchContext(list(range(4)), [30] * 4)\n"
-      "a = PromptAwareController(seed=0)\n"
+      "a = controller_from_config(dict(S, kind='prompt_aware'))\n"
       "a.observe([10.0] * 4, [5.0] * 4, pass_rates=[0.5] * 4) if a.propose(ctx) else None\n"
-      "p = PerPromptController(seed=0)\n"
+      "p = controller_from_config(dict(S, kind='per_prompt'))\n"
       "p.observe([10.0] * 4, [5.0] * 4, group_sizes=p.propose_groups(ctx))\n"
       "print('ok', g, sorted(m for m in sys.modules if m.split('.')[0] == 'jax'))\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -547,17 +537,18 @@ def test_infeasible_regime_settles_at_the_smallest_g(event, regime):
   warm_up, delta = 100, 0.25
   for seed in range(5):
     world = drifting_world(600, prompts, seed, **params)
-    _, own = drive(StaticController(4, delta=delta, event=event), world)
+    _, own = drive(static(4, delta=delta, event=event), world)
     own_rate = mean_signal(own[warm_up:])
     assert own_rate > delta + 0.02, (seed, own_rate)       # infeasible at every G
-    gs, metrics = drive(SAGCController(delta=delta, event=event, seed=seed), world)
+    gs, metrics = drive(sagc(delta=delta, event=event, seed=seed), world)
     at_smallest = float(np.mean(gs[warm_up:] == 4))
     rate = mean_signal(metrics[warm_up:])
     assert at_smallest >= 0.95, (seed, at_smallest, rate, own_rate)
     assert abs(rate - own_rate) <= 0.03, (seed, at_smallest, rate, own_rate)
     assert metrics[-1]["lambda"] > 10                      # the dual prices risk high
     if event == "step":                                    # the scenario shows the fault
-      published, _ = drive(PublishedSAGC(delta=delta, event=event, seed=seed), world)
+      published, _ = drive(PublishedSAGC(**sagc_settings(delta=delta, event=event, seed=seed)),
+                           world)
       assert np.mean(published[warm_up:] == 4) < 0.8, seed
 
 
@@ -580,9 +571,9 @@ def test_feasible_regimes_hold_the_rate_at_delta(event, regime):
   burn_in = 500
   for seed in range(3):
     world = drifting_world(3000, prompts, seed + 10, **params)
-    rates = [mean_signal(drive(StaticController(g, delta=delta, event=event), world)[1][burn_in:])
+    rates = [mean_signal(drive(static(g, delta=delta, event=event), world)[1][burn_in:])
              for g in CANDIDATES]
-    gs, metrics = drive(SAGCController(delta=delta, event=event, seed=seed), world)
+    gs, metrics = drive(sagc(delta=delta, event=event, seed=seed), world)
     rate = mean_signal(metrics[burn_in:])
     if rates[-1] < delta:                                  # even the largest G is safe
       assert regime == "G = 16 feasible", rates
@@ -605,9 +596,9 @@ def deviation_table():
       own, cols = [], {PublishedSAGC: ([], []), SAGCController: ([], [])}
       for seed in range(5):
         world = drifting_world(600, prompts, seed, **params)
-        own.append(mean_signal(drive(StaticController(4, event=event), world)[1][100:]))
+        own.append(mean_signal(drive(static(4, event=event), world)[1][100:]))
         for cls, (fracs, rates) in cols.items():
-          gs, metrics = drive(cls(delta=0.25, event=event, seed=seed), world)
+          gs, metrics = drive(cls(**sagc_settings(delta=0.25, event=event, seed=seed)), world)
           fracs.append(float(np.mean(gs[100:] == 4)))
           rates.append(mean_signal(metrics[100:]))
       cells = [f"{span(f, '{:.1%}')}, {span(r, '{:.3f}')}" for f, r in cols.values()]
@@ -619,10 +610,10 @@ def deviation_table():
     own, cols = [], {PublishedSAGC: ([], []), SAGCController: ([], [])}
     for seed in range(3):
       world = drifting_world(3000, prompts, seed + 10, **params)
-      own.append([mean_signal(drive(StaticController(g, event=event), world)[1][500:])
+      own.append([mean_signal(drive(static(g, event=event), world)[1][500:])
                   for g in CANDIDATES])
       for cls, (log2g, rates) in cols.items():
-        gs, metrics = drive(cls(delta=delta, event=event, seed=seed), world)
+        gs, metrics = drive(cls(**sagc_settings(delta=delta, event=event, seed=seed)), world)
         log2g.append(float(np.log2(gs[500:]).mean()))
         rates.append(mean_signal(metrics[500:]))
     cells = [f"log2 G {span(g, '{:.2f}')}, {span(r, '{:.3f}')}" for g, r in cols.values()]

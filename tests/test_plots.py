@@ -145,13 +145,14 @@ def test_plot_comparison_clips_rate_bands_and_separates_the_g_lines(tmp_path, fi
 
 
 def test_plot_simulation_shows_a_rolling_share_of_each_g(tmp_path, figures):
-  from sagc_jax.control.simulator import simulate
+  from sagc_jax.config import controller_settings
+  from sagc_jax.control.replay import simulate
 
   namespace = {}
   exec((REPO / "configs" / "simulate.py").read_text(), namespace)
   config = namespace["get_config"]()
   config.sim.steps = 120
-  plot_simulation(simulate(config), tmp_path / "sim.png")
+  plot_simulation(simulate(config, controller_settings(config.controller)), tmp_path / "sim.png")
   assert (tmp_path / "sim.png").read_bytes()[:4] == b"\x89PNG"
   (fig,) = figures
   shares = np.array([line.get_ydata() for line in fig.axes[0].get_lines()])

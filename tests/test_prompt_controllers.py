@@ -6,7 +6,6 @@ import itertools
 import json
 import math
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -16,6 +15,8 @@ from sagc_jax.control.context import (TAIL_SCORE_CAP, BatchContext, FeatureBucke
 from sagc_jax.control.controller import (PerPromptController, PromptAwareController,
                                          SAGCController, StaticController,
                                          controller_from_config)
+from controllers import build, per_prompt, prompt_aware, sagc, static
+from sagc_jax.config import controller_settings
 from sagc_jax.control.per_prompt import allocate_group_sizes
 
 CANDIDATES = (4, 8, 16)
@@ -179,7 +180,7 @@ def test_prompt_aware_decisions_and_cells_match_a_numpy_rederivation(event):
   RNG, per-prompt buckets from the history, P(G) prompts, SAGC's local rule), and the
   cells' update re-derived from the observed groups."""
   kappa, gamma = 3.0, 0.9
-  ctrl = PromptAwareController(CANDIDATES, delta=0.2 if event == "group" else 0.6,
+  ctrl = prompt_aware(CANDIDATES, delta=0.2 if event == "group" else 0.6,
                                prompts_for=HOLD_ROLLOUTS, cell_prior_strength=kappa,
                                forgetting=gamma, seed=4, event=event, eta=2.0)
   world = World(seed=1, per_step=16)
@@ -219,15 +220,15 @@ def test_prompt_aware_decisions_and_cells_match_a_numpy_rederivation(event):
 
 def test_prompt_aware_without_context_is_sagc():
   world = World(seed=2)
-  sagc = SAGCController(CANDIDATES, seed=3, event="step")
-  aware = PromptAwareController(CANDIDATES, seed=3, event="step")
+  plain = sagc(CANDIDATES, seed=3, event="step")
+  aware = prompt_aware(CANDIDATES, seed=3, event="step")
   for t in range(300):
     _, lengths, _ = world.step(t)
-    g1, g2 = sagc.propose(), aware.propose()
+    g1, g2 = plain.propose(), aware.propose()
     assert g1 == g2
     block = lengths[:, :g1]
-    prediction = sagc.posterior_mean()[CANDIDATES.index(g1)]    # before the update
-    m1 = sagc.observe(block.max(1), np.median(block, 1))
+    prediction = plain.posterior_mean()[CANDIDATES.index(g1)]    # before the update
+    m1 = plain.observe(block.max(1), np.median(block, 1))
     m2 = aware.observe(block.max(1), np.median(block, 1))
     assert {k: m2[k] for k in m1} == m1
     assert m2["predicted_straggler_rate"] == prediction
@@ -251,12 +252,12 @@ def test_prompt_aware_moves_locally_and_prices_risky_batches():
   world.step = step
   for seed in (0, 1):
     result = {}
-    for cls in (PromptAwareController, SAGCController):
-      out = run(cls(CANDIDATES, delta=0.35, seed=seed), world, 1200)
+    for kind in ("prompt_aware", "sagc"):
+      out = run(build(kind, candidates=CANDIDATES, delta=0.35, seed=seed), world, 1200)
       gs = np.log2([s[0] for s, _ in out])
       rate = np.mean([m["straggler_rate"] for _, m in out[400:]])
       assert abs(rate - 0.35) < 0.02 and np.abs(np.diff(gs)).max() <= 1
-      result[cls.kind] = (gs[400::2].mean() - gs[401::2].mean(), gs[400:].mean())
+      result[kind] = (gs[400::2].mean() - gs[401::2].mean(), gs[400:].mean())
     (aware_gap, aware_g), (sagc_gap, sagc_g) = result["prompt_aware"], result["sagc"]
     assert aware_gap > 0.2 and aware_gap > sagc_gap + 0.3, (seed, result)
     assert aware_g > sagc_g, (seed, result)
@@ -300,7 +301,7 @@ def test_per_prompt_allocation_matches_brute_force_from_the_state():
   world = World(seed=4, pool=6, per_step=6, tail_lo=0.0, tail_hi=0.0)
   world.pass_rate[:] = [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]
   world.tail[:] = [0.0, 0.0, 0.0, 0.0, 0.4, 0.4]
-  ctrl = PerPromptController(CANDIDATES, delta=0.3, prompts_for={4: 6, 8: 6, 16: 6},
+  ctrl = per_prompt(CANDIDATES, delta=0.3, prompts_for={4: 6, 8: 6, 16: 6},
                              seed=5, cell_prior_strength=2.0)
   checked = mixed = 0
   for t in range(150):
@@ -328,9 +329,7 @@ def test_per_prompt_allocation_matches_brute_force_from_the_state():
 
 
 def test_per_prompt_budget_never_exceeded_and_interface():
-  ctrl = controller_from_config(ml_collections.ConfigDict(dict(
-      controller=dict(kind="per_prompt", seed=1),
-      rollout=dict(mode="hold_rollouts", rollouts_per_step=64, prompts_per_step=8))))
+  ctrl = per_prompt(seed=1, prompts_for=lambda g: 64 // g)      # hold_rollouts, 64 rows
   assert isinstance(ctrl, PerPromptController)
   assert [ctrl.prompts_for(g, 99) for g in CANDIDATES] == [16, 8, 4]
   world = World(seed=6, per_step=16)
@@ -355,24 +354,24 @@ def test_per_prompt_budget_never_exceeded_and_interface():
   with pytest.raises(ValueError, match="not among the candidates"):
     ctrl.observe(np.ones(sizes.size), np.ones(sizes.size), group_sizes=np.full(sizes.size, 5))
   with pytest.raises(ValueError, match="per_prompt supports only 'group'"):
-    PerPromptController(event="step")
+    per_prompt(event="step")
 
 
 # ---------------------------------------------------------------- resume
-@pytest.mark.parametrize("cls", [PromptAwareController, PerPromptController])
+@pytest.mark.parametrize("kind", ["prompt_aware", "per_prompt"])
 @pytest.mark.parametrize("cut_between_propose_and_observe", [False, True])
-def test_resume_through_json_continues_exactly(cls, cut_between_propose_and_observe):
+def test_resume_through_json_continues_exactly(kind, cut_between_propose_and_observe):
   """Mid-run resume, with a history small enough to evict (the LRU order matters)."""
   world = World(seed=7, pool=90, per_step=16)
-  make = lambda seed: cls(CANDIDATES, delta=0.2, prompts_for=HOLD_ROLLOUTS, seed=seed,
-                          history_size=40, forgetting=0.95)
+  make = lambda seed: build(kind, candidates=CANDIDATES, delta=0.2, prompts_for=HOLD_ROLLOUTS,
+                            seed=seed, history_size=40, forgetting=0.95)
   reference = run(make(3), world, 300)
   first = make(3)
   run(first, world, 150)
   if cut_between_propose_and_observe:
     ids, _, _ = world.step(150)
     context = BatchContext(ids, world.tokens[ids])
-    first.propose_groups(context) if cls is PerPromptController else first.propose(context)
+    first.propose_groups(context) if kind == "per_prompt" else first.propose(context)
   state = json.loads(json.dumps(first.state_dict()))
   assert len(state["history"]["records"]) == 40
   resumed = make(99)
@@ -383,23 +382,24 @@ def test_resume_through_json_continues_exactly(cls, cut_between_propose_and_obse
     np.testing.assert_array_equal(s1, s2)
     assert m1 == m2
   with pytest.raises(ValueError, match="feature buckets"):
-    cls(CANDIDATES, prompts_for=HOLD_ROLLOUTS, tail_edges=(0.3,)).load_state_dict(state)
+    build(kind, candidates=CANDIDATES, prompts_for=HOLD_ROLLOUTS,
+          tail_edges=(0.3,)).load_state_dict(state)
   with pytest.raises(ValueError, match="state is for a 'sagc' controller"):
-    make(0).load_state_dict(SAGCController(CANDIDATES).state_dict())
+    make(0).load_state_dict(sagc(CANDIDATES).state_dict())
 
 
 # ----------------------------------------------------------- regimes
-@pytest.mark.parametrize("cls", [PromptAwareController, PerPromptController])
-def test_infeasible_regime_settles_at_the_smallest_size(cls):
+@pytest.mark.parametrize("kind", ["prompt_aware", "per_prompt"])
+def test_infeasible_regime_settles_at_the_smallest_size(kind):
   """Even G = 4 straggles in more than delta of the groups: after warm-up both modes
   use G = 4 (per_prompt: nearly every group) at G = 4's own rate."""
   for seed in range(3):
     world = World(seed=10 + seed, per_step=16, tail_lo=0.15, tail_hi=0.35)
-    static = run(StaticController(4), world, 600)
-    own = np.mean([m["straggler_rate"] for _, m in static[100:]])
+    baseline = run(static(4), world, 600)
+    own = np.mean([m["straggler_rate"] for _, m in baseline[100:]])
     assert own > 0.25 + 0.02
-    out = run(cls(CANDIDATES, delta=0.25, prompts_for={4: 16, 8: 16, 16: 16}, seed=seed),
-              world, 600)
+    out = run(build(kind, candidates=CANDIDATES, delta=0.25,
+                    prompts_for={4: 16, 8: 16, 16: 16}, seed=seed), world, 600)
     at_4 = np.mean([np.mean(s == 4) for s, _ in out[100:]])
     rate = np.mean([m["straggler_rate"] for _, m in out[100:]])
     assert at_4 >= 0.95 and abs(rate - own) <= 0.03, (seed, at_4, rate, own)
@@ -408,22 +408,22 @@ def test_infeasible_regime_settles_at_the_smallest_size(cls):
 
 def test_prompt_aware_feasible_regime_holds_the_rate_at_delta():
   world = World(seed=20, per_step=16, tail_lo=0.0, tail_hi=0.08)
-  rates = [np.mean([m["straggler_rate"] for _, m in run(StaticController(g), world, 1500)[300:]])
+  rates = [np.mean([m["straggler_rate"] for _, m in run(static(g), world, 1500)[300:]])
            for g in CANDIDATES]
   assert rates[0] < 0.2 < rates[2], rates
-  for cls in (PromptAwareController, PerPromptController):
-    out = run(cls(CANDIDATES, delta=0.2, prompts_for={4: 16, 8: 16, 16: 16}, seed=0),
-              world, 1500)
+  for kind in ("prompt_aware", "per_prompt"):
+    out = run(build(kind, candidates=CANDIDATES, delta=0.2, prompts_for={4: 16, 8: 16, 16: 16},
+                    seed=0), world, 1500)
     rate = np.mean([m["straggler_rate"] for _, m in out[300:]])
-    assert abs(rate - 0.2) < 0.03, (cls.kind, rate, rates)
+    assert abs(rate - 0.2) < 0.03, (kind, rate, rates)
 
 
 # ------------------------------------------------------------ observe, config
 def test_observe_metrics_and_rejected_steps_change_nothing():
-  ctrl = PromptAwareController(CANDIDATES, prompts_for=HOLD_ROLLOUTS, seed=0)
+  ctrl = prompt_aware(CANDIDATES, prompts_for=HOLD_ROLLOUTS, seed=0)
   world = World(seed=8)
   _, metrics = run(ctrl, world, 5)[-1]
-  sagc_keys = set(run(SAGCController(CANDIDATES), world, 1)[0][1])
+  sagc_keys = set(run(sagc(CANDIDATES), world, 1)[0][1])
   assert sagc_keys < set(metrics)
   assert {"predicted_straggler_rate", "feature_coverage", "history_prompts"} <= set(metrics)
   ids, _, _ = world.step(5)
@@ -442,9 +442,9 @@ def test_observe_metrics_and_rejected_steps_change_nothing():
 
 
 def base_section(**overrides):
-  section = dict(kind="prompt_aware", candidates=(4, 8, 16), tau=2.0, delta=0.25,
-                 tail_edges=(0.5, 1.0), length_edges=(1.0,), cell_prior_strength=2.0,
-                 history_size=100, history_forgetting=0.7, static_g=8)
+  """A complete controller section (the schema's defaults) with ``overrides``, unchecked."""
+  section = dict(controller_settings({}), kind="prompt_aware", tail_edges=(0.5, 1.0),
+                 history_size=100)
   section.update(overrides)
   return section
 
@@ -469,6 +469,7 @@ def test_invalid_config_values_name_the_key(key, value, match):
 
 
 def test_config_builds_every_kind_from_the_schema():
+  from sagc_jax.config import run_config
   from sagc_jax.config.schema import base_config
 
   config = base_config()
@@ -476,12 +477,13 @@ def test_config_builds_every_kind_from_the_schema():
                     ("prompt_aware", PromptAwareController),
                     ("per_prompt", PerPromptController)]:
     config.controller.kind = kind
-    ctrl = controller_from_config(config)
+    ctrl = run_config(config).build_controller()
     assert type(ctrl) is cls
     assert candidate_group_sizes(config.controller) == ((8,) if kind == "static" else CANDIDATES)
   assert ctrl.prompts_for(16, 99) == config.rollout.prompts_per_step      # hold_prompts
   assert ctrl.features.tail_edges == (0.8, 1.25) and ctrl.cell_prior_strength == 2.0
-  ctrl = controller_from_config(config, prompts_for=lambda g: 64 // g)
+  section = run_config(config).controller.to_dict()
+  ctrl = controller_from_config(section, prompts_for=lambda g: 64 // g)
   assert ctrl.prompts_for(16, 99) == 4
   with pytest.raises(ValueError, match="prompts_for gives P\\(4\\)=0"):
-    controller_from_config(config, prompts_for={4: 0, 8: 1, 16: 1})
+    controller_from_config(section, prompts_for={4: 0, 8: 1, 16: 1})

@@ -1,4 +1,5 @@
-"""Rollout-length simulator: cost model, length process, LP reference, CLI."""
+"""The replay engine's synthetic and prompt-pool worlds: cost model, length process,
+prompt pool, LP reference, claims tables, CLI."""
 
 import json
 from pathlib import Path
@@ -6,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sagc_jax.control import simulator as simulate
+from sagc_jax.config import controller_settings
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
-from sagc_jax.experiments.claims import simulate_claims
+from sagc_jax.control.engine import CostModel, best_fixed_mixture
+from sagc_jax.control.replay import simulate
+from sagc_jax.control.worlds import LengthProcess, PromptPool
+from sagc_jax.experiments.replay_tables import simulate_tables
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,30 +23,34 @@ def load_default_config():
   return namespace["get_config"]()
 
 
+def run_sim(config):
+  """``simulate`` as the CLI runs it: arms from the config's complete controller section."""
+  return simulate(config, controller_settings(config.controller))
+
+
 def test_cost_model_matches_hand_computation():
-  cost = simulate.CostModel(prefill_s_per_token=1e-3, decode_s_per_iter=0.5,
-                            decode_s_per_row_iter=0.01, learner_s_per_token=1e-2,
-                            step_overhead_s=3.0)
-  lengths = np.array([[10, 20], [5, 40]])          # 4 rows, longest 40
-  out = cost.step(lengths, prompt_len=7)
+  cost = CostModel(prefill_s_per_token=1e-3, decode_s_per_iter=0.5,
+                   decode_s_per_row_iter=0.01, learner_s_per_token=1e-2, step_overhead_s=3.0)
+  lengths = np.array([10, 20, 5, 40])              # 4 rows, longest 40, prompts of <= 7
+  out = cost([(lengths, np.array([7, 3]))], (lengths[:3], np.array([7, 7, 3])))
   rollout = 1e-3 * 4 * 7 + 40 * (0.5 + 0.01 * 4)
-  learner = 1e-2 * 4 * (7 + 40)
+  learner = 1e-2 * 3 * (7 + 20)                    # the trained rows, padded to theirs
   assert out["rollout_s"] == pytest.approx(rollout)
   assert out["learner_s"] == pytest.approx(learner)
   assert out["total_s"] == pytest.approx(rollout + learner + 3.0)
-  assert out["real_tokens"] == 75 and out["padded_tokens"] == 160
 
 
 def test_decode_time_is_driven_by_the_longest_response():
-  cost = simulate.CostModel(0.0, 1.0, 0.0, 0.0, 0.0)
-  short = cost.step(np.array([[100, 100, 100, 100]]), 0)["rollout_s"]
-  straggler = cost.step(np.array([[100, 100, 100, 400]]), 0)["rollout_s"]
+  cost = CostModel(0.0, 1.0, 0.0, 0.0, 0.0)
+  price = lambda lengths: cost([(np.array(lengths), np.array([0]))], (np.zeros(0, int),) * 2)
+  short = price([100, 100, 100, 100])["rollout_s"]
+  straggler = price([100, 100, 100, 400])["rollout_s"]
   assert straggler == pytest.approx(4 * short)
 
 
 def test_length_process_is_deterministic_truncated_and_drifts():
   config = load_default_config()
-  process = simulate.length_process_from_config(config)
+  process = LengthProcess.of(config)
   a = process.draw(5, 32, 16)
   np.testing.assert_array_equal(a, process.draw(5, 32, 16))
   assert a.dtype == np.int64 and a.min() >= 1 and a.max() <= config.sim.max_len
@@ -69,7 +77,7 @@ def test_best_fixed_mixture_matches_brute_force():
         if w @ rates <= delta + 1e-12:
           value = float(w @ np.log2(candidates))
           best = value if best is None else max(best, value)
-    got = simulate.best_fixed_mixture(candidates, list(rates), delta)
+    got = best_fixed_mixture(candidates, list(rates), delta)
     if best is None:
       assert got is None
     else:
@@ -81,9 +89,9 @@ def test_simulation_arms_share_random_streams(mode):
   config = load_default_config()
   config.sim.steps = 60
   config.sim.mode = mode
-  result = simulate.simulate(config)
+  result = run_sim(config)
   assert set(result["summary"]) == {"static_G4", "static_G8", "static_G16", "sagc"}
-  process = simulate.length_process_from_config(config)
+  process = LengthProcess.of(config)
   # Re-derive static G=8's straggler rate directly from the length process.
   rates = []
   for t in range(60):
@@ -112,7 +120,7 @@ def test_invalid_config_names_the_key(key, value, match):
   section, name = key.split(".")
   config[section][name] = value
   with pytest.raises(ValueError, match=match):
-    simulate.simulate(config)
+    run_sim(config)
 
 
 def test_default_cli_runs_and_writes_json_and_png(commands, tmp_path):
@@ -140,13 +148,13 @@ def test_claims_rows_are_per_seed_simulations_and_the_table_covers_every_claim()
 
   config = load_default_config()
   config.sim.steps = 150
-  table, rows = simulate_claims(config, seeds=3)
+  table, rows = simulate_tables(config, controller_settings(config.controller), 3)
   arms = len(config.controller.candidates) + 1
   assert len(rows) == 3 * arms and {r["seed"] for r in rows} == {0, 1, 2}
   # Seed k is exactly the simulation with seed + k (lengths and controller RNG).
   seeded = config.copy_and_resolve_references()
   seeded.seed, seeded.controller.seed = config.seed + 2, config.controller.seed + 2
-  direct = simulate.simulate(seeded)["summary"]
+  direct = run_sim(seeded)["summary"]
   for row in (r for r in rows if r["seed"] == 2):
     name = "sagc" if row["controller"] == "sagc" else f"static_G{row['static_g']}"
     assert row["wall_clock_s"] == direct[name]["wall_clock_s"]
@@ -165,22 +173,37 @@ def load_prompts_config(steps=80):
   return config
 
 
-def test_prompt_pool_is_heterogeneous_deterministic_and_drifts():
-  from sagc_jax.control.prompt_simulator import pool_from_config
+def make_pool(config):
+  return PromptPool(config.sim, config.pool, per_step=per_step(config), max_g=16,
+                    seed=config.seed)
 
+
+def per_step(config):
+  """M = max_G P(G): the prompts the loader hands out per step."""
+  return max(prompts_for(config.sim, g) for g in (4, 8, 16))
+
+
+def draw(config, step):
+  """The pool's prompts of ``step`` (a fresh pool: its one-step memory stays out)."""
+  m = per_step(config)
+  return make_pool(config).block(m * step, m, step)
+
+
+def test_prompt_pool_is_heterogeneous_deterministic_and_drifts():
   config = load_prompts_config(steps=400)
-  pool = pool_from_config(config)
-  a = pool.draw(5)
-  b = pool.draw(5)
+  pool = make_pool(config)
+  a = draw(config, 5)
+  b = draw(config, 5)
   for key in a:
     np.testing.assert_array_equal(a[key], b[key])
-  assert pool.per_step == 32 and a["lengths"].shape == (32, 16)
+  assert a["lengths"].shape == (32, 16)
   assert a["lengths"].min() >= 1 and a["lengths"].max() <= config.sim.max_len
   # An epoch hands out every prompt at most once (62 steps x 32 of 2000 prompts).
-  epoch = np.concatenate([pool.prompt_ids(t) for t in range(config.pool.size // 32)])
+  epoch = np.concatenate([pool.loader.take(32 * t, 32)[0]
+                          for t in range(config.pool.size // 32)])
   assert len(set(epoch.tolist())) == len(epoch) == 1984
-  early = [pool.draw(t) for t in range(10)]
-  late = [pool.draw(t) for t in range(390, 400)]
+  early = [draw(config, t) for t in range(10)]
+  late = [draw(config, t) for t in range(390, 400)]
   mean = lambda draws, key: np.mean([d[key].mean() for d in draws])
   assert mean(late, "pass_rate") > mean(early, "pass_rate") + 0.1     # prompts get easier
   assert mean(late, "lengths") > 2 * mean(early, "lengths")           # and longer
@@ -195,21 +218,18 @@ def test_prompt_pool_is_heterogeneous_deterministic_and_drifts():
 
 
 def test_prompt_simulation_arms_budgets_and_equal_budget_metrics():
-  from sagc_jax.control.prompt_simulator import pool_from_config, simulate_prompts
-
   config = load_prompts_config(steps=80)
   config.sim.mode = "hold_rollouts"
-  result = simulate_prompts(config)
+  result = run_sim(config)
   summary, traces = result["summary"], result["traces"]
   assert list(summary) == ["static_G4", "static_G8", "static_G16", "sagc", "prompt_aware",
                            "per_prompt"]
   assert max(traces["per_prompt"]["rows"]) <= config.sim.rollouts_per_step
   assert set(traces["static_G8"]["n_groups"]) == {32}
   # static G = 8 re-derived from the pool: rates, signal proxies.
-  pool = pool_from_config(config)
   rates, signal, informative = [], 0.0, 0.0
   for t in range(80):
-    d = pool.draw(t)
+    d = draw(config, t)
     block = d["lengths"][:32, :8]
     rates.append(np.mean(block.max(1) > 2.0 * np.median(block, 1)))
     p = d["pass_rate"][:32]
@@ -229,23 +249,19 @@ def test_prompt_simulation_arms_budgets_and_equal_budget_metrics():
 
 
 def test_prompt_simulation_invalid_pool_key_is_named():
-  from sagc_jax.control.prompt_simulator import simulate_prompts
-
   config = load_prompts_config()
   config.pool.tail_difficulty_corr = 1.5
   with pytest.raises(ValueError, match="pool.tail_difficulty_corr=1.5"):
-    simulate_prompts(config)
+    run_sim(config)
   config = load_prompts_config()
   config.controller.history_size = 0
   with pytest.raises(ValueError, match="controller: history_size"):
-    simulate_prompts(config)
+    run_sim(config)
 
 
 def test_prompt_claims_rows_and_tables(tmp_path):
-  from sagc_jax.experiments.prompt_claims import simulate_prompt_claims
-
   config = load_prompts_config(steps=40)
-  table, rows = simulate_prompt_claims(config, seeds=2)
+  table, rows = simulate_tables(config, controller_settings(config.controller), 2)
   assert len(rows) == 12 and {r["seed"] for r in rows} == {0, 1}
   assert "| per_prompt |" in table and "| prompt_aware | verdict | per_prompt | verdict |" in table
   assert table.count("signal at equal wall-clock, arm / SAGC") == 1

@@ -12,9 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sagc_jax.config import controller_settings
 from sagc_jax.control import trace as trace_lib
 from sagc_jax.control.calibration import calibration_report
-from sagc_jax.control.trace_replay import DecodeCost, TraceWorld, replay, replay_config
+from sagc_jax.control.engine import DecodeCost, sagc_arm_name
+from sagc_jax.control.replay import replay
+from sagc_jax.control.worlds import TraceWorld
 
 TRACES = Path(__file__).resolve().parents[1] / "configs" / "traces"
 BEFORE = TRACES / "smollm2_word_problems_before_rl.jsonl"
@@ -40,6 +43,12 @@ def _synthetic(tmp_path, prompts=12, k=8, seed=0, offset=0, name="t.jsonl"):
   path = tmp_path / name
   trace_lib.write_trace(path, _header(), records)
   return path
+
+
+def replay_run(trace, cost, steps, **kwargs):
+  """``replay`` of one trace with its run's controller section and rollout budget."""
+  return replay([trace], controller_settings(trace.header["controller"]), cost,
+                rollout=trace.header["rollout"], steps=steps, **kwargs)
 
 
 def test_a_trace_round_trips_through_its_file(tmp_path):
@@ -134,8 +143,7 @@ def test_dapo_keeps_only_groups_whose_rewards_vary_and_pays_for_every_round(tmp_
   cost = DecodeCost(0.0, 1.0)            # seconds = the round's response tokens
   for vary in (False, True):
     trace = _uniform_trace(tmp_path, vary, f"t{vary}.jsonl")
-    config = replay_config(trace.header["controller"], trace.header["rollout"], steps=5)
-    result = replay([trace], config, cost, kinds=(), dapo=True, max_rounds=3, seed=0)
+    result = replay_run(trace, cost, 5, kinds=(), dapo=True, max_rounds=3, seed=0)
     for g in (2, 4):
       col = result["traces"][f"static_G{g}"]
       # 4 prompts per round (hold_prompts): all dropped -> 3 rounds, each observed;
@@ -156,9 +164,10 @@ def test_decode_cost_prices_the_longest_row_and_every_decoded_token():
 
 def test_the_replay_is_deterministic_in_its_seed(tmp_path):
   trace = trace_lib.read_trace(_synthetic(tmp_path))
-  config = replay_config(trace.header["controller"], trace.header["rollout"], steps=40)
-  run = lambda seed: replay([trace], config, DecodeCost.of(trace), seed=seed,
-                            bootstrap=True)["summary"]
+  timed = {"controller_us"}
+  run = lambda seed: {arm: {k: v for k, v in s.items() if k not in timed} for arm, s in
+                      replay_run(trace, DecodeCost.of(trace), 40, seed=seed,
+                                 bootstrap=True)["summary"].items()}
   assert run(4) == run(4)
   assert run(4) != run(5)
 
@@ -171,8 +180,7 @@ def test_the_replay_predicts_the_held_out_half_of_a_real_trace():
   k = trace.responses // 2
   fit, held_out = trace.take(responses=np.arange(k)), trace.take(responses=np.arange(k, 2 * k))
   header = trace.header
-  config = replay_config(header["controller"], header["rollout"], steps=400)
-  summary = replay([fit], config, DecodeCost(1.0, 0.0), kinds=(), seed=0)["summary"]
+  summary = replay_run(fit, DecodeCost(1.0, 0.0), 400, kinds=(), seed=0)["summary"]
   tau = float(header["controller"]["tau"])
   for g in header["controller"]["candidates"]:
     if g > k:
@@ -187,23 +195,20 @@ def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
   """The report's recommended tau / delta, replayed alone with the same replicates,
   costs what the report says (the arm names and the settings agree), and its rates
   cover every candidate."""
-  from sagc_jax.control.calibration import _arms
-
   trace = trace_lib.read_trace(BEFORE)
   cost = DecodeCost(0.05, 1e-3)
   settings = cost.settings(trace)
-  report = calibration_report(trace, cost, steps=60, replicates=2, taus=(1.5, 2.5),
+  section = controller_settings(trace.header["controller"])
+  report = calibration_report(trace, cost, section, steps=60, replicates=2, taus=(1.5, 2.5),
                               deltas=(0.1, 0.5), log=lambda m: None, **settings)
   rec = report["recommended"]
-  controller = dict(trace.header["controller"], candidates=tuple(report["candidates"]),
-                    tau=rec["tau"], delta=rec["delta"])
-  config = replay_config(controller, settings["rollout"], steps=60)
   alone = []
   for rep in range(2):
-    arm = _arms(dict(controller, seed=controller["seed"] + rep), report["candidates"],
-                (rec["tau"],), (rec["delta"],))[-1:]
-    alone.append(replay([trace], config, cost, seed=rep, bootstrap=True, arms=arm,
-                        max_rounds=settings["max_rounds"])["summary"][arm[0][0]])
+    mine = dict(section, candidates=tuple(report["candidates"]), seed=section["seed"] + rep)
+    alone.append(replay([trace], mine, cost, rollout=settings["rollout"], steps=60, kinds=(),
+                        grid=[(rec["tau"], rec["delta"])], seed=rep, bootstrap=True,
+                        max_rounds=settings["max_rounds"])["summary"][
+                            sagc_arm_name(rec["tau"], rec["delta"])])
   assert rec["seconds_per_signal"] == pytest.approx(
       np.mean([a["seconds_per_signal"] for a in alone]))
   assert f"--config.controller.tau={rec['tau']:g}" in rec["overrides"]

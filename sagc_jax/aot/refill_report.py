@@ -9,8 +9,8 @@ both again with that pool to confirm it fits. A set
 ``kv_pages`` is compiled as given.
 
 Projection. A refill call's decode steps depend on the response lengths, so the
-rollout is projected per *length model*: lengths are drawn (``LengthProcess`` of the
-simulator, parameters below) for every candidate G's ``P(G) x G`` rows, and the
+rollout is projected per *length model*: lengths are drawn (``control.worlds.LengthProcess``,
+the synthetic world, parameters below) for every candidate G's ``P(G) x G`` rows, and the
 decoder's own host policy (``refill_schedule.simulate_refill``: admission, page
 reservation, eviction) is run on them. A decode step costs the segment program's
 roofline (XLA counts its loop body, one step, once, plus the page copies around it;
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 from flax import nnx
 
-from sagc_jax.control.simulator import LengthProcess
+from sagc_jax.control.worlds import LengthProcess
 from sagc_jax.sampling.refill_schedule import simulate_refill
 
 __all__ = ["LENGTH_MODELS", "draw_lengths", "format_lines", "project_refill", "refill_projection",

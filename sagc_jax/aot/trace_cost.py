@@ -89,7 +89,7 @@ class CompiledStepCost:
     """A replay under this cost takes the preset's rollout budget, candidate sizes (its
     compiled row buckets hold them) and DAPO rounds limit, and the trace's lengths
     scaled from the trace's cap to the preset's."""
-    from sagc_jax.control.trace_replay import replay_settings
+    from sagc_jax.control.engine import replay_settings
 
     r = self.report["rollout"]
     return replay_settings(trace, rollout=self.rollout, candidates=sorted(r["group_sizes"]),

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from sagc_jax.control.controller import SAGCController, StaticController
+from sagc_jax.config import controller_settings
+from sagc_jax.control.controller import controller_from_config
 from sagc_jax.control.protocol import StepGroups
 
 
@@ -50,9 +51,12 @@ def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
     lengths *= np.where(rng.random(lengths.shape) < 0.03, rng.uniform(2, 5, lengths.shape), 1)
     group_max = lengths.max(axis=2).round()
     group_median = np.median(lengths, axis=2).round()
-    for name, ctrl, step in (("sagc", SAGCController(seed=seed), _public_api),
-                             ("static", StaticController(8), _public_api),
-                             ("sagc plan", SAGCController(seed=seed), _protocol)):
+    build = lambda **changes: controller_from_config(controller_settings(dict(seed=seed,
+                                                                             **changes)))
+    for name, ctrl, step in (("sagc", build(), _public_api),
+                             ("static", build(kind="static", static_g=8, candidates=(8,)),
+                              _public_api),
+                             ("sagc plan", build(), _protocol)):
       _time_pairs(ctrl, group_max[:200], group_median[:200], step)        # warm-up
       us = _time_pairs(ctrl, group_max, group_median, step) * 1e6
       results["cases"].append({

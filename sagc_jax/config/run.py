@@ -20,7 +20,7 @@ from sagc_jax.config.sections import (FILE_DATASETS, SECTIONS, ControllerSection
 from sagc_jax.rl.config import LearnerConfig
 from sagc_jax.base import checks
 
-__all__ = ["RunConfig", "check_run", "run_config"]
+__all__ = ["RunConfig", "check_run", "controller_settings", "run_config", "typed_section"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,25 @@ def _plain(value: Any) -> Any:
   return value
 
 
+def typed_section(section: type, given: Any) -> Any:
+  """The typed ``section`` of ``given`` (a mapping or ConfigDict; missing keys take the
+  section's defaults); an unknown key raises ``ValueError`` naming it."""
+  given = _plain(given)
+  fields = {f.name for f in dataclasses.fields(section)}
+  extra = sorted(set(given) - fields)
+  if extra:
+    raise ValueError(f"{section.NAME}.{extra[0]} is not a {section.NAME} setting "
+                     f"(allowed: {', '.join(sorted(fields))})")
+  return section(**given)
+
+
+def controller_settings(given: Any) -> dict[str, Any]:
+  """Every setting of a controller section (``ControllerSection``, the one place that
+  states their defaults), from a partial mapping: what the replay engine builds its
+  arms from."""
+  return typed_section(ControllerSection, given).to_dict()
+
+
 def run_config(config: Any) -> RunConfig:
   """Builds and checks the ``RunConfig`` of a ConfigDict or nested mapping (the
   command-line boundary); the first problem raises ``ValueError`` naming its key.
@@ -93,15 +112,10 @@ def run_config(config: Any) -> RunConfig:
   sections = {}
   for section in SECTIONS:
     given = dict(values.get(section.NAME, {}))
-    fields = {f.name for f in dataclasses.fields(section)}
-    extra = sorted(set(given) - fields)
-    if extra:
-      raise ValueError(f"{section.NAME}.{extra[0]} is not a {section.NAME} setting "
-                       f"(allowed: {', '.join(sorted(fields))})")
     if section is DataSection and given.get("name") in FILE_DATASETS \
         and not given.get("manual_dir"):
       given["manual_dir"] = os.path.abspath(os.curdir)
-    sections[section.NAME] = section(**given)
+    sections[section.NAME] = typed_section(section, given)
   settings = dict(values.get("learner", {}))
   rollout, train = sections["rollout"], sections["train"]
   learner = LearnerConfig.from_dict(settings, max_new_tokens=rollout.max_new_tokens,

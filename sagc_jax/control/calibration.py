@@ -22,10 +22,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sagc_jax.control.budget import prompts_for
-from sagc_jax.control.controller import controller_from_config
-from sagc_jax.control.sagc import StaticController
+from sagc_jax.control.engine import sagc_arm_name
+from sagc_jax.control.replay import replay
+from sagc_jax.control.tables import arm_intervals
 from sagc_jax.control.trace import Trace, length_summary, straggler_rates, tau_curve
-from sagc_jax.control.trace_replay import replay, replay_config, replicate_table
 
 __all__ = ["DELTAS", "TAUS", "calibration_report", "format_report", "observed_rates",
            "prediction_check"]
@@ -35,34 +35,18 @@ DELTAS = (0.1, 0.25, 0.5)
 CURVE_TAUS = tuple(np.round(np.arange(1.2, 4.01, 0.1), 2))
 
 
-def _arms(controller: dict[str, Any], candidates: Sequence[int], taus: Sequence[float],
-          deltas: Sequence[float]) -> list[tuple[str, Any]]:
-  shared = {k: controller[k] for k in ("tau", "delta", "forgetting", "prior_alpha",
-                                       "prior_beta", "seed", "event") if k in controller}
-  arms = [(f"static_G{g}", StaticController(g, **dict(shared, candidates=tuple(candidates))))
-          for g in candidates]
-  for tau in taus:
-    for delta in deltas:
-      section = dict(controller, kind="sagc", tau=float(tau), delta=float(delta),
-                     candidates=tuple(candidates))
-      arms.append((_arm_name(tau, delta), controller_from_config({"controller": section})))
-  return arms
-
-
-def _arm_name(tau: float, delta: float) -> str:
-  return f"sagc_tau{tau:g}_delta{delta:g}"
-
-
-def calibration_report(trace: Trace, cost: Callable, *, rollout: dict[str, Any],
+def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
+                       rollout: dict[str, Any],
                        candidates: Sequence[int], max_rounds: int, length_scale: float = 1.0,
                        length_cap: int | None = None, steps: int = 200, replicates: int = 10,
                        taus: Sequence[float] = TAUS, deltas: Sequence[float] = DELTAS,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
-  """The calibration report of ``trace`` (module docstring), replayed under ``rollout``
-  (the budget P(G) the replay and the step rates use), ``candidates`` and ``max_rounds``
-  (``cost.settings(trace)`` gives them)."""
+  """The calibration report of ``trace`` (module docstring): the controllers are the
+  complete controller ``section`` of the traced run (``ControllerSection.to_dict()``),
+  replayed under ``rollout`` (the budget P(G) the replay and the step rates use),
+  ``candidates`` and ``max_rounds`` (``cost.settings(trace)`` gives them)."""
   header = trace.header
-  controller = dict(header["controller"])
+  controller = dict(section)
   budget = types.SimpleNamespace(**rollout)
   wanted = sorted(candidates)
   candidates = [g for g in wanted if 2 * g <= trace.responses]
@@ -76,23 +60,25 @@ def calibration_report(trace: Trace, cost: Callable, *, rollout: dict[str, Any],
   rates = {f"G{g}": straggler_rates(trace, g, tau, prompts_for(budget, g)) for g in candidates}
   dapo = bool(header.get("learner", {}).get("dynamic_sampling", False))
   taus = sorted({*map(float, taus), tau})
-  config = replay_config(dict(controller, candidates=tuple(candidates)), rollout, steps)
-  summaries = []
+  rows = []
   for rep in range(replicates):
     log(f"calibrate: replaying {len(taus) * len(deltas)} SAGC settings and "
         f"{len(candidates)} static G, replicate {rep + 1}/{replicates} ({steps} steps)")
-    reseeded = dict(controller, seed=int(controller.get("seed", 0)) + rep)
-    summaries.append(replay([trace], config, cost, dapo=dapo, max_rounds=max_rounds,
-                            seed=rep, bootstrap=True, length_scale=length_scale,
-                            length_cap=length_cap,
-                            arms=_arms(reseeded, candidates, taus, deltas))["summary"])
+    reseeded = dict(controller, seed=int(controller["seed"]) + rep,
+                    candidates=tuple(candidates))
+    result = replay([trace], reseeded, cost, rollout=rollout, steps=steps, dapo=dapo,
+                    max_rounds=max_rounds, kinds=(), grid=[(t, d) for t in taus for d in deltas],
+                    seed=rep, bootstrap=True, length_scale=length_scale, length_cap=length_cap)
+    rows += [dict(s, arm=arm, seed=rep) for arm, s in result["summary"].items()]
   reference = f"static_G{max(candidates)}"
-  table = replicate_table(summaries, reference, ("seconds_per_signal", "group_straggler_rate",
-                                                 "step_straggler_rate", "mean_g"))
+  table = arm_intervals(rows, ("seconds_per_signal", "group_straggler_rate",
+                               "step_straggler_rate", "mean_g"), reference,
+                        ratios=("time_to_target_s", "seconds_per_signal"))
   static = {k: v for k, v in table.items() if k.startswith("static")}
   settings = [(t, d) for t in taus for d in deltas]
-  best_tau, best_delta = min(settings, key=lambda s: table[_arm_name(*s)]["seconds_per_signal"])
-  best = _arm_name(best_tau, best_delta)
+  best_tau, best_delta = min(settings,
+                             key=lambda s: table[sagc_arm_name(*s)]["seconds_per_signal"])
+  best = sagc_arm_name(best_tau, best_delta)
   best_static = min(static, key=lambda k: static[k]["seconds_per_signal"])
   return {
       "trace": {k: header.get(k) for k in ("model", "config_digest", "date", "split", "prompts",

@@ -20,9 +20,8 @@ its whole state (RNG included) through a JSON ``state_dict``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from sagc_jax.control import budget
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.per_prompt import PerPromptController
 from sagc_jax.control.prompt_aware import PromptAwareController, PromptsFor
@@ -31,6 +30,7 @@ from sagc_jax.control.sagc import SAGCController, StaticController
 
 __all__ = [
     "CONTROLLER_KINDS",
+    "KIND_SETTINGS",
     "EVENTS",
     "BatchContext",
     "PerPromptController",
@@ -50,23 +50,16 @@ _STATIC_KEYS = ("candidates", "tau", "delta", "forgetting", "prior_alpha",
 # The contextual kinds: SAGC's settings plus the features and the prompt history.
 _CONTEXT_KEYS = _SAGC_KEYS + ("tail_edges", "length_edges", "cell_prior_strength",
                               "history_size", "history_forgetting")
-_KEYS = {"sagc": _SAGC_KEYS, "static": _STATIC_KEYS, "prompt_aware": _CONTEXT_KEYS,
+KIND_SETTINGS = {"sagc": _SAGC_KEYS, "static": _STATIC_KEYS, "prompt_aware": _CONTEXT_KEYS,
          "per_prompt": _CONTEXT_KEYS}
 
 Controller = SAGCController | StaticController | PromptAwareController | PerPromptController
 
 
-def _prompts_for_of(config: Any) -> PromptsFor:
-  """P(G) from the config's rollout (training) or sim (simulator) section, if any."""
-  for name in ("rollout", "sim"):
-    if name in config and "mode" in config[name]:
-      section = config[name]
-      return lambda g: budget.prompts_for(section, g)
-  return None
-
-
-def controller_from_config(config: Any, *, prompts_for: PromptsFor = None) -> Controller:
-  """Builds the controller described by ``config.controller`` (or a bare section).
+def controller_from_config(section: Mapping[str, Any], *,
+                           prompts_for: PromptsFor = None) -> Controller:
+  """Builds the controller a complete controller section describes
+  (``config.ControllerSection.to_dict()``: the section alone states the defaults).
 
   Keys: ``kind`` (``CONTROLLER_KINDS``), ``candidates``, ``tau``, ``delta``,
   ``event`` ('group' or 'step'), ``seed``, ``forgetting``, ``prior_alpha``,
@@ -74,26 +67,23 @@ def controller_from_config(config: Any, *, prompts_for: PromptsFor = None) -> Co
   ``initial_g`` (None = smallest); static uses ``static_g``; the contextual kinds
   also ``tail_edges``, ``length_edges``, ``cell_prior_strength``, ``history_size``,
   ``history_forgetting``. Keys of the other kinds are ignored; unknown keys are
-  errors. Missing optional keys take the class defaults. Errors name the
-  offending ``controller.<key>``.
+  errors. Errors name the offending ``controller.<key>``.
 
-  The contextual kinds need the caller's prompts per step P(G): ``prompts_for``
-  when given, else ``prompts_for`` of the config's ``rollout`` section (or
-  the simulator's ``sim``), else every prompt of the context (a bare section).
+  The contextual kinds need the caller's prompts per step P(G), ``prompts_for``
+  (None: every prompt of the context).
   """
-  section = config["controller"] if "controller" in config else config
-  values = dict(section.to_dict() if hasattr(section, "to_dict") else section)
-  kind = values.pop("kind", "sagc")
-  if kind not in _KEYS:
+  values = dict(section)
+  kind = values.pop("kind")
+  if kind not in KIND_SETTINGS:
     raise ValueError(f"controller.kind={kind!r} is not one of {list(CONTROLLER_KINDS)}")
-  known = sorted(set().union(*_KEYS.values()))
+  known = sorted(set().union(*KIND_SETTINGS.values()))
   unknown = sorted(set(values) - set(known))
   if unknown:
     raise ValueError(f"controller.{unknown[0]} is not a controller setting "
                      f"(allowed: kind, {', '.join(known)})")
   # One config section serves every kind (switching kind is one override), so the
   # other kinds' settings are accepted and ignored.
-  values = {k: v for k, v in values.items() if k in _KEYS[kind]}
+  values = {k: v for k, v in values.items() if k in KIND_SETTINGS[kind]}
   for key in ("candidates", "tail_edges", "length_edges"):
     if key in values and values[key] is not None:
       try:
@@ -109,7 +99,6 @@ def controller_from_config(config: Any, *, prompts_for: PromptsFor = None) -> Co
         raise ValueError("static_g is required for a 'static' controller (e.g. 8)")
       return StaticController(g, **values)
     cls = PromptAwareController if kind == "prompt_aware" else PerPromptController
-    rule = prompts_for if prompts_for is not None else _prompts_for_of(config)
-    return cls(prompts_for=rule, **values)
+    return cls(prompts_for=prompts_for, **values)
   except ValueError as err:
     raise ValueError(f"controller: {err}") from None

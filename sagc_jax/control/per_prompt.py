@@ -110,9 +110,8 @@ class PerPromptController(PromptAwareController):
 
   kind = "per_prompt"
 
-  def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
-               delta: float = 0.25, **kwargs: Any):
-    if kwargs.get("event", "group") != "group":
+  def __init__(self, candidates: Sequence[int], tau: float, delta: float, **kwargs: Any):
+    if kwargs["event"] != "group":
       raise ValueError(f"event={kwargs['event']!r}: per_prompt supports only 'group' (the "
                        "step event's risk is not a sum over prompts)")
     super().__init__(candidates, tau, delta, **kwargs)

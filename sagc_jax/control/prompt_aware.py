@@ -159,11 +159,10 @@ class PromptAwareController(SAGCController):
 
   kind = "prompt_aware"
 
-  def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
-               delta: float = 0.25, *, prompts_for: PromptsFor = None,
-               tail_edges: Sequence[float] = (0.8, 1.25),
-               length_edges: Sequence[float] = (1.0,), cell_prior_strength: float = 2.0,
-               history_size: int = 20000, history_forgetting: float = 0.7, **sagc: Any):
+  def __init__(self, candidates: Sequence[int], tau: float, delta: float, *,
+               prompts_for: PromptsFor = None, tail_edges: Sequence[float],
+               length_edges: Sequence[float], cell_prior_strength: float,
+               history_size: int, history_forgetting: float, **sagc: Any):
     super().__init__(candidates, tau, delta, **sagc)
     self.features = FeatureBuckets(tuple(tail_edges), tuple(length_edges))
     self.cell_prior_strength = check_range("cell_prior_strength", cell_prior_strength)

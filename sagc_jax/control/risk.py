@@ -123,8 +123,8 @@ class GroupSizeController:
   _back_off_at_cap = True
 
   def __init__(self, candidates: Sequence[int], *, tau: float, delta: float,
-               min_candidates: int, forgetting: float = 0.99, prior_alpha: float = 1.0,
-               prior_beta: float = 1.0, seed: int = 0, event: str = "group"):
+               min_candidates: int, forgetting: float, prior_alpha: float,
+               prior_beta: float, seed: int, event: str):
     self.candidates = _validate_candidates(candidates, min_candidates)
     if event not in EVENTS:
       raise ValueError(f"event={event!r} is not one of {EVENTS}")

@@ -133,9 +133,8 @@ class SAGCController(GroupSizeController):
 
   kind = "sagc"
 
-  def __init__(self, candidates: Sequence[int] = (4, 8, 16), tau: float = 2.0,
-               delta: float = 0.25, *, eta: float = 1.0, lambda_max: float = 50.0,
-               initial_g: int | None = None, **risk: Any):
+  def __init__(self, candidates: Sequence[int], tau: float, delta: float, *, eta: float,
+               lambda_max: float, initial_g: int | None, **risk: Any):
     super().__init__(candidates, tau=tau, delta=delta, min_candidates=2, **risk)
     self.eta = check_range("eta", eta)
     self.lambda_max = check_range("lambda_max", lambda_max)
@@ -197,7 +196,7 @@ class StaticController(GroupSizeController):
 
   kind = "static"
 
-  def __init__(self, g: int = 8, tau: float = 2.0, delta: float = 0.25, *,
+  def __init__(self, g: int, tau: float, delta: float, *,
                candidates: Sequence[int] | None = None, **risk: Any):
     super().__init__((g,) if candidates is None else candidates, tau=tau, delta=delta,
                      min_candidates=1, **risk)

@@ -27,39 +27,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
-import numpy as np
+from sagc_jax.control.tables import (by_seed, finite, format_ci, mean_ci, per_seed,
+                                     too_few)
 
-from sagc_jax.control.simulator import simulate
-
-__all__ = ["CLAIMS", "Claim", "Paired", "adaptation_table", "claims_markdown", "claims_table",
-           "format_ci", "mean_ci", "paired_markdown"]
-
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
-         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
-         2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
-  """(mean, 95% confidence half-width, n) of the finite ``values``: Student's t with
-  n - 1 degrees of freedom (half-width nan for a single value)."""
-  x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
-  if not x.size:
-    return float("nan"), float("nan"), 0
-  if x.size == 1:
-    return float(x[0]), float("nan"), 1
-  t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
-  return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
-
-
-def format_ci(stat: tuple[float, float, int], fmt: str) -> str:
-  """``mean ± half`` of a ``mean_ci`` result; the mean alone for one value, '–' for none."""
-  mean, half, n = stat
-  if not n:
-    return "–"
-  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
+__all__ = ["CLAIMS", "Claim", "adaptation_table", "claims_markdown", "claims_table"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,51 +68,30 @@ CLAIMS = (
 )
 
 
-def _finite(x: Any) -> bool:
-  return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def _by_seed(rows: Sequence[dict[str, Any]], match: Callable[[dict], bool]) -> dict[int, dict]:
-  return {int(r["seed"]): r for r in rows if match(r)}
-
-
-def _per_seed(ours: dict[int, dict], base: dict[int, dict], key: str,
-              op: Callable[[float, float], float]) -> list[float]:
-  """``op(ours, base)`` of ``key`` for each seed of ``ours`` (in its order) that ``base``
-  ran too, where both values are finite."""
-  return [op(row[key], base[seed][key]) for seed, row in ours.items()
-          if seed in base and _finite(row.get(key)) and _finite(base[seed].get(key))]
-
-
-def _too_few(stat: tuple[float, float, int]) -> str | None:
-  """``n/a`` without a value, ``?`` with one (no interval), else None."""
-  return "n/a" if stat[2] == 0 else "?" if stat[2] < 2 else None
-
-
 def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
   mean, half, _ = stat
   holds = {"below": mean + half < null, "above": mean - half > null,
            "not_above": mean - half <= null, "not_below": mean + half >= null}[side]
-  return _too_few(stat) or ("✓" if holds else "✗")
+  return too_few(stat) or ("✓" if holds else "✗")
 
 
 def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
   """``{"stat": (mean, half, n), "verdict", "detail"}`` of one claim on one group."""
-  sagc = _by_seed(rows, lambda r: r["controller"] == "sagc")
+  sagc = by_seed(rows, lambda r: r["controller"] == "sagc")
   static_gs = sorted({int(r["static_g"]) for r in rows if r["controller"] == "static"})
   versus = static_gs[-1] if static_gs and claim.against is None else claim.against
   if not sagc or versus not in static_gs:
     return {"stat": (float("nan"), float("nan"), 0), "verdict": "n/a", "detail": ""}
-  largest = _by_seed(rows, lambda r: r["controller"] == "static"
+  largest = by_seed(rows, lambda r: r["controller"] == "static"
                      and int(r["static_g"]) == versus)
   detail = f"vs static G={versus}"
   if claim.kind in ("paired_difference", "paired_speedup"):
     op = operator.sub if claim.kind == "paired_difference" else (
         lambda ours, base: base / ours)                           # the speedup
-    stat = mean_ci(_per_seed(sagc, largest, claim.key, op))
+    stat = mean_ci(per_seed(sagc, largest, claim.key, op))
   elif claim.kind == "posterior":
     values = [s["p_largest_end"] - s["p_smallest_end"] for s in sagc.values()
-              if _finite(s.get("p_largest_end")) and _finite(s.get("p_smallest_end"))]
+              if finite(s.get("p_largest_end")) and finite(s.get("p_smallest_end"))]
     stat = mean_ci(values)
     detail = "SAGC's final posterior means"
   else:                                       # competitive
@@ -162,7 +114,7 @@ def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def claims_for(rows: Sequence[dict[str, Any]]) -> tuple[Claim, ...]:
   """``CLAIMS``, then, when the rows carry the per-hour measure, held-out accuracy at
   equal wall-clock against each static G of the rows."""
-  if not any(_finite(r.get("mean_sampled_accuracy_over_h")) for r in rows):
+  if not any(finite(r.get("mean_sampled_accuracy_over_h")) for r in rows):
     return CLAIMS
   static_gs = sorted({int(r["static_g"]) for r in rows if r["controller"] == "static"})
   return CLAIMS + tuple(
@@ -206,60 +158,6 @@ def claims_markdown(rows: Sequence[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-@dataclasses.dataclass(frozen=True)
-class Paired:
-  """A quantity compared between two arms of the same seed: per seed ``arm / base``
-  (``kind="ratio"``, no change = 1) or ``arm - base`` (``"difference"``, no change =
-  0); ``better`` is the side that favours the arm ("above" / "below"; None: neither)."""
-  key: str
-  title: str
-  kind: str
-  better: str | None
-  fmt: str = ""          # '' = ".3f" for a ratio, "+.3f" for a difference
-
-
-def paired_verdict(stat: tuple[float, float, int], null: float, better: str | None) -> str:
-  """``better`` / ``worse`` when the 95% interval excludes ``null`` on that side
-  (``higher`` / ``lower`` when no side is better), ``no difference`` when it does not,
-  ``?`` with one seed and ``n/a`` with none."""
-  if _too_few(stat):
-    return _too_few(stat)
-  mean, half, _ = stat
-  side = "above" if mean - half > null else "below" if mean + half < null else None
-  if side is None:
-    return "no difference"
-  if better is None:
-    return "higher" if side == "above" else "lower"
-  return "better" if side == better else "worse"
-
-
-def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, str, str]],
-                    quantities: Sequence[Paired]) -> str:
-  """Seed-paired comparisons as a markdown table: one row per quantity, per pair
-  ``(column title, arm, base arm)`` the mean ± 95% Student-t half-width over the
-  seeds that both arms ran (rows keyed by ``arm`` and ``seed``; non-finite values
-  are left out, and a cell says when fewer seeds remain) and its verdict
-  (``paired_verdict``)."""
-  by_arm: dict[str, dict[int, dict]] = {}
-  for r in sorted(rows, key=lambda r: int(r["seed"])):
-    by_arm.setdefault(r["arm"], {})[int(r["seed"])] = r
-  seeds = sorted({int(r["seed"]) for r in rows})
-  lines = ["| quantity | " + " | ".join(f"{title} | verdict" for title, _, _ in pairs) + " |",
-           "|---|" + "---|---|" * len(pairs)]
-  for q in quantities:
-    fmt = q.fmt or (".3f" if q.kind == "ratio" else "+.3f")
-    null = 1.0 if q.kind == "ratio" else 0.0
-    op = operator.truediv if q.kind == "ratio" else operator.sub
-    cells = []
-    for _, arm, base in pairs:
-      stat = mean_ci(_per_seed(by_arm.get(arm, {}), by_arm.get(base, {}), q.key, op))
-      n = stat[2]
-      fewer = f" ({n} of {len(seeds)} seeds)" if 0 < n < len(seeds) else ""
-      cells.append(f"{format_ci(stat, fmt)}{fewer} | {paired_verdict(stat, null, q.better)}")
-    lines.append(f"| {q.title} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
 def adaptation_table(comparisons: dict[str, Sequence[dict[str, Any]]]) -> str:
   """The last claim of the seed: SAGC adapts to how variable a workload's lengths are.
 
@@ -285,56 +183,14 @@ def adaptation_table(comparisons: dict[str, Sequence[dict[str, Any]]]) -> str:
       largest = max(static_gs)
       rate = mean_ci([r["group_straggler_rate"] for r in rows if r["controller"] == "static"
                       and int(r["static_g"]) == largest])
-      sagc[name] = _by_seed(rows, lambda r: r["controller"] == "sagc")
+      sagc[name] = by_seed(rows, lambda r: r["controller"] == "sagc")
       summary[name] = (rate, mean_ci([r["mean_g"] for r in sagc[name].values()]))
     if len(summary) != 2:
       continue
     calm, wild = sorted(summary, key=lambda n: summary[n][0][0])
-    stat = mean_ci(_per_seed(sagc[calm], sagc[wild], "mean_g", operator.sub))
+    stat = mean_ci(per_seed(sagc[calm], sagc[wild], "mean_g", operator.sub))
     described = "; ".join(f"{n}: {summary[n][0][0]:.3f}, G {summary[n][1][0]:.2f}"
                           for n in (calm, wild))
     lines.append(f"| {algorithm} | {described} | {stat[0]:+.2f} ± {stat[1]:.2f} | "
                  f"{_verdict(stat, 'above', 0.0)} |")
   return "\n".join(lines)
-
-
-def claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
-  """One ``claims`` row per arm of a simulation (``algorithm="simulator"``).
-
-  Rewards, accuracy and output lengths are left out: the simulator has no policy,
-  and every arm reads the same exogenous lengths, so those claims are not applicable.
-  """
-  candidates = result["candidates"]
-  rows = []
-  for name, summary in result["summary"].items():
-    trace = result["traces"][name]
-    static = name != "sagc"
-    rows.append({
-        "algorithm": "simulator", "controller": "static" if static else "sagc",
-        "static_g": int(name.removeprefix("static_G")) if static else "", "seed": seed,
-        "step_straggler_rate": summary["step_straggler_rate"],
-        "group_straggler_rate": summary["group_straggler_rate"],
-        "wall_clock_s": summary["wall_clock_s"],
-        "seconds_per_step": summary["wall_clock_s"] / len(trace["g"]),
-        "p_smallest_end": trace.get(f"p_mean/G{min(candidates)}", [math.nan])[-1],
-        "p_largest_end": trace.get(f"p_mean/G{max(candidates)}", [math.nan])[-1]})
-  return rows
-
-
-def seeded_configs(config: Any, seeds: int) -> Iterator[tuple[int, Any]]:
-  """``(k, config)`` for k < ``seeds``: a copy whose ``seed`` (the simulated lengths)
-  and ``controller.seed`` (the controllers' RNG) are both raised by k."""
-  for k in range(seeds):
-    seeded = config.copy_and_resolve_references()
-    seeded.seed = config.seed + k
-    seeded.controller.seed = config.controller.seed + k
-    yield k, seeded
-
-
-def simulate_claims(config: Any, seeds: int) -> tuple[str, list[dict[str, Any]]]:
-  """The claims table (``sagc_jax.experiments.claims``) over ``seeds`` simulations
-  (``seeded_configs``)."""
-  rows = []
-  for k, seeded in seeded_configs(config, seeds):
-    rows += claim_rows(simulate(seeded), k)
-  return claims_markdown(rows), rows

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax.experiments.arms import split_run_name
-from sagc_jax.experiments.claims import (Paired, claims_markdown, format_ci, mean_ci,
-                                          paired_markdown)
+from sagc_jax.control.tables import Paired, paired_markdown, per_arm_markdown
+from sagc_jax.experiments.claims import claims_markdown
 from sagc_jax.experiments.machine import machine_info, machine_line
 from sagc_jax.experiments.per_hour import analyse, per_hour_markdown, write as write_per_hour
 from sagc_jax.experiments.plots import plot_comparison, plot_learning
@@ -186,19 +186,6 @@ def results_table(arms: Sequence[dict[str, Any]],
   return rows
 
 
-def summary_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Per arm (in first-seen order): seeds and ``(mean, half-width, n)`` of every
-  ``SUMMARY_COLUMNS`` column over the arm's seeds."""
-  out: dict[str, dict[str, Any]] = {}
-  for row in rows:
-    out.setdefault(row["arm"], {"arm": row["arm"], "runs": []})["runs"].append(row)
-  for arm in out.values():
-    runs = arm.pop("runs")
-    arm["seeds"] = len(runs)
-    arm.update({key: mean_ci([r[key] for r in runs]) for key, _, _ in SUMMARY_COLUMNS})
-  return list(out.values())
-
-
 def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
   """'' without contextual arms; else a section for claims.md: every contextual arm
   against SAGC of its algorithm, seed-paired (``CONTEXTUAL_PAIRED``)."""
@@ -218,12 +205,7 @@ def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   """Per arm: mean ± 95% CI over its seeds (n = seeds) of ``SUMMARY_COLUMNS``."""
-  header = "| arm | seeds | " + " | ".join(h for _, h, _ in SUMMARY_COLUMNS) + " |"
-  lines = [header, "|" + "---|" * (len(SUMMARY_COLUMNS) + 2)]
-  for arm in summary_table(rows):
-    cells = " | ".join(format_ci(arm[key], fmt) for key, _, fmt in SUMMARY_COLUMNS)
-    lines.append(f"| {arm['arm']} | {arm['seeds']} | {cells} |")
-  return "\n".join(lines)
+  return per_arm_markdown(rows, SUMMARY_COLUMNS, seeds_column=True)
 
 
 def report(workdir: Path, log=print) -> list[dict[str, Any]]:

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax.experiments.arms import split_run_name
-from sagc_jax.experiments.claims import format_ci, mean_ci
+from sagc_jax.control.tables import format_ci, mean_ci
 
 LEARNING_COLUMNS = ("arm", "algorithm", "seed", "step", "step_time_s", "rollouts",
                     "slot_steps", "learner_tokens", "sampled_accuracy", "greedy_accuracy",

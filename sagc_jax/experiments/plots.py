@@ -200,7 +200,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
                     machine: dict[str, Any] | None = None) -> list[Path]:
   """Writes the four comparison plots; returns their paths."""
   from sagc_jax.experiments.arms import split_run_name
-  from sagc_jax.experiments.claims import mean_ci
+  from sagc_jax.control.tables import mean_ci
 
   plt = _pyplot()
   paths = []
@@ -314,7 +314,7 @@ def plot_learning(rows: Sequence[dict[str, Any]], horizon: float, workdir: Path,
   the horizon H marked) and against steps (right), one row of panels per algorithm;
   per arm the mean over seeds of the curves linear between evaluations, with a 95%
   t band (``per_hour.learning_rows``)."""
-  from sagc_jax.experiments.claims import mean_ci
+  from sagc_jax.control.tables import mean_ci
 
   plt = _pyplot()
   runs: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}

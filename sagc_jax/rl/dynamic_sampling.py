@@ -1,9 +1,7 @@
 """DAPO dynamic sampling: refill a step's batch with informative groups only.
 
-A group whose rewards are all equal (every response right, or every one
-wrong) has zero advantages and contributes no policy gradient; DAPO (Yu et
-al. 2025, Sec. 3.2) over-samples and keeps only groups with reward variance
-until the batch holds the target number of groups. Each round is a full
+Which groups a round keeps is DAPO's rule (``control.dapo.keep_informative``, shared
+with the replay engine). Each round is a full
 sampler call at the step's G (the SAGC controller observes the length stats of
 every round: a round that straggles costs the step just the same). After ``max_rounds`` rounds the step proceeds with what it
 has and says so; with no informative group at all it is skipped.
@@ -16,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sagc_jax.control.dapo import keep_informative
 from sagc_jax.rl.rollout import RolloutBatch, concat_rollouts, select_groups
 
 
@@ -54,15 +53,15 @@ def collect_informative_groups(sample_round: Callable[[int], tuple[RolloutBatch,
     keep = np.asarray(keep_rows(batch), bool)
     ids = batch.group_ids[batch.row_valid]
     sampled += int(np.unique(ids).size)
-    informative = list(dict.fromkeys(batch.group_ids[keep & batch.row_valid].tolist()))
-    # Groups may differ in size (a plan with a size per prompt): take those that still
-    # fit the row bucket.
-    take = []
-    for group in informative:
-      size = int(np.count_nonzero(batch.row_valid & (batch.group_ids == group)))
-      if kept + len(take) < target_groups and kept_rows + size <= rows:
-        take.append(group)
-        kept_rows += size
+    groups, first_rows = np.unique(ids, return_index=True)
+    groups = groups[np.argsort(first_rows)]                # in order of appearance
+    varied = np.isin(groups, batch.group_ids[keep & batch.row_valid])
+    sizes = np.array([np.count_nonzero(ids == group) for group in groups])
+    # Groups may differ in size (a plan with a size per prompt): those that still fit
+    # the row bucket.
+    take = groups[keep_informative(varied, sizes, target_groups - kept, rows - kept_rows)]
+    kept_rows += int(sizes[np.isin(groups, take)].sum())
+    take = take.tolist()
     if take:
       parts.append(select_groups(batch, take))
       kept += len(take)

@@ -1,0 +1,318 @@
+"""The replay engine: every group-size controller, in lock-step, on one world
+(``control.worlds``: synthetic lengths, a prompt pool or recorded traces), priced by
+one cost interface.
+
+It answers the question ``simulate``, ``simulate --trace`` and ``calibrate`` ask
+(which controller spends a step's time best on these rollouts?) before a user spends
+accelerator hours:
+
+* Arms: every static G of the candidates, then each controller kind asked for, then
+  SAGC at each (tau, delta) of a grid, all built by ``build_arms`` from one complete
+  controller section (``config.ControllerSection.to_dict()``: the section alone holds
+  the defaults).
+* One step (``play_step``): the controller plans on the next prompts, samples rounds
+  of P(G) prompts (a size per prompt where the plan has them), and with DAPO keeps
+  only groups whose rewards vary, sampling further rounds until P(G) groups are kept
+  or ``max_rounds`` ran (``dapo.keep_informative``, the trainer's rule). Every round
+  is priced and observed, as in the trainer.
+* Two ways of changing G: ``hold_rollouts`` (rows per step fixed, prompts = rollouts /
+  G) and ``hold_prompts`` (prompts fixed, rows = prompts * G), ``budget.prompts_for``.
+* Cost: any callable ``cost(rounds, trained) -> {"rollout_s", "learner_s",
+  "total_s"}``: ``rounds`` are the step's sampling rounds, each ``(lengths of its rows,
+  its prompts' token lengths)``; ``trained`` the rows the learner trains (``(response
+  lengths, prompt token lengths)``, one entry per row). ``CostModel`` (a synthetic
+  step cost) and ``DecodeCost`` (a trace's measured CPU decode cost) are here; the TPU
+  pod's compiled cost is ``sagc_jax.aot.trace_cost`` (it needs JAX) and is passed in.
+
+Learning-signal proxies, per step over the trained groups, with the prompts' pass
+rates ``p`` where the world knows them:
+
+* ``signal = sum 4 p (1 - p) log2 G``: SAGC's utility log2 G of a group, weighted by
+  the prompt's reward variance (GRPO's normalised advantages carry a gradient only
+  where the rewards vary; 1 at p = 1/2, 0 for a prompt always or never solved);
+* ``informative``: groups whose rewards vary (DAPO: those it kept; GRPO: their
+  expectation ``sum 1 - p^G - (1 - p)^G``).
+
+Neither is a training outcome; they rank how well a controller spends rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from sagc_jax.control.budget import prompts_for
+from sagc_jax.control.context import BatchContext
+from sagc_jax.control.controller import controller_from_config
+from sagc_jax.control.dapo import keep_informative
+from sagc_jax.control.protocol import StepGroups
+
+__all__ = ["CostModel", "DecodeCost", "best_fixed_mixture", "build_arms", "play_step",
+           "replay_settings", "run", "sagc_arm_name", "summarise"]
+
+Rounds = Sequence[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Wall-clock of one synchronous RL step (seconds), per round of ``rows`` rows whose
+  longest response is ``longest`` tokens and longest prompt ``prompt`` tokens:
+
+  * prefill: ``prefill_s_per_token * rows * prompt``;
+  * decode: every row advances in lock-step until the longest response of the round
+    is done, each iteration costing ``decode_s_per_iter + decode_s_per_row_iter *
+    rows`` (memory-bound: a fixed weight-streaming cost plus a per-row KV-cache cost);
+  * learner: ``learner_s_per_token * rows * (prompt + longest)`` over the trained rows,
+    padded to the longest;
+  * ``step_overhead_s`` for rewards, host work and the optimizer update.
+  """
+
+  prefill_s_per_token: float
+  decode_s_per_iter: float
+  decode_s_per_row_iter: float
+  learner_s_per_token: float
+  step_overhead_s: float
+
+  @classmethod
+  def of(cls, config: Any) -> "CostModel":
+    return cls(**{f.name: float(config.cost[f.name]) for f in dataclasses.fields(cls)})
+
+  def __call__(self, rounds: Rounds, trained: tuple[np.ndarray, np.ndarray]
+               ) -> dict[str, float]:
+    rollout = sum(self.prefill_s_per_token * lengths.size * int(prompts.max())
+                  + int(lengths.max()) * (self.decode_s_per_iter
+                                          + self.decode_s_per_row_iter * lengths.size)
+                  for lengths, prompts in rounds)
+    lengths, prompts = trained
+    learner = (self.learner_s_per_token * lengths.size
+               * (int(prompts.max()) + int(lengths.max())) if lengths.size else 0.0)
+    return {"rollout_s": rollout, "learner_s": learner,
+            "total_s": rollout + learner + self.step_overhead_s}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCost:
+  """A trace's measured CPU decode cost (``trace_sampling.fit_decode_cost``): a sampling
+  round runs until its longest row is done, each decode step costing ``step_s`` plus
+  ``slot_s`` per row still decoding (finished rows are compacted away), so a round
+  costs ``step_s x longest + slot_s x sum(lengths)``. No learner cost: calibration does
+  not measure it."""
+
+  step_s: float
+  slot_s: float
+  name: str = "cpu"
+
+  @classmethod
+  def of(cls, trace: Any) -> "DecodeCost":
+    fit = trace.header.get("decode_cost") or {}
+    if "step_s" not in fit:
+      raise ValueError("the trace's header holds no decode_cost with step_s and slot_s: the "
+                       "'cpu' cost model needs a trace written by python -m sagc_jax.calibrate")
+    return cls(float(fit["step_s"]), float(fit["slot_s"]))
+
+  def settings(self, trace: Any) -> dict[str, Any]:
+    """What a replay under this cost takes from the trace's run: its rollout budget,
+    candidate sizes and DAPO rounds limit, lengths as recorded."""
+    return replay_settings(trace)
+
+  def __call__(self, rounds: Rounds, trained: Any = None) -> dict[str, float]:
+    rollout = sum(self.step_s * int(lengths.max()) + self.slot_s * float(lengths.sum())
+                  for lengths, _ in rounds)
+    return {"rollout_s": rollout, "learner_s": 0.0, "total_s": rollout}
+
+
+def replay_settings(trace: Any, **changes: Any) -> dict[str, Any]:
+  """The replay settings of a trace's run (``rollout``, ``candidates``, ``max_rounds``,
+  ``length_scale``, ``length_cap``), with ``changes`` (a cost model's own budget)."""
+  header = trace.header
+  out = dict(rollout=dict(header["rollout"]),
+             candidates=sorted(header["controller"]["candidates"]),
+             max_rounds=int(header.get("learner", {}).get("dynamic_max_rounds", 3)),
+             length_scale=1.0, length_cap=trace.max_new_tokens)
+  out.update(changes)
+  return out
+
+
+def sagc_arm_name(tau: float, delta: float) -> str:
+  return f"sagc_tau{tau:g}_delta{delta:g}"
+
+
+def build_arms(section: Mapping[str, Any], kinds: Sequence[str] = ("sagc",), *,
+               prompts_for: Callable[[int], int] | None = None,
+               grid: Sequence[tuple[float, float]] = ()) -> list[tuple[str, Any]]:
+  """Every static G of ``section["candidates"]`` (``static_G<g>``), then one arm per
+  controller kind of ``kinds``, then SAGC at each ``(tau, delta)`` of ``grid``
+  (``sagc_tau<t>_delta<d>``), all from the one complete controller ``section``
+  (``ControllerSection.to_dict()``); ``prompts_for`` is P(G) for the contextual kinds."""
+  section = dict(section)
+  arms = [(f"static_G{g}", controller_from_config(dict(section, kind="static", static_g=g,
+                                                       candidates=(g,))))
+          for g in sorted(section["candidates"])]
+  arms += [(kind, controller_from_config(dict(section, kind=kind), prompts_for=prompts_for))
+           for kind in kinds]
+  arms += [(sagc_arm_name(tau, delta), controller_from_config(
+      dict(section, kind="sagc", tau=float(tau), delta=float(delta)))) for tau, delta in grid]
+  return arms
+
+
+def group_stats(block: dict[str, Any], sizes: np.ndarray) -> dict[str, Any]:
+  """Per-group max / median length (and pass rate) of the block's first len(sizes)
+  prompts, each group its first ``G_i`` responses."""
+  k = sizes.size
+  out = {name: np.empty(k) for name in ("max", "median", "pass")}
+  for g in np.unique(sizes):
+    rows = np.flatnonzero(sizes == g)
+    out["max"][rows] = block["lengths"][rows, :g].max(axis=1)
+    out["median"][rows] = np.median(block["lengths"][rows, :g], axis=1)
+    if block["passed"] is not None:
+      out["pass"][rows] = block["passed"][rows, :g].mean(axis=1)
+  out["rows"] = [block["lengths"][j, :s] for j, s in enumerate(sizes)]
+  return out
+
+
+def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per_step: int,
+              cost: Callable, dapo: bool = False, max_rounds: int = 1
+              ) -> tuple[dict[str, float], int]:
+  """One step of ``ctrl`` with its loader at ``cursor`` (module docstring). Returns the
+  step's metrics and the loader's new position."""
+  first = world.block(cursor, per_step, step)
+  started = time.perf_counter()
+  plan = ctrl.plan(lambda: BatchContext(first["ids"], first["prompt_tokens"]))
+  seconds = time.perf_counter() - started
+  g = plan.group_size
+  target = prompts_for(budget, g)
+  seen = {key: [] for key in ("max", "median", "pass", "ids", "sizes")}
+  priced, trained, kept, signal, informative = [], [], 0, 0.0, 0.0
+  for i in range(max_rounds if dapo else 1):
+    sizes = plan.sizes if (i == 0 and plan.sizes is not None) else np.full(target, g)
+    k = sizes.size
+    block = first if i == 0 else world.block(cursor, k, step)
+    cursor += k
+    groups = group_stats(block, sizes)
+    for key in ("max", "median", "pass"):
+      seen[key].append(groups[key])
+    seen["ids"].append(block["ids"][:k])
+    seen["sizes"].append(sizes)
+    rows = groups["rows"]
+    priced.append((np.concatenate(rows), block["prompt_tokens"][:k]))
+    keep = np.ones(k, bool)
+    if dapo:
+      varied = np.array([np.ptp(block["rewards"][j, :s]) > 0 for j, s in enumerate(sizes)])
+      keep = keep_informative(varied, sizes, target - kept)
+    if block["pass_rate"] is not None:
+      p = block["pass_rate"][:k]
+      signal += float(np.sum((4.0 * p * (1.0 - p) * np.log2(sizes))[keep]))
+      # Groups whose rewards vary: DAPO keeps only those; for GRPO, their expectation.
+      informative += float(keep.sum()) if dapo else float(
+          np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
+    trained += [(rows[j], int(block["prompt_tokens"][j])) for j in np.flatnonzero(keep)]
+    kept += int(keep.sum())
+    if kept >= target:
+      break
+  join = lambda key: np.concatenate(seen[key])
+  started = time.perf_counter()
+  metrics = ctrl.observe_step(StepGroups(
+      join("max"), join("median"), prompt_ids=join("ids"),
+      pass_rates=join("pass") if first["passed"] is not None else None,
+      group_sizes=join("sizes")))
+  metrics["controller_s"] = seconds + time.perf_counter() - started
+  trained_rows = (np.concatenate([r for r, _ in trained]) if trained else np.zeros(0, int),
+                  np.concatenate([np.full(r.size, t) for r, t in trained]) if trained
+                  else np.zeros(0, int))
+  metrics.update(cost(priced, trained_rows),
+                 rows=float(sum(lengths.size for lengths, _ in priced)),
+                 rounds=float(len(priced)),
+                 capped=float(max(lengths.max() for lengths, _ in priced) >= world.cap),
+                 real_tokens=float(sum(lengths.sum() for lengths, _ in priced)),
+                 padded_tokens=float(sum(lengths.size * lengths.max() for lengths, _ in priced)))
+  if first["pass_rate"] is not None:
+    metrics.update(signal=signal, informative=informative)
+  return metrics, cursor
+
+
+def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
+        candidates: Sequence[int], cost: Callable, dapo: bool = False, max_rounds: int = 1
+        ) -> dict[str, Any]:
+  """Every arm on every step of ``world`` (common random numbers): per arm its per-step
+  columns and ``summary`` (``summarise``), and the seconds it all took."""
+  per_step = max(prompts_for(budget, g) for g in candidates)
+  cursors = {name: 0 for name, _ in arms}
+  traces = {name: [] for name, _ in arms}
+  started = time.perf_counter()
+  for step in range(steps):
+    for name, ctrl in arms:
+      cursor = step * per_step if world.shared_loader else cursors[name]
+      metrics, cursors[name] = play_step(ctrl, world, step, cursor, budget=budget,
+                                         per_step=per_step, cost=cost, dapo=dapo,
+                                         max_rounds=max_rounds)
+      traces[name].append(metrics)
+  seconds = time.perf_counter() - started
+  columns = {name: {key: [r[key] for r in rows] for key in rows[0]}
+             for name, rows in traces.items()}
+  summary = {name: summarise(col) for name, col in columns.items()}
+  if "signal" in next(iter(columns.values())):
+    add_equal_budget_metrics(summary, columns)
+  return {"summary": summary, "seconds": seconds, "traces": columns}
+
+
+def summarise(col: dict[str, list[float]]) -> dict[str, float]:
+  """An arm's totals and means over its steps."""
+  mean = lambda key: float(np.mean(col[key]))
+  total = lambda key: float(np.sum(col[key]))
+  out = {
+      "straggler_rate": mean("straggler_rate"),
+      "group_straggler_rate": mean("group_straggler_rate"),
+      "step_straggler_rate": mean("step_straggler"),
+      "wall_clock_s": total("total_s"),
+      "rollout_s": total("rollout_s"),
+      "learner_s": total("learner_s"),
+      "mean_g": total("rows") / total("n_groups"),
+      "mean_log2_g": mean("log2_g"),
+      "padding_efficiency": total("real_tokens") / total("padded_tokens"),
+      "rows": total("rows"),
+      "rounds_per_step": mean("rounds"),
+      "controller_us": 1e6 * mean("controller_s"),
+  }
+  if "signal" in col:
+    out.update(signal=total("signal"), informative_groups=total("informative"))
+    out["seconds_per_signal"] = out["wall_clock_s"] / max(out["signal"], 1e-12)
+  return out
+
+
+def add_equal_budget_metrics(summary: dict[str, dict[str, float]],
+                             columns: dict[str, dict[str, list[float]]]) -> None:
+  """Wall-clock to the smallest final signal of any arm, and signal at the shortest
+  run's wall-clock (linear interpolation within a step)."""
+  cumulative = lambda values: np.concatenate([[0.0], np.cumsum(values)])
+  curves = {name: (cumulative(col["total_s"]), cumulative(col["signal"]))
+            for name, col in columns.items()}
+  target = min(s[-1] for _, s in curves.values())
+  budget = min(w[-1] for w, _ in curves.values())
+  for name, (wall, signal) in curves.items():
+    summary[name]["time_to_target_s"] = float(np.interp(target, signal, wall))
+    summary[name]["signal_at_equal_time"] = float(np.interp(budget, wall, signal))
+    summary[name]["target_signal"] = float(target)
+    summary[name]["equal_time_s"] = float(budget)
+
+
+def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],
+                       delta: float) -> float | None:
+  """Best mean log2 G of any fixed randomised choice of G with rate <= delta.
+
+  Solves ``max sum_k w_k log2 G_k  s.t.  sum_k w_k p_k <= delta, w in simplex``
+  given each static arm's measured straggler rate ``p_k``. A two-constraint LP
+  has an optimal vertex using at most two arms, so checking every single arm
+  and every pair straddling ``delta`` is exact. Returns None when no mixture is
+  feasible.
+  """
+  points = list(zip(rates, np.log2(np.asarray(candidates, dtype=np.float64))))  # (p_k, u_k)
+  values = [u for p, u in points if p <= delta]
+  for lo, hi in (sorted(pair) for pair in itertools.combinations(points, 2)):
+    if lo[0] < delta < hi[0]:
+      w = (delta - lo[0]) / (hi[0] - lo[0])
+      values.append((1 - w) * lo[1] + w * hi[1])
+  return float(max(values)) if values else None

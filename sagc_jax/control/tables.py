@@ -1,0 +1,174 @@
+"""Per-arm tables over seeds or replicates: mean ± 95% Student-t half-width per arm,
+and a seed-paired comparison of every arm with a reference arm. One convention for
+every report of the package: ``simulate`` (its claims and prompt-pool tables), the
+trace replay, ``calibrate`` and ``compare``.
+
+Paired comparisons match the rows of two arms by ``seed`` (a replicate of a replay is
+a seed): the per-seed ratio arm / reference or difference arm - reference, then its
+mean ± half-width, read as ``better`` / ``worse`` when the interval excludes "no
+change" on that side and ``no difference`` when it does not (at this many seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = ["Paired", "arm_intervals", "by_seed", "finite", "format_ci", "mean_ci",
+           "paired_markdown", "paired_verdict", "per_arm_markdown", "per_seed", "too_few"]
+
+# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
+         2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
+  """(mean, 95% confidence half-width, n) of the finite ``values``: Student's t with
+  n - 1 degrees of freedom (half-width nan for a single value)."""
+  x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
+  if not x.size:
+    return float("nan"), float("nan"), 0
+  if x.size == 1:
+    return float(x[0]), float("nan"), 1
+  t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
+  return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
+
+
+def format_ci(stat: tuple[float, float, int], fmt: str) -> str:
+  """``mean ± half`` of a ``mean_ci`` result; the mean alone for one value, '–' for none."""
+  mean, half, n = stat
+  if not n:
+    return "–"
+  return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
+
+
+
+def finite(x: Any) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def by_seed(rows: Sequence[dict[str, Any]], match: Callable[[dict], bool]) -> dict[int, dict]:
+  return {int(r["seed"]): r for r in rows if match(r)}
+
+
+def per_seed(ours: dict[int, dict], base: dict[int, dict], key: str,
+              op: Callable[[float, float], float]) -> list[float]:
+  """``op(ours, base)`` of ``key`` for each seed of ``ours`` (in its order) that ``base``
+  ran too, where both values are finite."""
+  return [op(row[key], base[seed][key]) for seed, row in ours.items()
+          if seed in base and finite(row.get(key)) and finite(base[seed].get(key))]
+
+
+def too_few(stat: tuple[float, float, int]) -> str | None:
+  """``n/a`` without a value, ``?`` with one (no interval), else None."""
+  return "n/a" if stat[2] == 0 else "?" if stat[2] < 2 else None
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Paired:
+  """A quantity compared between two arms of the same seed: per seed ``arm / base``
+  (``kind="ratio"``, no change = 1) or ``arm - base`` (``"difference"``, no change =
+  0); ``better`` is the side that favours the arm ("above" / "below"; None: neither)."""
+  key: str
+  title: str
+  kind: str
+  better: str | None
+  fmt: str = ""          # '' = ".3f" for a ratio, "+.3f" for a difference
+
+
+def paired_verdict(stat: tuple[float, float, int], null: float, better: str | None) -> str:
+  """``better`` / ``worse`` when the 95% interval excludes ``null`` on that side
+  (``higher`` / ``lower`` when no side is better), ``no difference`` when it does not,
+  ``?`` with one seed and ``n/a`` with none."""
+  if too_few(stat):
+    return too_few(stat)
+  mean, half, _ = stat
+  side = "above" if mean - half > null else "below" if mean + half < null else None
+  if side is None:
+    return "no difference"
+  if better is None:
+    return "higher" if side == "above" else "lower"
+  return "better" if side == better else "worse"
+
+
+def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, str, str]],
+                    quantities: Sequence[Paired]) -> str:
+  """Seed-paired comparisons as a markdown table: one row per quantity, per pair
+  ``(column title, arm, base arm)`` the mean ± 95% Student-t half-width over the
+  seeds that both arms ran (rows keyed by ``arm`` and ``seed``; non-finite values
+  are left out, and a cell says when fewer seeds remain) and its verdict
+  (``paired_verdict``)."""
+  by_arm: dict[str, dict[int, dict]] = {}
+  for r in sorted(rows, key=lambda r: int(r["seed"])):
+    by_arm.setdefault(r["arm"], {})[int(r["seed"])] = r
+  seeds = sorted({int(r["seed"]) for r in rows})
+  lines = ["| quantity | " + " | ".join(f"{title} | verdict" for title, _, _ in pairs) + " |",
+           "|---|" + "---|---|" * len(pairs)]
+  for q in quantities:
+    fmt = q.fmt or (".3f" if q.kind == "ratio" else "+.3f")
+    null = 1.0 if q.kind == "ratio" else 0.0
+    op = operator.truediv if q.kind == "ratio" else operator.sub
+    cells = []
+    for _, arm, base in pairs:
+      stat = mean_ci(per_seed(by_arm.get(arm, {}), by_arm.get(base, {}), q.key, op))
+      n = stat[2]
+      fewer = f" ({n} of {len(seeds)} seeds)" if 0 < n < len(seeds) else ""
+      cells.append(f"{format_ci(stat, fmt)}{fewer} | {paired_verdict(stat, null, q.better)}")
+    lines.append(f"| {q.title} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def per_arm_markdown(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]],
+                     *, seeds_column: bool = False,
+                     extra: tuple[str, Callable[[str], str]] | None = None) -> str:
+  """Per arm (first-seen order), mean ± 95% CI over its rows of each ``(key, title,
+  format)`` of ``columns``; ``seeds_column`` adds the number of rows, ``extra`` a last
+  ``(title, text of an arm)`` column."""
+  titles = [t for _, t, _ in columns] + ([extra[0]] if extra else [])
+  lines = ["| arm | " + ("seeds | " if seeds_column else "") + " | ".join(titles) + " |",
+           "|---|" + "---|" * (len(titles) + seeds_column)]
+  for arm in dict.fromkeys(r["arm"] for r in rows):
+    mine = [r for r in rows if r["arm"] == arm]
+    cells = [format_ci(mean_ci([r[k] for r in mine]), fmt) for k, _, fmt in columns]
+    cells = ([str(len(mine))] if seeds_column else []) + cells + (
+        [extra[1](arm)] if extra else [])
+    lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def arm_intervals(rows: Sequence[dict[str, Any]], keys: Sequence[str], reference: str,
+                  ratios: Sequence[str]) -> dict[str, dict[str, float]]:
+  """Per arm and key: the mean over the arm's rows and its 95% interval (``key_low``,
+  ``key_high``), and for each of ``ratios`` the seed-paired ratio to ``reference``
+  (``key_vs_<reference>``), the same way."""
+  out: dict[str, dict[str, float]] = {}
+  arms: dict[str, dict[int, dict]] = {}
+  for r in rows:
+    arms.setdefault(r["arm"], {})[int(r["seed"])] = r
+  for arm, mine in arms.items():
+    series = {key: [r[key] for r in mine.values()] for key in keys}
+    for key in ratios:
+      series[f"{key}_vs_{reference}"] = per_seed(mine, arms[reference], key, operator.truediv)
+    row: dict[str, float] = {}
+    for key, values in series.items():
+      mean, half, n = mean_ci(values)
+      half = half if n > 1 else float("nan")
+      row[key], row[f"{key}_low"], row[f"{key}_high"] = mean, mean - half, mean + half
+    out[arm] = row
+  return out
+
+
+def arm_comparison(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]],
+                   paired: Sequence[Paired], *, reference: str, others: Sequence[str],
+                   intro: str, against: str,
+                   extra: tuple[str, Callable[[str], str]] | None = None) -> str:
+  """The per-arm table (``per_arm_markdown``) under ``intro``, then each of ``others``
+  against ``reference``, seed-paired (``paired_markdown``) under ``against``."""
+  return "\n".join([intro, "", per_arm_markdown(rows, columns, extra=extra), "", against, "",
+                    paired_markdown(rows, [(a, a, reference) for a in others], paired)])

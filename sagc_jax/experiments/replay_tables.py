@@ -1,0 +1,193 @@
+"""Multi-seed tables of the replay engine (``control.replay``): ``simulate
+--claims_seeds N`` (the paper's claims in the synthetic world; every arm's
+measurements and the contextual controllers against SAGC in the prompt pool) and
+``simulate --trace`` (every arm replaying real rollouts, per algorithm and tau,
+against the largest static G).
+
+Seed k of a simulation runs with ``config.seed + k`` (lengths, pool, loader order) and
+``controller.seed + k``; replicate k of a trace replay reseeds the replay and the
+controllers and resamples the trace's prompts (bootstrap by prompt), so its intervals
+hold the trace's own sampling error too. Tables: ``control.tables`` (mean ± 95%
+Student-t half-width, seed-paired comparisons). Nothing here is tuned: the verdicts
+are a fixed function of the rows.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from sagc_jax.control.replay import CONTEXTUAL, replay, simulate
+from sagc_jax.control.tables import Paired, arm_comparison
+from sagc_jax.control.trace import Trace
+from sagc_jax.experiments.claims import claims_markdown
+
+__all__ = ["arm_rows", "claim_rows", "simulate_tables", "trace_tables"]
+
+# The per-arm tables' columns, one a line: row key, format, title. Each table picks its keys.
+_TITLES = {key: (title, fmt) for key, fmt, title in (
+    line.split(maxsplit=2) for line in """
+    group_straggler_rate .3f group straggler rate
+    step_straggler_rate .3f step straggler rate
+    wall_clock_h .2f wall-clock (simulated h)
+    signal_k .2f signal (k)
+    informative_k .2f informative groups (k)
+    mean_g .2f mean G
+    time_to_target_h .2f h to target signal
+    signal_at_equal_time_k .2f signal at equal wall-clock (k)
+    controller_us .0f controller µs / step
+    rounds_per_step .2f rounds / step
+    step_s .1f s / step
+    signal_per_h .0f signal / h
+    capped_steps .2f steps at the cap""".strip().splitlines())}
+_columns = lambda *keys: tuple((key, *_TITLES[key]) for key in keys)
+_POOL_COLUMNS = _columns("group_straggler_rate", "step_straggler_rate", "wall_clock_h",
+                         "signal_k", "informative_k", "mean_g", "time_to_target_h",
+                         "signal_at_equal_time_k", "controller_us")
+_TRACE_COLUMNS = _columns("group_straggler_rate", "step_straggler_rate", "mean_g",
+                          "rounds_per_step", "step_s", "signal_per_h", "capped_steps")
+# The prompt pool's comparison with SAGC (arm / SAGC or arm - SAGC, per seed).
+_POOL_PAIRED = (
+    Paired("signal_at_equal_time_k", "signal at equal wall-clock, arm / SAGC", "ratio", "above"),
+    Paired("time_to_target_h", "wall-clock to the target signal, arm / SAGC", "ratio", "below"),
+    Paired("signal_k", "signal over the run, arm / SAGC", "ratio", "above"),
+    Paired("informative_k", "informative groups over the run, arm / SAGC", "ratio", "above"),
+    Paired("wall_clock_h", "wall-clock of the run, arm / SAGC", "ratio", "below"),
+    Paired("group_straggler_rate", "group straggler rate, arm - SAGC", "difference", "below",
+           "+.4f"),
+)
+_TRACE_PAIRED = (
+    Paired("time_to_target_h", "wall-clock to the target signal, arm / static", "ratio",
+           "below"),
+    Paired("signal_at_equal_time_k", "signal at equal wall-clock, arm / static", "ratio",
+           "above"),
+    Paired("group_straggler_rate", "group straggler rate, arm - static", "difference", "below",
+           "+.3f"),
+)
+
+
+def arm_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+  """One row per arm of a prompt-pool simulation or a replay, in the tables' units."""
+  rows = []
+  for arm, s in result["summary"].items():
+    rows.append({
+        "arm": arm, "seed": seed,
+        "group_straggler_rate": s["group_straggler_rate"],
+        "step_straggler_rate": s["step_straggler_rate"],
+        "wall_clock_h": s["wall_clock_s"] / 3600.0,
+        "signal_k": s["signal"] / 1e3,
+        "informative_k": s["informative_groups"] / 1e3,
+        "mean_g": s["mean_g"],
+        "time_to_target_h": s["time_to_target_s"] / 3600.0,
+        "signal_at_equal_time_k": s["signal_at_equal_time"] / 1e3,
+        "controller_us": s["controller_us"],
+    })
+  return rows
+
+
+def claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+  """One ``claims`` row per arm of a synthetic simulation (``algorithm="simulator"``).
+
+  Rewards, accuracy and output lengths are left out: the synthetic world has no
+  policy, and every arm reads the same exogenous lengths, so those claims are not
+  applicable.
+  """
+  candidates = result["candidates"]
+  rows = []
+  for name, summary in result["summary"].items():
+    trace = result["traces"][name]
+    static = name != "sagc"
+    rows.append({
+        "algorithm": "simulator", "controller": "static" if static else "sagc",
+        "static_g": int(name.removeprefix("static_G")) if static else "", "seed": seed,
+        "step_straggler_rate": summary["step_straggler_rate"],
+        "group_straggler_rate": summary["group_straggler_rate"],
+        "wall_clock_s": summary["wall_clock_s"],
+        "seconds_per_step": summary["wall_clock_s"] / len(trace["g"]),
+        "p_smallest_end": trace.get(f"p_mean/G{min(candidates)}", [math.nan])[-1],
+        "p_largest_end": trace.get(f"p_mean/G{max(candidates)}", [math.nan])[-1]})
+  return rows
+
+
+def _seeded(config: Any, section: dict[str, Any], seeds: int
+            ) -> Iterator[tuple[int, Any, dict[str, Any]]]:
+  """``(k, config, section)`` for k < ``seeds``: ``seed`` and the controllers' seed
+  both raised by k."""
+  for k in range(seeds):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = config.seed + k
+    seeded.controller.seed = config.controller.seed + k
+    yield k, seeded, dict(section, seed=section["seed"] + k)
+
+
+def simulate_tables(config: Any, section: dict[str, Any], seeds: int
+                    ) -> tuple[str, list[dict[str, Any]]]:
+  """The markdown over ``seeds`` simulations and its rows: the claims table
+  (``experiments.claims``) in the synthetic world; in the prompt pool, the per-arm
+  table and the contextual kinds against SAGC."""
+  if "pool" not in config:
+    rows = [r for k, seeded, sec in _seeded(config, section, seeds)
+            for r in claim_rows(simulate(seeded, sec), k)]
+    return claims_markdown(rows), rows
+  rows = [r for k, seeded, sec in _seeded(config, section, seeds)
+          for r in arm_rows(simulate(seeded, sec), k)]
+  arms = list(dict.fromkeys(r["arm"] for r in rows))
+  table = arm_comparison(
+      rows, _POOL_COLUMNS, _POOL_PAIRED, reference="sagc",
+      others=[a for a in CONTEXTUAL if a != "sagc" and a in arms],
+      intro=f"Per arm, mean ± 95% CI over {len({r['seed'] for r in rows})} seeds:",
+      against="Against SAGC, per seed then mean ± 95% CI:")
+  return table, rows
+
+
+def _refused(arm: str, refill: bool) -> str:
+  """What the trainer says of an arm the replay runs anyway."""
+  if arm == "per_prompt":
+    why = ["one process only (sizes per prompt)"]
+    if refill:
+      why.append("refused with the refill sampler (rollout.refill_slots > 0); priced here "
+                 "as refill rows all the same")
+    return "; ".join(why)
+  return ""
+
+
+def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
+                 algorithms: Sequence[str], taus: Sequence[float], replicates: int,
+                 steps: int, rollout: dict[str, Any], candidates: Sequence[int],
+                 max_rounds: int, length_scale: float = 1.0, length_cap: int | None = None,
+                 refill: bool = False, log: Callable[[str], None] = print
+                 ) -> tuple[str, list[dict[str, Any]]]:
+  """The markdown tables and their rows of replaying ``traces`` (module docstring):
+  per algorithm and tau, the controller ``section`` with ``candidates`` and that tau."""
+  section = dict(section, candidates=tuple(candidates))
+  rows: list[dict[str, Any]] = []
+  sections = []
+  reference = f"static_G{max(candidates)}"
+  for algorithm in algorithms:
+    for tau in taus:
+      mine = []
+      for rep in range(replicates):
+        log(f"replay: {algorithm}, tau {tau:g}, replicate {rep + 1}/{replicates}")
+        result = replay(traces, dict(section, tau=float(tau), seed=int(section["seed"]) + rep),
+                        cost, rollout=rollout, steps=steps, dapo=algorithm == "dapo",
+                        max_rounds=max_rounds, seed=rep, bootstrap=True,
+                        length_scale=length_scale, length_cap=length_cap)
+        for row in arm_rows(result, rep):
+          s = result["summary"][row["arm"]]
+          row.update(algorithm=algorithm, tau=float(tau), step_s=s["wall_clock_s"] / steps,
+                     signal_per_h=s["signal"] / (s["wall_clock_s"] / 3600.0),
+                     rounds_per_step=s["rounds_per_step"],
+                     capped_steps=float(np.mean(result["traces"][row["arm"]]["capped"])))
+          mine.append(row)
+      rows += mine
+      arms = list(dict.fromkeys(r["arm"] for r in mine))
+      sections.append(arm_comparison(
+          mine, _TRACE_COLUMNS, _TRACE_PAIRED, reference=reference,
+          others=[a for a in arms if a != reference],
+          intro=f"**{algorithm.upper()}, tau {tau:g}**: per arm, mean ± 95% CI over "
+                f"{len({r['seed'] for r in mine})} replicates",
+          against=f"Against {reference}, per replicate then mean ± 95% CI:",
+          extra=("trainer", lambda arm: _refused(arm, refill))))
+  return "\n\n".join(sections), rows
