@@ -37,8 +37,8 @@ def _define_flags():
       "config", str(DEFAULT_CONFIG), "ml_collections config file (get_config()).")
   flags.DEFINE_string("out", "runs/simulate/results.json", "JSON output path.")
   flags.DEFINE_string("plot", None, "PNG plot path (default: --out with .png).")
-  flags.DEFINE_integer("claims_seeds", 0, "also run this many seeds and write the paper's "
-                       "claims table (sagc_jax.experiments.claims) next to --out as claims.md")
+  flags.DEFINE_integer("claims_seeds", 0, "also run this many seeds and write their tables "
+                       "(sagc_jax.experiments.replay_tables) next to --out as claims.md")
   flags.DEFINE_list("trace", [], "Replay this trace (a second one, comma-separated: the "
                     "trace after RL, for drift) instead of simulating lengths.")
   flags.DEFINE_string("cost", "cpu", "Trace replay cost model: 'cpu' (the first trace's "
@@ -126,10 +126,9 @@ def main(argv: Sequence[str], flags) -> None:
   section = controller_settings(config.controller)
   result = simulate(config, section)
   print(f"SAGC simulator{' (prompt pool)' if prompts else ''}: {config.sim.steps} steps, "
-        f"mode={config.sim.mode}, "
-        f"candidates={tuple(config.controller.candidates)}, tau={config.controller.tau}, "
-        f"delta={config.controller.delta} ({result['simulator_seconds']:.2f} s)")
-  print((format_prompt_table if prompts else format_table)(result))
+        f"mode={config.sim.mode}, candidates={tuple(section['candidates'])}, "
+        f"tau={section['tau']}, delta={section['delta']} ({result['simulator_seconds']:.2f} s)")
+  print(format_prompt_table(result) if prompts else format_table(result, section))
   out = Path(flags.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(json.dumps(result, indent=1))

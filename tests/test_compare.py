@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from sagc_jax.control import tables
 from sagc_jax.experiments import arms as arms_lib, compare
 from sagc_jax.config import learner_config, preset, validate
 from test_trainer import small_config
@@ -139,12 +140,12 @@ def test_confidence_intervals_use_student_t():
   rng = np.random.default_rng(0)
   for n in (2, 3, 5, 12, 31, 40):
     x = rng.normal(3.0, 2.0, n)
-    mean, half, count = compare.mean_ci(list(x) + [float("nan")])
+    mean, half, count = tables.mean_ci(list(x) + [float("nan")])
     t = stats.t.ppf(0.975, n - 1) if n - 1 <= 30 else 1.96
     assert count == n and mean == pytest.approx(x.mean())
     assert half == pytest.approx(t * x.std(ddof=1) / np.sqrt(n), rel=1e-3)
-  assert compare.mean_ci([0.5])[2] == 1 and np.isnan(compare.mean_ci([0.5])[1])
-  assert compare.mean_ci([])[2] == 0
+  assert tables.mean_ci([0.5])[2] == 1 and np.isnan(tables.mean_ci([0.5])[1])
+  assert tables.mean_ci([])[2] == 0
 
 
 def test_window_means_give_the_start_and_end_trend():

@@ -350,6 +350,10 @@ def test_from_config_builds_both_kinds_and_names_bad_keys():
     controller_from_config(dict(section, etta=1.0))
   with pytest.raises(ValueError, match="controller: delta"):
     controller_from_config(dict(section, kind="sagc", delta=2.0))
+  with pytest.raises(ValueError, match="controller section lacks eta, initial_g"):
+    controller_from_config({"kind": "sagc", "candidates": (4, 8), "tau": 2.0, "delta": 0.2,
+                            "lambda_max": 5.0, "forgetting": 0.9, "prior_alpha": 1.0,
+                            "prior_beta": 1.0, "seed": 0, "event": "group"})
 
 
 def _jax_free_modules() -> list[str]:

@@ -123,6 +123,16 @@ def test_invalid_config_names_the_key(key, value, match):
     run_sim(config)
 
 
+def test_dapo_rounds_are_refused_where_every_arm_reads_the_steps_prompts():
+  from sagc_jax.control.engine import build_arms, run
+
+  config = load_prompts_config(steps=5)
+  section = controller_settings(config.controller)
+  with pytest.raises(ValueError, match="DAPO rounds need new prompts per arm: the PromptPool"):
+    run(build_arms(section), make_pool(config), steps=5, budget=config.sim,
+        candidates=(4, 8, 16), cost=CostModel.of(config), dapo=True, max_rounds=2)
+
+
 def test_default_cli_runs_and_writes_json_and_png(commands, tmp_path):
   out = tmp_path / "sim.json"
   proc = commands.run("sagc_jax.simulate", f"--out={out}", "--config.sim.steps=200",

@@ -47,6 +47,7 @@ def _synthetic(tmp_path, prompts=12, k=8, seed=0, offset=0, name="t.jsonl"):
 
 def replay_run(trace, cost, steps, **kwargs):
   """``replay`` of one trace with its run's controller section and rollout budget."""
+  kwargs.setdefault("max_rounds", 1)
   return replay([trace], controller_settings(trace.header["controller"]), cost,
                 rollout=trace.header["rollout"], steps=steps, **kwargs)
 

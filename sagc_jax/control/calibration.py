@@ -6,7 +6,7 @@ intervals by prompt) and how they move with ``tau``; then it recommends a settin
 
 The rule (docs/calibrate.md): a setting is judged by what it costs, not by how far
 apart the candidates' rates are. Every SAGC setting of a ``tau`` x ``delta`` grid and
-every static G replay the trace (``trace_replay``: the run's rollout budget and
+every static G replay the trace (the replay engine's trace world, ``control.replay``: the run's rollout budget and
 algorithm, the chosen cost model, bootstrap replicates) and the recommended one has
 the smallest projected time to a fixed learning signal: seconds per unit of
 ``sum 4 p (1 - p) log2 G`` over the trained groups. That signal is SAGC's utility

@@ -3,7 +3,7 @@ the simulator and the config checks use.
 
 Kinds (``controller.kind``):
 
-* ``"sagc"`` (default): Straggler-Aware Group Control, one G per step from a
+* ``"sagc"``: Straggler-Aware Group Control, one G per step from a
   Beta risk posterior per size (``sagc_jax.control.sagc``, whose docstring gives
   the algorithm and its two documented deviations from the paper);
 * ``"static"``: a fixed G with SAGC's metrics (baselines);
@@ -73,6 +73,10 @@ def controller_from_config(section: Mapping[str, Any], *,
   (None: every prompt of the context).
   """
   values = dict(section)
+  missing = sorted({"kind", *KIND_SETTINGS.get(values.get("kind"), ())} - set(values))
+  if missing:
+    raise ValueError(f"controller section lacks {', '.join(missing)}: build it with "
+                     "config.controller_settings (the section states every default)")
   kind = values.pop("kind")
   if kind not in KIND_SETTINGS:
     raise ValueError(f"controller.kind={kind!r} is not one of {list(CONTROLLER_KINDS)}")

@@ -238,7 +238,11 @@ def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
         candidates: Sequence[int], cost: Callable, dapo: bool = False, max_rounds: int = 1
         ) -> dict[str, Any]:
   """Every arm on every step of ``world`` (common random numbers): per arm its per-step
-  columns and ``summary`` (``summarise``), and the seconds it all took."""
+  columns and ``summary`` (``summarise``), and the seconds it all took. DAPO's further
+  rounds need a world with rewards whose arms have their own loaders (a trace)."""
+  if dapo and world.shared_loader:
+    raise ValueError(f"DAPO rounds need new prompts per arm: the {type(world).__name__} "
+                     "hands every arm the step's prompts (replay a trace instead)")
   per_step = max(prompts_for(budget, g) for g in candidates)
   cursors = {name: 0 for name, _ in arms}
   traces = {name: [] for name, _ in arms}
@@ -270,7 +274,8 @@ def summarise(col: dict[str, list[float]]) -> dict[str, float]:
       "wall_clock_s": total("total_s"),
       "rollout_s": total("rollout_s"),
       "learner_s": total("learner_s"),
-      "mean_g": total("rows") / total("n_groups"),
+      "mean_g": total("rows") / total("n_groups"),            # over groups
+      "mean_step_g": mean("g"),                               # over steps
       "mean_log2_g": mean("log2_g"),
       "padding_efficiency": total("real_tokens") / total("padded_tokens"),
       "rows": total("rows"),

@@ -44,10 +44,10 @@ _DROPPED_COLUMNS = {"synthetic": ("controller_s", "rows", "rounds", "capped"),
 def simulate(config: Any, section: dict[str, Any]) -> dict[str, Any]:
   """Every arm in lock-step on the config's world; per-arm summaries and per-step
   traces."""
-  validate_world(config)
+  candidates = sorted(section["candidates"])
+  validate_world(config, candidates)
   for name in CostModel.__dataclass_fields__:
     checks.number_in(config, f"cost.{name}", 0.0)
-  candidates = sorted(section["candidates"])
   per_step = max(prompts_for(config.sim, g) for g in candidates)
   pool = "pool" in config
   if pool:
@@ -68,7 +68,8 @@ def simulate(config: Any, section: dict[str, Any]) -> dict[str, Any]:
     out["summary"] = {name: {k: s[k] for k in _POOL_SUMMARY}
                       for name, s in result["summary"].items()}
     return {**out, "simulator_seconds": result["seconds"], "traces": traces}
-  summary = {name: {k: s["rows" if k == "rollouts" else k] for k in _SYNTHETIC_SUMMARY}
+  renamed = {"rollouts": "rows", "mean_g": "mean_step_g"}      # the synthetic world's names
+  summary = {name: {k: s[renamed.get(k, k)] for k in _SYNTHETIC_SUMMARY}
              for name, s in result["summary"].items()}
   largest = f"static_G{max(candidates)}"
   for row in summary.values():
@@ -80,7 +81,7 @@ def simulate(config: Any, section: dict[str, Any]) -> dict[str, Any]:
 
 
 def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
-           rollout: dict[str, Any], steps: int, dapo: bool = False, max_rounds: int = 3,
+           rollout: dict[str, Any], steps: int, dapo: bool = False, max_rounds: int,
            kinds: Sequence[str] = CONTEXTUAL, grid: Sequence[tuple[float, float]] = (),
            seed: int = 0, bootstrap: bool = False, length_scale: float = 1.0,
            length_cap: int | None = None) -> dict[str, Any]:
@@ -97,11 +98,12 @@ def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
              dapo=dapo, max_rounds=max_rounds)
 
 
-def format_table(result: dict[str, Any]) -> str:
-  """The synthetic world's comparison table (one line per arm)."""
+def format_table(result: dict[str, Any], section: dict[str, Any]) -> str:
+  """The synthetic world's comparison table (one line per arm) of the arms of the
+  controller ``section``."""
   header = (f"{'arm':<12} {'groups':>7} {'steps':>7} {'wall_s':>10} {'rollout_s':>10} "
             f"{'speedup':>8} {'mean_G':>7} {'log2_G':>7} {'pad_eff':>8}")
-  event = result["config"]["controller"].get("event", "group")
+  event = section["event"]
   lines = [f"straggler rates: 'groups' = fraction of groups, 'steps' = fraction of steps "
            f"with a straggler; the constraint uses {event!r}", header, "-" * len(header)]
   for name, row in result["summary"].items():
@@ -111,7 +113,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"{row['rollout_s']:>10.1f} {row['speedup_vs_largest_static']:>8.2f} "
         f"{row['mean_g']:>7.2f} {row['mean_log2_g']:>7.3f} {row['padding_efficiency']:>8.3f}")
   best = result["best_fixed_mixture_log2_g"]
-  delta = result["config"]["controller"]["delta"]
+  delta = section["delta"]
   lines.append(f"best fixed randomised G with {event} straggler rate <= {delta}: mean log2 G = "
                + ("infeasible" if best is None else f"{best:.3f}"))
   return "\n".join(lines)

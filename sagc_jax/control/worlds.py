@@ -2,7 +2,8 @@
 
 A world answers one question: which prompts, responses and lengths does a sampling
 round see. ``block(start, count, step)`` gives the prompts at loader positions
-``start .. start + count - 1`` at training progress ``step`` as a dict of ``ids``,
+``start .. start + count - 1`` at training progress ``step`` (the synthetic world has
+no prompts to position: its step's lengths are one draw) as a dict of ``ids``,
 ``prompt_tokens`` [count], ``lengths`` [count, max_g] and, where the world knows
 them, ``pass_rate`` [count] and ``passed`` / ``rewards`` [count, max_g] (else None).
 
@@ -202,13 +203,13 @@ class PromptPool:
         "pass_offset": pool.pass_logit_mean - pool.pass_logit_scale * d,
         "prompt_tokens": np.clip(np.rint(tokens), 8, 8 * sim.prompt_len).astype(np.int64),
     }
-    self._last: tuple[int, dict[str, Any]] | None = None
+    self._last: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
   def block(self, start: int, count: int, step: int) -> dict[str, Any]:
-    """The step's prompts (one draw per step, whatever arm asks), with their true
-    ``pass_rate`` and ``tail_prob``."""
-    if self._last is None or self._last[0] != step:
-      self._last = (step, self._draw(start, count, step))
+    """The prompts at the positions, with their true ``pass_rate`` and ``tail_prob``
+    (the last block is kept: every arm reads the step's)."""
+    if self._last is None or self._last[0] != (start, count, step):
+      self._last = ((start, count, step), self._draw(start, count, step))
     return self._last[1]
 
   def _draw(self, start: int, count: int, step: int) -> dict[str, Any]:
@@ -286,8 +287,9 @@ class TraceWorld:
     }
 
 
-def validate_world(config: Any) -> None:
-  """Fails fast, naming the key, on any invalid ``sim`` (and ``pool``) setting."""
+def validate_world(config: Any, candidates: Sequence[int]) -> None:
+  """Fails fast, naming the key, on any invalid ``sim`` (and ``pool``) setting of a
+  simulation whose arms use ``candidates``."""
   checks.positive_int(config, "sim.steps")
   mode = checks.one_of(config, "sim.mode", ROLLOUT_MODES)
   max_len = checks.positive_int(config, "sim.max_len")
@@ -302,7 +304,7 @@ def validate_world(config: Any) -> None:
   high = checks.number_in(config, "sim.tail_factor_max", 1.0)
   if high < low:
     raise ValueError(f"sim.tail_factor_max={high} is below sim.tail_factor_min={low}")
-  checks.group_budget(config, "sim", mode, tuple(checks.lookup(config, "controller.candidates")))
+  checks.group_budget(config, "sim", mode, tuple(candidates))
   if "pool" not in config:
     return
   checks.positive_int(config, "pool.size")

@@ -118,7 +118,7 @@ def _seeded(config: Any, section: dict[str, Any], seeds: int
   for k in range(seeds):
     seeded = config.copy_and_resolve_references()
     seeded.seed = config.seed + k
-    seeded.controller.seed = config.controller.seed + k
+    seeded.controller.seed = section["seed"] + k
     yield k, seeded, dict(section, seed=section["seed"] + k)
 
 
