@@ -19,6 +19,8 @@ from typing import Sequence
 
 from sagc_jax.cli import run_absl_tool
 
+SIGNAL_CHECKS = Path(__file__).resolve().parents[1] / "configs" / "signal_checks.json"
+
 
 def _define_flags():
   from absl import flags
@@ -39,6 +41,9 @@ def _define_flags():
   flags.DEFINE_string("check", None, "Also compare the straggler rates a finished run "
                       "observed (its metrics.jsonl, at its tau) with the trace's prediction.")
   flags.DEFINE_float("check_other_tau", 1.8, "With --check: also the prediction at this tau.")
+  flags.DEFINE_string("signal_checks", str(SIGNAL_CHECKS), "The learning measures' checks "
+                      "against measured learning (JSON, docs/results.md): a recommendation "
+                      "is made only under a measure that passed on two workloads.")
   flags.mark_flags_as_required(["out"])
   return flags.FLAGS
 
@@ -77,7 +82,12 @@ def main(argv: Sequence[str], flags) -> None:
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = trace_cost_model(flags.cost, trace)
+  from sagc_jax.control.signals import validated_measures
+
+  checks = Path(flags.signal_checks)
+  validated = validated_measures(json.loads(checks.read_text())) if checks.is_file() else []
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
+                              validated=validated,
                               log=lambda m: print(m, flush=True),
                               **cost.settings(trace))
   out.mkdir(parents=True, exist_ok=True)

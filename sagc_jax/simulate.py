@@ -49,7 +49,14 @@ def _define_flags():
   flags.DEFINE_float("delta", None, "Trace replay: the controllers' delta (default: the "
                      "traced run's).")
   flags.DEFINE_integer("replicates", 5, "Trace replay: bootstrap replicates (>= 3).")
-  flags.DEFINE_integer("steps", 300, "Trace replay: steps per replicate.")
+  flags.DEFINE_integer("steps", 300, "Trace replay: steps per replicate (with --horizon_s: "
+                       "at most).")
+  flags.DEFINE_float("horizon_s", None, "Trace replay: run every arm for this many seconds of "
+                     "priced time (a comparison's time budget H) instead of --steps; the "
+                     "drift between two traces follows the fraction of H spent.")
+  flags.DEFINE_string("learning", None, "Trace replay with --horizon_s: check each learning "
+                      "measure's predicted pair orders against the pairs this finished "
+                      "comparison (its workdir, with per_hour.json) resolved, at the first tau.")
   return flags.FLAGS
 
 
@@ -82,9 +89,28 @@ def replay_traces(flags) -> None:
   section = controller_settings(traces[0].header["controller"])
   if flags.delta is not None:
     section["delta"] = float(flags.delta)
-  table, rows = trace_tables(traces, section, cost, algorithms=flags.algorithms, taus=taus,
-                             replicates=flags.replicates, steps=flags.steps, refill=refill,
-                             log=lambda m: print(m, flush=True), **settings)
+  if flags.horizon_s is not None and not flags.horizon_s > 0:
+    raise ValueError(f"--horizon_s={flags.horizon_s} must be > 0")
+  if flags.learning and flags.horizon_s is None:
+    raise ValueError("--learning needs --horizon_s (the comparison's time budget H)")
+  per_hour = None
+  if flags.learning:
+    path = Path(flags.learning) / "per_hour.json"
+    if not path.is_file():
+      raise ValueError(f"--learning {flags.learning}: no per_hour.json (python -m "
+                       "sagc_jax.compare writes it)")
+    per_hour = json.loads(path.read_text())
+  table, rows, found = trace_tables(traces, section, cost, algorithms=flags.algorithms,
+                                    taus=taus, replicates=flags.replicates, steps=flags.steps,
+                                    refill=refill, horizon_s=flags.horizon_s,
+                                    log=lambda m: print(m, flush=True), **settings)
+  if per_hour is not None:
+    from sagc_jax.control.signals import check_learning, learning_markdown
+    found["learning"] = check_learning(
+        {a: found["predictions"][f"{a} tau {taus[0]:g}"] for a in flags.algorithms}, per_hour)
+    table += (f"\n\nEach measure's predicted order of every pair resolved by "
+              f"{flags.learning} (mean held-out accuracy over [0, H], Holm):\n\n"
+              + learning_markdown(found["learning"]))
   truncated = [float(t.truncated.mean()) for t in traces]
   drift = "drifting from the first trace to the second" if len(traces) == 2 else \
       "one stationary trace: an upper bound for the contextual kinds"
@@ -107,7 +133,8 @@ def replay_traces(flags) -> None:
   out = Path(flags.out).with_suffix(".md")
   out.parent.mkdir(parents=True, exist_ok=True)
   out.write_text(intro + "\n\n" + table + "\n")
-  out.with_suffix(".json").write_text(json.dumps({"intro": intro, "rows": rows}, indent=1))
+  out.with_suffix(".json").write_text(json.dumps({"intro": intro, "rows": rows, **found},
+                                                 indent=1))
   print(f"wrote {out} and {out.with_suffix('.json')}")
 
 

@@ -158,9 +158,73 @@ def test_dapo_keeps_only_groups_whose_rewards_vary_and_pays_for_every_round(tmp_
 
 
 def test_decode_cost_prices_the_longest_row_and_every_decoded_token():
-  cost = DecodeCost(0.5, 0.01)
-  got = cost([(np.array([3, 9, 4]), np.array([10])), (np.array([2, 2]), np.array([10]))])
-  assert got["total_s"] == pytest.approx(0.5 * 9 + 0.01 * 16 + 0.5 * 2 + 0.01 * 4)
+  cost = DecodeCost(0.5, 0.01, learner_step_s=0.2, learner_token_s=0.001)
+  rounds = [(np.array([3, 9, 4]), np.array([10])), (np.array([2, 2]), np.array([10]))]
+  trained = (np.array([3, 9]), np.array([10, 10]))        # two rows: 22 prompt + 12 response
+  got = cost(rounds, trained)
+  assert got["rollout_s"] == pytest.approx(0.5 * 9 + 0.01 * 16 + 0.5 * 2 + 0.01 * 4)
+  assert got["learner_s"] == pytest.approx(0.2 + 0.001 * 32)
+  assert got["total_s"] == pytest.approx(got["rollout_s"] + got["learner_s"])
+
+
+def test_each_learning_measure_matches_hand_counts(tmp_path):
+  """16 prompts, each half right with distinct rewards, 20-token responses; GRPO at G = 2
+  and 4 under hold_prompts (4 prompts a step), 5 steps."""
+  trace = _uniform_trace(tmp_path, True, "vary.jsonl")
+  col = replay_run(trace, DecodeCost(0.0, 1.0), 5, kinds=(), seed=0)["traces"]
+  for g in (2, 4):
+    step = {key: col[f"static_G{g}"][key][0] for key in
+            ("signal", "informative", "informative_rows", "advantage_mass")}
+    # Any two distinct rewards r: |A| = |r - mean| / std(ddof=1) per row, summed.
+    drawn = [np.abs((r - r.mean()) / (r.std(ddof=1) + 1e-6)).sum()
+             for r in _group_rewards(trace, col, g)]
+    assert step["signal"] == pytest.approx(4 * 4 * 0.25 * np.log2(g))     # p = 1/2
+    assert step["informative"] == pytest.approx(4 * (1 - 2 * 0.5 ** g))
+    assert step["informative_rows"] == 4 * g                              # every group varies
+    assert step["advantage_mass"] == pytest.approx(sum(drawn))
+
+
+def _group_rewards(trace, col, g):
+  """The rewards of the first step's 4 groups at G (the replay's own draw, read back)."""
+  world = TraceWorld([trace], max_g=4, steps=5, seed=0)
+  block = world.block(0, 4, 0)
+  return [row[:g] for row in block["rewards"]]
+
+
+def test_calibrate_withholds_a_recommendation_without_a_validated_measure_that_agrees(tmp_path):
+  # Rare successes (p = 1/8) and heavy-tailed lengths under a fixed row budget priced by
+  # its tokens: per step, the utility favours small G (P(G) log2 G) and the rows whose
+  # rewards vary favour large G (a group of 4 varies more often than one of 2).
+  rng = np.random.default_rng(3)
+  records = []
+  for i in range(16):
+    lengths = np.clip(rng.lognormal(3, 0.6, 8), 1, 64).astype(int)
+    correct = rng.random(8) < 1 / 8
+    records.append(trace_lib.trace_record(i, 10, lengths, correct.astype(float), correct,
+                                          lengths >= 64))
+  header = _header()
+  header["rollout"] = {"mode": "hold_rollouts", "prompts_per_step": 4, "rollouts_per_step": 16}
+  trace_lib.write_trace(tmp_path / "rare.jsonl", header, records)
+  trace = trace_lib.read_trace(tmp_path / "rare.jsonl")
+  cost = DecodeCost(0.0, 1e-3)
+  section = controller_settings(trace.header["controller"])
+  report = lambda validated: calibration_report(
+      trace, cost, section, steps=40, replicates=3, taus=(1.5, 3.0), deltas=(0.1, 0.5),
+      validated=validated, log=lambda m: None, **cost.settings(trace))
+  none = report(())
+  assert "no learning measure has passed" in none["recommended"]["withheld"]
+  assert set(none["signals"]) == {"utility", "informative_groups", "informative_rows",
+                                  "advantage_mass"}
+  sagc_best = lambda measure: next(a for a in none["signals"][measure]["ranking"]
+                                   if a.startswith("sagc"))
+  assert sagc_best("utility") != sagc_best("informative_rows")       # the trace's disagreement
+  both = report(("utility", "informative_rows"))["recommended"]
+  assert "the validated measures disagree on the best setting" in both["withheld"]
+  one = report(("utility",))["recommended"]
+  assert one["arm"] == sagc_best("utility") and one["measure"] == "utility"
+  savings = none["straggler_savings"]
+  assert set(savings) == {"hold_prompts", "hold_rollouts"}
+  assert all(0.0 <= v["mean"] < 1.0 for v in savings["hold_prompts"]["straggler_share"].values())
 
 
 def test_the_replay_is_deterministic_in_its_seed(tmp_path):
@@ -201,7 +265,8 @@ def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
   settings = cost.settings(trace)
   section = controller_settings(trace.header["controller"])
   report = calibration_report(trace, cost, section, steps=60, replicates=2, taus=(1.5, 2.5),
-                              deltas=(0.1, 0.5), log=lambda m: None, **settings)
+                              deltas=(0.1, 0.5), validated=("utility",), log=lambda m: None,
+                              **settings)
   rec = report["recommended"]
   alone = []
   for rep in range(2):
@@ -210,8 +275,8 @@ def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
                         grid=[(rec["tau"], rec["delta"])], seed=rep, bootstrap=True,
                         max_rounds=settings["max_rounds"])["summary"][
                             sagc_arm_name(rec["tau"], rec["delta"])])
-  assert rec["seconds_per_signal"] == pytest.approx(
-      np.mean([a["seconds_per_signal"] for a in alone]))
+  assert rec["per_hour"] == pytest.approx(
+      np.mean([a["signal"] / (a["wall_clock_s"] / 3600) for a in alone]))
   assert f"--config.controller.tau={rec['tau']:g}" in rec["overrides"]
   assert set(report["straggler_rates"]) == {f"G{g}" for g in report["candidates"]}
   json.dumps(report)                       # report.json holds it

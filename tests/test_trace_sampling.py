@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from sagc_jax.control.trace import read_trace
-from sagc_jax.training.trace_sampling import fit_decode_cost, record_trace
+from sagc_jax.training.trace_sampling import fit_decode_cost, fit_learner_cost, record_trace
+
+
+def test_learner_cost_fit_recovers_the_step_and_token_costs_of_the_updates():
+  updates = [{"tokens": t, "seconds": 0.1 + 2e-4 * t} for t in (700, 1500, 3200, 900)]
+  fit = fit_learner_cost(updates)
+  assert fit["step_s"] == pytest.approx(0.1) and fit["token_s"] == pytest.approx(2e-4)
 
 
 def test_decode_cost_fit_recovers_the_step_and_slot_costs_of_the_calls():
@@ -39,7 +45,14 @@ def test_a_trace_resumed_midway_equals_one_sampled_at_once(shared, tmp_path):
   assert ((1 <= whole.lengths) & (whole.lengths <= 16)).all()
   assert (whole.lengths[whole.truncated] == 16).all()
   assert (whole.rewards >= whole.correct).all()
-  assert len(whole.header["decode_cost"]["calls"]) == 3     # 2 prompts x 8 rows per call
+  assert len(whole.header["decode_cost"]["trace_calls"]) == 3   # 2 prompts x 8 rows a call
+  # A training step timed at each candidate G, 3 times after a warm-up: sampler and learner.
+  steps = whole.header["decode_cost"]["calls"]
+  sizes = sorted(config.controller.candidates)
+  assert sorted(c["g"] for c in steps) == sorted(sizes * 3)
+  updates = whole.header["learner_cost"]["updates"]
+  assert [u["g"] for u in updates] == [c["g"] for c in steps]
+  assert all(u["seconds"] > 0 and u["tokens"] > u["rows"] for u in updates)
   assert any("calibrate: 6/6 prompts" in m for m in messages)
 
   part = tmp_path / "part"
@@ -47,7 +60,8 @@ def test_a_trace_resumed_midway_equals_one_sampled_at_once(shared, tmp_path):
   # A stopped run leaves its finished batches in the partial file: make one.
   lines = (part / "trace.jsonl").read_text().splitlines()
   header = {k: v for k, v in json.loads(lines[0]).items()
-            if k not in ("schema", "decode_cost", "date", "compiles_after_warmup")}
+            if k not in ("schema", "decode_cost", "learner_cost", "date",
+                         "compiles_after_warmup")}
   batch = {"records": [json.loads(line) for line in lines[1:]],
            "calls": [{"rows": 16, "decode_steps": 1, "decode_slots": 16, "seconds": 0.1}]}
   (part / "trace.partial.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(batch) + "\n")

@@ -6,12 +6,20 @@ intervals by prompt) and how they move with ``tau``; then it recommends a settin
 
 The rule (docs/calibrate.md): a setting is judged by what it costs, not by how far
 apart the candidates' rates are. Every SAGC setting of a ``tau`` x ``delta`` grid and
-every static G replay the trace (the replay engine's trace world, ``control.replay``: the run's rollout budget and
-algorithm, the chosen cost model, bootstrap replicates) and the recommended one has
-the smallest projected time to a fixed learning signal: seconds per unit of
-``sum 4 p (1 - p) log2 G`` over the trained groups. That signal is SAGC's utility
-``log2 G`` weighted by each prompt's reward variance (no gradient from a prompt always
-or never solved). When a static G beats every SAGC setting the report says so.
+every static G replay the trace (the replay engine's trace world, ``control.replay``:
+the run's rollout budget and algorithm, the chosen cost model, bootstrap replicates).
+The report ranks them under every learning measure (``control.signals``), and
+recommends the setting that gathers the most of a measure per hour of priced time
+only under a measure that passed its check against measured learning on two
+workloads (``validated``; docs/results.md holds the checks). Otherwise it withholds
+the ranking and says why. When a static G beats every SAGC setting the report says
+so.
+
+``straggler_savings``: per way of changing G, the share of rollout time the
+stragglers cost (every row above ``tau x`` its group's median cut to that length and
+priced again) per static G, and under ``hold_prompts`` what a smaller G saves by
+decoding fewer rows, apart from stragglers (its rollout without stragglers against the
+largest G's).
 """
 
 from __future__ import annotations
@@ -21,8 +29,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sagc_jax.control.budget import prompts_for
+from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
 from sagc_jax.control.engine import sagc_arm_name
+from sagc_jax.control.signals import measure_values, signals
 from sagc_jax.control.replay import replay
 from sagc_jax.control.tables import arm_intervals
 from sagc_jax.control.trace import Trace, length_summary, straggler_rates, tau_curve
@@ -40,6 +49,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
                        candidates: Sequence[int], max_rounds: int, length_scale: float = 1.0,
                        length_cap: int | None = None, steps: int = 200, replicates: int = 10,
                        taus: Sequence[float] = TAUS, deltas: Sequence[float] = DELTAS,
+                       validated: Sequence[str] = (),
                        log: Callable[[str], None] = print) -> dict[str, Any]:
   """The calibration report of ``trace`` (module docstring): the controllers are the
   complete controller ``section`` of the traced run (``ControllerSection.to_dict()``),
@@ -69,17 +79,42 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
     result = replay([trace], reseeded, cost, rollout=rollout, steps=steps, dapo=dapo,
                     max_rounds=max_rounds, kinds=(), grid=[(t, d) for t in taus for d in deltas],
                     seed=rep, bootstrap=True, length_scale=length_scale, length_cap=length_cap)
-    rows += [dict(s, arm=arm, seed=rep) for arm, s in result["summary"].items()]
+    rows += [dict(s, **measure_values(s), arm=arm, seed=rep, step_s=s["wall_clock_s"] / steps)
+             for arm, s in result["summary"].items()]
   reference = f"static_G{max(candidates)}"
-  table = arm_intervals(rows, ("seconds_per_signal", "group_straggler_rate",
-                               "step_straggler_rate", "mean_g"), reference,
-                        ratios=("time_to_target_s", "seconds_per_signal"))
-  static = {k: v for k, v in table.items() if k.startswith("static")}
+  table = arm_intervals(rows, ("seconds_per_signal", "step_s", "rollout_s",
+                               "group_straggler_rate", "step_straggler_rate", "mean_g"),
+                        reference, ratios=("time_to_target_s", "seconds_per_signal", "step_s"))
+  found = signals(rows)
   settings = [(t, d) for t in taus for d in deltas]
-  best_tau, best_delta = min(settings,
-                             key=lambda s: table[sagc_arm_name(*s)]["seconds_per_signal"])
-  best = sagc_arm_name(best_tau, best_delta)
-  best_static = min(static, key=lambda k: static[k]["seconds_per_signal"])
+  bests = {m: max(settings, key=lambda s, m=m: found[m]["arms"][sagc_arm_name(*s)]["mean"])
+           for m in validated if m in found}
+  if len(set(bests.values())) != 1:
+    why = ("no learning measure has passed its check against measured learning on two "
+           "workloads (docs/results.md)" if not bests else
+           "the validated measures disagree on the best setting (" + ", ".join(
+               f"{m}: {sagc_arm_name(*s)}" for m, s in bests.items()) + ")")
+    recommended = {"withheld": why + ", so the replay cannot say which setting trains "
+                   "faster; read the step time and the straggler rates",
+                   "candidates": candidates}
+  else:
+    measure, (best_tau, best_delta) = next(iter(bests.items()))
+    value = lambda arm: found[measure]["arms"][arm]["mean"]
+    best = sagc_arm_name(best_tau, best_delta)
+    best_static = max((a for a in table if a.startswith("static")), key=value)
+    recommended = {
+        "measure": measure, "tau": best_tau, "delta": best_delta, "candidates": candidates,
+        "arm": best, "per_hour": value(best), "static_beats_it": value(best_static) > value(best),
+        "best_static": best_static,
+        "predicted_rates": {f"G{g}": straggler_rates(trace, g, best_tau, prompts_for(budget, g))
+                            for g in candidates},
+        "overrides": f"--config.controller.tau={best_tau:g} "
+                     f"--config.controller.delta={best_delta:g} "
+                     f"--config.controller.candidates='({','.join(map(str, candidates))})'"}
+  savings = straggler_savings(trace, cost, dict(controller, candidates=tuple(candidates)),
+                              rollout=rollout, steps=steps, replicates=replicates, dapo=dapo,
+                              max_rounds=max_rounds, length_scale=length_scale,
+                              length_cap=length_cap)
   return {
       "trace": {k: header.get(k) for k in ("model", "config_digest", "date", "split", "prompts",
                                           "responses", "checkpoint_step", "sampling")},
@@ -90,24 +125,42 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
       "tau": tau, "candidates": candidates,
       "straggler_rates": rates,
       "tau_curve": tau_curve(trace, candidates, CURVE_TAUS),
-      "rule": "smallest projected seconds per unit of learning signal "
-              "(sum over trained groups of 4 p (1 - p) log2 G)",
+      "rule": "the most of a validated learning measure per hour of priced time "
+              "(control.signals); withheld when no measure is validated",
       "replay": {"steps": steps, "replicates": replicates, "taus": taus,
                  "deltas": list(deltas), "arms": table, "reference": reference},
-      "recommended": {
-          "tau": best_tau, "delta": best_delta, "candidates": candidates, "arm": best,
-          "seconds_per_signal": table[best]["seconds_per_signal"],
-          "static_beats_it": static[best_static]["seconds_per_signal"]
-                             < table[best]["seconds_per_signal"],
-          "best_static": best_static,
-          "predicted_rates": {f"G{g}": straggler_rates(trace, g, best_tau,
-                                                       prompts_for(budget, g))
-                              for g in candidates},
-          "overrides": f"--config.controller.tau={best_tau:g} "
-                       f"--config.controller.delta={best_delta:g} "
-                       f"--config.controller.candidates='({','.join(map(str, candidates))})'",
-      },
+      "signals": found, "validated": list(validated), "recommended": recommended,
+      "straggler_savings": savings,
   }
+
+
+def straggler_savings(trace: Trace, cost: Callable, section: dict[str, Any], *,
+                      rollout: dict[str, Any], steps: int, replicates: int, dapo: bool,
+                      max_rounds: int, length_scale: float = 1.0,
+                      length_cap: int | None = None) -> dict[str, Any]:
+  """Per way of changing G (module docstring): every static G's share of rollout time
+  the stragglers cost, and its rollout without stragglers against the largest G's,
+  each a mean and 95% interval over bootstrap replicates."""
+  out = {}
+  reference = f"static_G{max(section['candidates'])}"
+  for mode in ROLLOUT_MODES:
+    rows = []
+    for rep in range(replicates):
+      result = replay([trace], section, cost, rollout=dict(rollout, mode=mode), steps=steps,
+                      dapo=dapo, max_rounds=max_rounds, kinds=(), seed=rep, bootstrap=True,
+                      length_scale=length_scale, length_cap=length_cap)
+      rows += [dict(s, arm=arm, seed=rep) for arm, s in result["summary"].items()]
+    table = arm_intervals(rows, ("straggler_share",), reference, ratios=("rollout_cut_s",))
+    out[mode] = {"cost_model": getattr(cost, "name", "custom"),
+                 "straggler_share": {a: _interval(t, "straggler_share") for a, t in table.items()}}
+    if mode == "hold_prompts":
+      out[mode]["rollout_without_stragglers_vs_largest_g"] = {
+          a: _interval(t, f"rollout_cut_s_vs_{reference}") for a, t in table.items()}
+  return out
+
+
+def _interval(row: dict[str, float], key: str) -> dict[str, float]:
+  return {"mean": row[key], "low": row[f"{key}_low"], "high": row[f"{key}_high"]}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -123,21 +176,34 @@ def format_report(report: dict[str, Any]) -> str:
                  f"{r['step_rate']:.3f} [{r['step_low']:.3f}, {r['step_high']:.3f}]")
   replay_ = report["replay"]
   lines.append(f"replay ({report['algorithm']}, cost {report['cost_model']}, "
-               f"{replay_['replicates']} replicates x {replay_['steps']} steps): seconds per "
-               f"unit of signal, vs {replay_['reference']}")
+               f"{replay_['replicates']} replicates x {replay_['steps']} steps): step time "
+               f"(95% interval over replicates), vs {replay_['reference']}")
   arms = replay_["arms"]
-  ranked = sorted(arms, key=lambda k: arms[k]["seconds_per_signal"])
-  for name in ranked[:5] + [k for k in ranked[5:] if k.startswith("static")]:
-    a = arms[name]
-    vs = f"seconds_per_signal_vs_{replay_['reference']}"
-    lines.append(f"  {name:<24} {a['seconds_per_signal']:.4g} s  x{a[vs]:.3f} "
-                 f"[{a[vs + '_low']:.3f}, {a[vs + '_high']:.3f}]  mean G "
-                 f"{a['mean_g']:.2f}  groups straggling {a['group_straggler_rate']:.3f}")
+  vs = f"step_s_vs_{replay_['reference']}"
+  for name in sorted(arms, key=lambda k: arms[k]["step_s"]):
+    if name.startswith("static") or name == report["recommended"].get("arm"):
+      a = arms[name]
+      lines.append(f"  {name:<24} {a['step_s']:.4g} s  x{a[vs]:.3f} [{a[vs + '_low']:.3f}, "
+                   f"{a[vs + '_high']:.3f}]  mean G {a['mean_g']:.2f}  groups straggling "
+                   f"{a['group_straggler_rate']:.3f}")
+  lines.append("per hour of priced time, each learning measure ranks the settings:")
+  for measure, entry in report["signals"].items():
+    lines.append(f"  {measure:<20} best {', '.join(entry['ranking'][:3])}")
   rec = report["recommended"]
-  lines.append(f"recommended ({report['rule']}): {rec['overrides']}")
-  if rec["static_beats_it"]:
-    lines.append(f"  note: {rec['best_static']} costs less per unit of signal than every SAGC "
-                 "setting on this trace and cost model")
+  if "withheld" in rec:
+    lines.append(f"no recommendation: {rec['withheld']}")
+  else:
+    lines.append(f"recommended (the most {rec['measure']} per hour): {rec['overrides']}")
+    if rec["static_beats_it"]:
+      lines.append(f"  note: {rec['best_static']} gathers more {rec['measure']} per hour than "
+                   "every SAGC setting on this trace and cost model")
+  for mode, entry in report["straggler_savings"].items():
+    share = "; ".join(f"{a} {v['mean']:.1%} [{v['low']:.1%}, {v['high']:.1%}]"
+                      for a, v in entry["straggler_share"].items())
+    lines.append(f"rollout time the stragglers cost ({mode}): {share}")
+    for a, v in entry.get("rollout_without_stragglers_vs_largest_g", {}).items():
+      lines.append(f"  {a} without stragglers decodes x{v['mean']:.3f} of the largest G's "
+                   "rollout time")
   return "\n".join(lines)
 
 

@@ -24,22 +24,31 @@ accelerator hours:
   step cost) and ``DecodeCost`` (a trace's measured CPU decode cost) are here; the TPU
   pod's compiled cost is ``sagc_jax.aot.trace_cost`` (it needs JAX) and is passed in.
 
-Learning-signal proxies, per step over the trained groups, with the prompts' pass
-rates ``p`` where the world knows them:
+Learning-signal measures (``MEASURES``), per step over the trained groups, where the
+world knows the prompts' pass rates ``p`` and the drawn rewards ``r``:
 
-* ``signal = sum 4 p (1 - p) log2 G``: SAGC's utility log2 G of a group, weighted by
-  the prompt's reward variance (GRPO's normalised advantages carry a gradient only
-  where the rewards vary; 1 at p = 1/2, 0 for a prompt always or never solved);
-* ``informative``: groups whose rewards vary (DAPO: those it kept; GRPO: their
-  expectation ``sum 1 - p^G - (1 - p)^G``).
+* ``utility`` (column ``signal``) ``= sum 4 p (1 - p) log2 G``: SAGC's utility log2 G
+  of a group (SAGC paper), weighted by the prompt's reward variance (GRPO's
+  normalised advantages carry a gradient only where the rewards vary; 1 at p = 1/2,
+  0 for a prompt always or never solved);
+* ``informative_groups`` (column ``informative``): groups whose rewards vary (DAPO:
+  those it kept; GRPO: their expectation ``sum 1 - p^G - (1 - p)^G``);
+* ``informative_rows``: the rows of the groups whose drawn rewards vary, the rows
+  that get a nonzero GRPO advantage;
+* ``advantage_mass``: ``sum |A|`` over those rows, ``A`` the learner's GRPO advantage
+  ``(r - mean) / (std + 1e-6)`` of the drawn rewards (unbiased std,
+  ``rl.losses.group_advantages``): the total weight the policy gradient puts on
+  sampled tokens' log-probabilities.
 
-Neither is a training outcome; they rank how well a controller spends rows.
+None is a training outcome; they rank how well a controller spends rows, and
+``docs/results.md`` checks each against measured learning.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -55,6 +64,9 @@ __all__ = ["CostModel", "DecodeCost", "best_fixed_mixture", "build_arms", "play_
            "replay_settings", "run", "sagc_arm_name", "summarise"]
 
 Rounds = Sequence[tuple[np.ndarray, np.ndarray]]
+# Measure name -> its per-step column.
+MEASURES = {"utility": "signal", "informative_groups": "informative",
+            "informative_rows": "informative_rows", "advantage_mass": "advantage_mass"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +108,17 @@ class CostModel:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCost:
-  """A trace's measured CPU decode cost (``trace_sampling.fit_decode_cost``): a sampling
-  round runs until its longest row is done, each decode step costing ``step_s`` plus
-  ``slot_s`` per row still decoding (finished rows are compacted away), so a round
-  costs ``step_s x longest + slot_s x sum(lengths)``. No learner cost: calibration does
-  not measure it."""
+  """A trace's measured CPU cost (``training.trace_sampling``): a sampling round runs
+  until its longest row is done, each decode step costing ``step_s`` plus ``slot_s``
+  per row still decoding (finished rows are compacted away), so a round costs ``step_s
+  x longest + slot_s x sum(lengths)``; the learner's update costs ``learner_step_s +
+  learner_token_s x`` the trained rows' prompt and response tokens (0 for a trace
+  recorded without the learner's timing)."""
 
   step_s: float
   slot_s: float
+  learner_step_s: float = 0.0
+  learner_token_s: float = 0.0
   name: str = "cpu"
 
   @classmethod
@@ -112,7 +127,9 @@ class DecodeCost:
     if "step_s" not in fit:
       raise ValueError("the trace's header holds no decode_cost with step_s and slot_s: the "
                        "'cpu' cost model needs a trace written by python -m sagc_jax.calibrate")
-    return cls(float(fit["step_s"]), float(fit["slot_s"]))
+    learner = trace.header.get("learner_cost") or {}
+    return cls(float(fit["step_s"]), float(fit["slot_s"]), float(learner.get("step_s", 0.0)),
+               float(learner.get("token_s", 0.0)))
 
   def settings(self, trace: Any) -> dict[str, Any]:
     """What a replay under this cost takes from the trace's run: its rollout budget,
@@ -122,7 +139,11 @@ class DecodeCost:
   def __call__(self, rounds: Rounds, trained: Any = None) -> dict[str, float]:
     rollout = sum(self.step_s * int(lengths.max()) + self.slot_s * float(lengths.sum())
                   for lengths, _ in rounds)
-    return {"rollout_s": rollout, "learner_s": 0.0, "total_s": rollout}
+    learner = 0.0
+    if trained is not None and trained[0].size and (self.learner_step_s or self.learner_token_s):
+      tokens = float(trained[0].sum() + trained[1].sum())
+      learner = self.learner_step_s + self.learner_token_s * tokens
+    return {"rollout_s": rollout, "learner_s": learner, "total_s": rollout + learner}
 
 
 def replay_settings(trace: Any, **changes: Any) -> dict[str, Any]:
@@ -174,12 +195,21 @@ def group_stats(block: dict[str, Any], sizes: np.ndarray) -> dict[str, Any]:
   return out
 
 
+def _drawn_signal(rewards: np.ndarray) -> tuple[int, float]:
+  """(informative rows, advantage mass) of one group's drawn rewards (module docstring)."""
+  if np.ptp(rewards) == 0:
+    return 0, 0.0
+  centered = rewards - rewards.mean()
+  return rewards.size, float(np.abs(centered / (centered.std(ddof=1) + 1e-6)).sum())
+
+
 def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per_step: int,
-              cost: Callable, dapo: bool = False, max_rounds: int = 1
-              ) -> tuple[dict[str, float], int]:
-  """One step of ``ctrl`` with its loader at ``cursor`` (module docstring). Returns the
-  step's metrics and the loader's new position."""
-  first = world.block(cursor, per_step, step)
+              cost: Callable, dapo: bool = False, max_rounds: int = 1,
+              progress: float | None = None) -> tuple[dict[str, float], int]:
+  """One step of ``ctrl`` with its loader at ``cursor`` (module docstring), at training
+  ``progress`` in [0, 1] (None: the world's own, from the step). Returns the step's
+  metrics and the loader's new position."""
+  first = world.block(cursor, per_step, step, progress)
   started = time.perf_counter()
   plan = ctrl.plan(lambda: BatchContext(first["ids"], first["prompt_tokens"]))
   seconds = time.perf_counter() - started
@@ -187,10 +217,12 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
   target = prompts_for(budget, g)
   seen = {key: [] for key in ("max", "median", "pass", "ids", "sizes")}
   priced, trained, kept, signal, informative = [], [], 0, 0.0, 0.0
+  drawn = np.zeros(2)                                  # informative rows, advantage mass
+  rounds_rows = []                                     # per round: its groups' rows
   for i in range(max_rounds if dapo else 1):
     sizes = plan.sizes if (i == 0 and plan.sizes is not None) else np.full(target, g)
     k = sizes.size
-    block = first if i == 0 else world.block(cursor, k, step)
+    block = first if i == 0 else world.block(cursor, k, step, progress)
     cursor += k
     groups = group_stats(block, sizes)
     for key in ("max", "median", "pass"):
@@ -199,6 +231,7 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
     seen["sizes"].append(sizes)
     rows = groups["rows"]
     priced.append((np.concatenate(rows), block["prompt_tokens"][:k]))
+    rounds_rows.append((rows, block["prompt_tokens"][:k]))
     keep = np.ones(k, bool)
     if dapo:
       varied = np.array([np.ptp(block["rewards"][j, :s]) > 0 for j, s in enumerate(sizes)])
@@ -210,6 +243,9 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
       informative += float(keep.sum()) if dapo else float(
           np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
     trained += [(rows[j], int(block["prompt_tokens"][j])) for j in np.flatnonzero(keep)]
+    if block["rewards"] is not None:
+      for j in np.flatnonzero(keep):
+        drawn += _drawn_signal(block["rewards"][j, :sizes[j]])
     kept += int(keep.sum())
     if kept >= target:
       break
@@ -220,9 +256,15 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
       pass_rates=join("pass") if first["passed"] is not None else None,
       group_sizes=join("sizes")))
   metrics["controller_s"] = seconds + time.perf_counter() - started
-  trained_rows = (np.concatenate([r for r, _ in trained]) if trained else np.zeros(0, int),
-                  np.concatenate([np.full(r.size, t) for r, t in trained]) if trained
-                  else np.zeros(0, int))
+  tau = ctrl.params.tau
+  cut = lambda rows: [np.minimum(r, tau * np.median(r)) for r in rows]   # no stragglers
+  priced_cut = [(np.concatenate(cut(rows)), prompts) for rows, prompts in rounds_rows]
+  trained_rows, trained_cut = (
+      (np.concatenate([r for r, _ in rows]) if rows else np.zeros(0, int),
+       np.concatenate([np.full(r.size, t) for r, t in rows]) if rows else np.zeros(0, int))
+      for rows in (trained, [(cut([r])[0], t) for r, t in trained]))
+  without = cost(priced_cut, trained_cut)
+  metrics.update(rollout_cut_s=without["rollout_s"], total_cut_s=without["total_s"])
   metrics.update(cost(priced, trained_rows),
                  rows=float(sum(lengths.size for lengths, _ in priced)),
                  rounds=float(len(priced)),
@@ -231,15 +273,23 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
                  padded_tokens=float(sum(lengths.size * lengths.max() for lengths, _ in priced)))
   if first["pass_rate"] is not None:
     metrics.update(signal=signal, informative=informative)
+  if first["rewards"] is not None:
+    metrics.update(informative_rows=float(drawn[0]), advantage_mass=float(drawn[1]))
   return metrics, cursor
 
 
 def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
-        candidates: Sequence[int], cost: Callable, dapo: bool = False, max_rounds: int = 1
-        ) -> dict[str, Any]:
+        candidates: Sequence[int], cost: Callable, dapo: bool = False, max_rounds: int = 1,
+        horizon_s: float | None = None) -> dict[str, Any]:
   """Every arm on every step of ``world`` (common random numbers): per arm its per-step
   columns and ``summary`` (``summarise``), and the seconds it all took. DAPO's further
-  rounds need a world with rewards whose arms have their own loaders (a trace)."""
+  rounds need a world with rewards whose arms have their own loaders (a trace).
+
+  With ``horizon_s`` every arm runs until its priced time reaches it (at most
+  ``steps`` steps), training progress is the fraction of the horizon spent (the
+  drift between two traces follows time, not steps), and the summary gives each
+  measure at the horizon (``<measure>_at_h``; nan for an arm the step cap stopped
+  short of it)."""
   if dapo and world.shared_loader:
     raise ValueError(f"DAPO rounds need new prompts per arm: the {type(world).__name__} "
                      "hands every arm the step's prompts (replay a trace instead)")
@@ -247,12 +297,17 @@ def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
   cursors = {name: 0 for name, _ in arms}
   traces = {name: [] for name, _ in arms}
   started = time.perf_counter()
+  elapsed = {name: 0.0 for name, _ in arms}
   for step in range(steps):
     for name, ctrl in arms:
+      if horizon_s is not None and elapsed[name] >= horizon_s:
+        continue
       cursor = step * per_step if world.shared_loader else cursors[name]
+      progress = None if horizon_s is None else elapsed[name] / horizon_s
       metrics, cursors[name] = play_step(ctrl, world, step, cursor, budget=budget,
                                          per_step=per_step, cost=cost, dapo=dapo,
-                                         max_rounds=max_rounds)
+                                         max_rounds=max_rounds, progress=progress)
+      elapsed[name] += metrics["total_s"]
       traces[name].append(metrics)
   seconds = time.perf_counter() - started
   columns = {name: {key: [r[key] for r in rows] for key in rows[0]}
@@ -260,6 +315,13 @@ def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
   summary = {name: summarise(col) for name, col in columns.items()}
   if "signal" in next(iter(columns.values())):
     add_equal_budget_metrics(summary, columns)
+  if horizon_s is not None:
+    for name, col in columns.items():
+      wall = np.concatenate([[0.0], np.cumsum(col["total_s"])])
+      for measure, key in MEASURES.items():
+        if key in col:
+          value = np.interp(horizon_s, wall, np.concatenate([[0.0], np.cumsum(col[key])]))
+          summary[name][f"{measure}_at_h"] = float(value) if wall[-1] >= horizon_s else math.nan
   return {"summary": summary, "seconds": seconds, "traces": columns}
 
 
@@ -281,10 +343,17 @@ def summarise(col: dict[str, list[float]]) -> dict[str, float]:
       "rows": total("rows"),
       "rounds_per_step": mean("rounds"),
       "controller_us": 1e6 * mean("controller_s"),
+      # The share of rollout time the stragglers cost: every row above tau x its
+      # group's median cut to that length, priced again.
+      "straggler_share": 1.0 - total("rollout_cut_s") / max(total("rollout_s"), 1e-12),
+      "rollout_cut_s": total("rollout_cut_s"),
   }
   if "signal" in col:
     out.update(signal=total("signal"), informative_groups=total("informative"))
     out["seconds_per_signal"] = out["wall_clock_s"] / max(out["signal"], 1e-12)
+  if "advantage_mass" in col:
+    out.update(informative_rows=total("informative_rows"),
+               advantage_mass=total("advantage_mass"))
   return out
 
 

@@ -37,8 +37,10 @@ _POOL_SUMMARY = ("straggler_rate", "group_straggler_rate", "step_straggler_rate"
                  "wall_clock_s", "mean_g", "mean_log2_g", "signal", "informative_groups",
                  "rows", "padding_efficiency", "controller_us", "time_to_target_s",
                  "signal_at_equal_time", "target_signal", "equal_time_s")
-_DROPPED_COLUMNS = {"synthetic": ("controller_s", "rows", "rounds", "capped"),
-                    "pool": ("rounds", "capped")}
+_DROPPED_COLUMNS = {"synthetic": ("controller_s", "rows", "rounds", "capped", "rollout_cut_s",
+                                  "total_cut_s"),
+                    "pool": ("rounds", "capped", "informative_rows", "advantage_mass",
+                             "rollout_cut_s", "total_cut_s")}
 
 
 def simulate(config: Any, section: dict[str, Any]) -> dict[str, Any]:
@@ -84,18 +86,19 @@ def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
            rollout: dict[str, Any], steps: int, dapo: bool = False, max_rounds: int,
            kinds: Sequence[str] = CONTEXTUAL, grid: Sequence[tuple[float, float]] = (),
            seed: int = 0, bootstrap: bool = False, length_scale: float = 1.0,
-           length_cap: int | None = None) -> dict[str, Any]:
+           length_cap: int | None = None, horizon_s: float | None = None) -> dict[str, Any]:
   """One replicate of ``traces`` (``worlds.TraceWorld``): every static G of
   ``section["candidates"]``, every kind of ``kinds`` and SAGC at each (tau, delta) of
   ``grid`` on the same replayed steps, each arm with its own loader, under the rollout
-  budget ``rollout``; per-arm summaries and per-step columns (``engine.run``)."""
+  budget ``rollout``, for ``steps`` steps or until ``horizon_s`` of priced time; per-arm
+  summaries and per-step columns (``engine.run``)."""
   budget = types.SimpleNamespace(**rollout)
   candidates = sorted(section["candidates"])
   world = TraceWorld(traces, max_g=max(candidates), steps=steps, seed=seed,
                      bootstrap=bootstrap, length_scale=length_scale, length_cap=length_cap)
   arms = build_arms(section, kinds, prompts_for=lambda g: prompts_for(budget, g), grid=grid)
   return run(arms, world, steps=steps, budget=budget, candidates=candidates, cost=cost,
-             dapo=dapo, max_rounds=max_rounds)
+             dapo=dapo, max_rounds=max_rounds, horizon_s=horizon_s)
 
 
 def format_table(result: dict[str, Any], section: dict[str, Any]) -> str:

@@ -1,8 +1,9 @@
 """The three worlds the replay engine (``control.engine``) runs the controllers in.
 
 A world answers one question: which prompts, responses and lengths does a sampling
-round see. ``block(start, count, step)`` gives the prompts at loader positions
-``start .. start + count - 1`` at training progress ``step`` (the synthetic world has
+round see. ``block(start, count, step, progress)`` gives the prompts at loader positions
+``start .. start + count - 1`` at training step ``step`` (or at ``progress`` in [0, 1] of
+the run, where the world drifts with time: the trace world) (the synthetic world has
 no prompts to position: its step's lengths are one draw) as a dict of ``ids``,
 ``prompt_tokens`` [count], ``lengths`` [count, max_g] and, where the world knows
 them, ``pass_rate`` [count] and ``passed`` / ``rewards`` [count, max_g] (else None).
@@ -167,7 +168,8 @@ class SyntheticWorld:
     self.prompt_len, self.cap = prompt_len, process.max_len
     self._last: tuple[int, np.ndarray] | None = None
 
-  def block(self, start: int, count: int, step: int) -> dict[str, Any]:
+  def block(self, start: int, count: int, step: int, progress: float | None = None
+            ) -> dict[str, Any]:
     if self._last is None or self._last[0] != step:
       self._last = (step, self.process.draw(step, self.per_step, self.max_g))
     return {"ids": np.arange(start, start + count), "prompt_tokens": np.full(count,
@@ -205,9 +207,10 @@ class PromptPool:
     }
     self._last: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
-  def block(self, start: int, count: int, step: int) -> dict[str, Any]:
+  def block(self, start: int, count: int, step: int, progress: float | None = None
+            ) -> dict[str, Any]:
     """The prompts at the positions, with their true ``pass_rate`` and ``tail_prob``
-    (the last block is kept: every arm reads the step's)."""
+    (the last block is kept: every arm reads the step's); progress follows the step."""
     if self._last is None or self._last[0] != (start, count, step):
       self._last = ((start, count, step), self._draw(start, count, step))
     return self._last[1]
@@ -271,10 +274,11 @@ class TraceWorld:
     self.loader = Loader(self.pool.size, seed, lambda rng, size: (
         rng.random(size), np.argsort(rng.random((size, k)), axis=1)[:, :max_g]))
 
-  def block(self, start: int, count: int, step: int) -> dict[str, Any]:
+  def block(self, start: int, count: int, step: int, progress: float | None = None
+            ) -> dict[str, Any]:
     order, uniform, picks = self.loader.take(start, count)
     rows = self.pool[order]
-    x = step / max(self.steps - 1, 1)
+    x = step / max(self.steps - 1, 1) if progress is None else progress
     source = (uniform < x).astype(np.int64) if len(self.traces) > 1 else np.zeros(count, int)
     pick = lambda arrays: np.stack([arrays[s][r, c] for s, r, c in zip(source, rows, picks)])
     return {

@@ -358,8 +358,8 @@ def plot_learning(rows: Sequence[dict[str, Any]], horizon: float, workdir: Path,
 
 def plot_calibration(report: dict[str, Any], path: str | os.PathLike) -> None:
   """PNG of a calibration: the group straggler probability per G against tau (the run's
-  and the recommended tau marked), and each replayed arm's seconds per unit of signal
-  against the largest static G, with its 95% interval over replicates."""
+  and any recommended tau marked), and each replayed arm's step time against the
+  largest static G's, with its 95% interval over replicates."""
   plt = _pyplot()
   fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
   curve = report["tau_curve"]
@@ -367,14 +367,15 @@ def plot_calibration(report: dict[str, Any], path: str | os.PathLike) -> None:
     left.plot(curve["tau"], curve[f"G{g}"], label=f"G={g}", **line_style(i))
   left.axvline(report["tau"], color="k", ls="--", lw=0.8, label=f"run's tau {report['tau']:g}")
   rec = report["recommended"]
-  left.axvline(rec["tau"], color="tab:red", ls=":", lw=1.2,
-               label=f"recommended tau {rec['tau']:g}")
+  if "tau" in rec:
+    left.axvline(rec["tau"], color="tab:red", ls=":", lw=1.2,
+                 label=f"recommended tau {rec['tau']:g}")
   left.set_xlabel("tau")
   left.set_ylabel("P(a group straggles)")
   left.set_ylim(-0.02, 1.02)
   outside_legend(left)
   replay = report["replay"]
-  vs = f"seconds_per_signal_vs_{replay['reference']}"
+  vs = f"step_s_vs_{replay['reference']}"
   arms = sorted(replay["arms"].items(), key=lambda kv: kv[1][vs])
   y = np.arange(len(arms))
   mean = np.array([a[vs] for _, a in arms])
@@ -382,7 +383,7 @@ def plot_calibration(report: dict[str, Any], path: str | os.PathLike) -> None:
   right.errorbar(mean, y, xerr=err, fmt="o", ms=3, color="tab:blue")
   right.axvline(1.0, color="k", lw=0.8)
   right.set_yticks(y, [name for name, _ in arms], fontsize=6)
-  right.set_xlabel(f"seconds per unit of signal / {replay['reference']} "
+  right.set_xlabel(f"step time / {replay['reference']}'s "
                    f"({report['cost_model']}, {report['algorithm']})")
   fig.tight_layout()
   stamp(fig)

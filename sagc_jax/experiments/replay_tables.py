@@ -23,6 +23,7 @@ from sagc_jax.control.replay import CONTEXTUAL, replay, simulate
 from sagc_jax.control.tables import Paired, arm_comparison
 from sagc_jax.control.trace import Trace
 from sagc_jax.experiments.claims import claims_markdown
+from sagc_jax.control.signals import measure_values, predictions, ranking_markdown, signals
 
 __all__ = ["arm_rows", "claim_rows", "simulate_tables", "trace_tables"]
 
@@ -157,13 +158,18 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
                  algorithms: Sequence[str], taus: Sequence[float], replicates: int,
                  steps: int, rollout: dict[str, Any], candidates: Sequence[int],
                  max_rounds: int, length_scale: float = 1.0, length_cap: int | None = None,
-                 refill: bool = False, log: Callable[[str], None] = print
-                 ) -> tuple[str, list[dict[str, Any]]]:
+                 refill: bool = False, horizon_s: float | None = None,
+                 log: Callable[[str], None] = print
+                 ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
   """The markdown tables and their rows of replaying ``traces`` (module docstring):
-  per algorithm and tau, the controller ``section`` with ``candidates`` and that tau."""
+  per algorithm and tau, the controller ``section`` with ``candidates`` and that tau,
+  for ``steps`` steps or until ``horizon_s`` of priced time. Also, per measure and
+  table (``<algorithm> tau <tau>``), the arms' values and ranking (``signals``) and the
+  predicted order of every pair of the static and SAGC arms (``predictions``)."""
   section = dict(section, candidates=tuple(candidates))
   rows: list[dict[str, Any]] = []
   sections = []
+  found: dict[str, dict[str, Any]] = {"signals": {}, "predictions": {}}
   reference = f"static_G{max(candidates)}"
   for algorithm in algorithms:
     for tau in taus:
@@ -173,15 +179,23 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
         result = replay(traces, dict(section, tau=float(tau), seed=int(section["seed"]) + rep),
                         cost, rollout=rollout, steps=steps, dapo=algorithm == "dapo",
                         max_rounds=max_rounds, seed=rep, bootstrap=True,
-                        length_scale=length_scale, length_cap=length_cap)
+                        length_scale=length_scale, length_cap=length_cap, horizon_s=horizon_s)
         for row in arm_rows(result, rep):
           s = result["summary"][row["arm"]]
-          row.update(algorithm=algorithm, tau=float(tau), step_s=s["wall_clock_s"] / steps,
+          col = result["traces"][row["arm"]]
+          row.update(measure_values(s))
+          row.update(algorithm=algorithm, tau=float(tau),
+                     step_s=s["wall_clock_s"] / len(col["total_s"]),
                      signal_per_h=s["signal"] / (s["wall_clock_s"] / 3600.0),
                      rounds_per_step=s["rounds_per_step"],
-                     capped_steps=float(np.mean(result["traces"][row["arm"]]["capped"])))
+                     capped_steps=float(np.mean(col["capped"])))
           mine.append(row)
       rows += mine
+      label = f"{algorithm} tau {tau:g}"
+      ranked = signals(mine)
+      for measure, entry in ranked.items():
+        found["signals"].setdefault(measure, {})[label] = entry
+      found["predictions"][label] = predictions(mine)
       arms = list(dict.fromkeys(r["arm"] for r in mine))
       sections.append(arm_comparison(
           mine, _TRACE_COLUMNS, _TRACE_PAIRED, reference=reference,
@@ -189,5 +203,7 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
           intro=f"**{algorithm.upper()}, tau {tau:g}**: per arm, mean ± 95% CI over "
                 f"{len({r['seed'] for r in mine})} replicates",
           against=f"Against {reference}, per replicate then mean ± 95% CI:",
-          extra=("trainer", lambda arm: _refused(arm, refill))))
-  return "\n\n".join(sections), rows
+          extra=("trainer", lambda arm: _refused(arm, refill)))
+          + "\n\nThe arms under each learning measure (control.signals):\n\n"
+          + ranking_markdown(ranked))
+  return "\n\n".join(sections), rows, found

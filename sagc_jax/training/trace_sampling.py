@@ -7,9 +7,16 @@ token length, reward (the task reward mix: the run's user reward functions are l
 out, as in evaluation, so DAPO's keep rule replayed from them may differ for a run
 that uses some), correctness and whether it hit the cap without a stop token. A call's
 seed is fixed by its first prompt and its repetition, so a rerun with the same
-settings (``rollout.eval_batch`` included) draws the same responses. Every call's wall-clock and padded decode work (rows x decode steps) is kept,
-and the decode cost ``seconds = step_s x decode_steps + slot_s x decode_slots`` is
-fitted from them (``fit_decode_cost``): the ``cpu`` cost model of the replay.
+settings (``rollout.eval_batch`` included) draws the same responses.
+
+Then a training step is timed at every candidate G (``time_step``): the run's own
+sampler draws P(G) prompts x G responses and the run's learner trains on them, each
+after a warm-up call. The decode cost ``seconds = step_s x decode_steps + slot_s x
+decode_slots`` is fitted over those sampler calls (``fit_decode_cost``: rows differ
+between them, so the per-row term is seen; the trace's own calls all have the
+evaluation sampler's rows and are kept beside it), and ``seconds = step_s + token_s x
+tokens`` over the learner's updates (``fit_learner_cost``, tokens the batch's prompt
+and response tokens). Together they are the replay's ``cpu`` cost.
 
 Resumable: each finished batch of prompts is appended to ``trace.partial.jsonl``; a
 run with the same settings continues from it, and the finished trace replaces it.
@@ -34,13 +41,34 @@ from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.training.build import build_eval_samplers
 from sagc_jax.training.evaluation import open_policy, reader_config
 
-__all__ = ["fit_decode_cost", "record_trace", "PROGRESS_SECONDS"]
+__all__ = ["fit_decode_cost", "fit_learner_cost", "record_trace", "time_step",
+           "PROGRESS_SECONDS"]
+STEP_REPEATS = 3              # timed sampler calls and updates per G, after a warm-up one
 
 PROGRESS_SECONDS = 10.0
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
   return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+  """Non-negative least squares of ``y ~ a x[:, 0] + b x[:, 1]`` (two columns: the
+  solution lies on one of three supports); all on the second column if none fits."""
+  best = None
+  for cols in ((0, 1), (0,), (1,)):
+    coef = np.zeros(2)
+    coef[list(cols)] = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+    if (coef >= 0).all():
+      error = float(np.sum((x @ coef - y) ** 2))
+      best = min(best or (error, coef), (error, coef), key=lambda t: t[0])
+  a, b = best[1] if best else (0.0, float(y.sum() / max(x[:, 1].sum(), 1.0)))
+  return float(a), float(b)
+
+
+def _machine() -> str:
+  return " ".join(filter(None, (platform.machine(), platform.processor(),
+                                f"{os.cpu_count()} cores")))
 
 
 def fit_decode_cost(calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,19 +78,62 @@ def fit_decode_cost(calls: list[dict[str, Any]]) -> dict[str, Any]:
   a call's slots are about the sum of its rows' lengths). The calls are kept with it."""
   x = np.asarray([[c["decode_steps"], c["decode_slots"]] for c in calls], np.float64)
   y = np.asarray([c["seconds"] for c in calls], np.float64)
-  best = None
-  for cols in ((0, 1), (0,), (1,)):            # the NNLS solution lies on one of these
-    coef = np.zeros(2)
-    coef[list(cols)] = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
-    if (coef >= 0).all():
-      error = float(np.sum((x @ coef - y) ** 2))
-      best = min(best or (error, coef), (error, coef), key=lambda t: t[0])
-  step_s, slot_s = best[1] if best else (0.0, float(y.sum() / max(x[:, 1].sum(), 1.0)))
+  step_s, slot_s = _nonnegative_fit(x, y)
   return {"model": "seconds = step_s * decode_steps + slot_s * decode_slots",
-          "step_s": float(step_s), "slot_s": float(slot_s), "seconds": float(y.sum()),
-          "calls": calls,
-          "machine": " ".join(filter(None, (platform.machine(), platform.processor(),
-                                            f"{os.cpu_count()} cores")))}
+          "step_s": step_s, "slot_s": slot_s, "seconds": float(y.sum()),
+          "calls": calls, "machine": _machine()}
+
+
+def fit_learner_cost(updates: list[dict[str, Any]]) -> dict[str, Any]:
+  """Non-negative least squares ``seconds = step_s + token_s x tokens`` over the timed
+  learner updates: an update costs a fixed part (the optimizer, the host) and a part
+  per token it trains. The updates are kept with it."""
+  x = np.asarray([[1.0, u["tokens"]] for u in updates], np.float64)
+  y = np.asarray([u["seconds"] for u in updates], np.float64)
+  step_s, token_s = _nonnegative_fit(x, y)
+  return {"model": "seconds = step_s + token_s * tokens", "step_s": step_s,
+          "token_s": token_s, "updates": updates, "machine": _machine()}
+
+
+def time_step(config: Any, inputs: Any, log: Callable[[str], None] = print
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+  """A training step timed at every candidate G: the run's sampler on P(G) held-out
+  prompts x G responses and the run's learner on them, ``STEP_REPEATS`` times each
+  after a warm-up call (the weights move: calibrate keeps no policy). Returns the
+  sampler calls and the learner updates."""
+  from sagc_jax.training.build import build_components, rollout_batch
+
+  parts = build_components(config, inputs.model, inputs.mesh, stop_ids=inputs.stop_ids,
+                           pad_id=inputs.pad_id)
+  compilation.warm(parts.sampler.warmup_jobs(inputs.model) + parts.learner.warmup_jobs(),
+                   log=log)
+  calls, updates = [], []
+  for g in config.group_sizes():
+    examples = [inputs.eval_source[i % len(inputs.eval_source)]
+                for i in range(config.rollout.prompts_for(g))]
+    encoded = inputs.encode(examples)
+    for repeat in range(STEP_REPEATS + 1):
+      samples = parts.sampler.generate(inputs.model, encoded, g,
+                                       seed=seed_for(config.seed, 7927, g, repeat))
+      if repeat:
+        calls.append({"g": int(g), "rows": int(samples.num_rows),
+                      "decode_steps": int(samples.decode_steps),
+                      "decode_slots": int(samples.decode_slots),
+                      "seconds": float(samples.seconds)})
+    answers = [ex["answer"] for ex in examples for _ in range(g)]
+    batch = rollout_batch(samples, inputs.reward_fn(inputs.decode(samples), answers).scores)
+    rows = samples.num_rows
+    tokens = int(samples.prompt_mask[:rows].sum() + samples.lengths[:rows].sum())
+    for repeat in range(STEP_REPEATS + 1):
+      start = time.perf_counter()
+      parts.learner.update(batch, seed=config.seed)
+      if repeat:
+        updates.append({"g": int(g), "rows": int(rows), "tokens": tokens,
+                        "seconds": time.perf_counter() - start})
+    mean = lambda items: np.mean([c["seconds"] for c in items[-STEP_REPEATS:]])
+    log(f"calibrate: a training step at G={g}: {rows} rows, sampler {mean(calls):.3f} s, "
+        f"learner {mean(updates):.3f} s ({tokens} tokens)")
+  return calls, updates
 
 
 def _header(config, workdir: Any, prompts: int, responses: int, chunk: int,
@@ -157,8 +228,11 @@ def record_trace(config: Any, out: Path, *, workdir: Any = None, prompts: int = 
             f"{now - start:.0f} s (about {rate * (n - finished):.0f} s left)")
         last = now
     compiled = compilation.compile_count() - compiles_before
-  calls = [c for b in batches for c in b["calls"]]
-  header.update(decode_cost=fit_decode_cost(calls), compiles_after_warmup=compiled,
+    step_calls, updates = time_step(config, inputs, log)
+  decode_cost = dict(fit_decode_cost(step_calls),
+                     trace_calls=[c for b in batches for c in b["calls"]])
+  header.update(decode_cost=decode_cost, learner_cost=fit_learner_cost(updates),
+                compiles_after_warmup=compiled,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
   path = out / "trace.jsonl"
   write_trace(path, header, [r for b in batches for r in b["records"]])

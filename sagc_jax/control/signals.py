@@ -1,0 +1,165 @@
+"""The replay's learning measures (``control.engine.MEASURES``) as rankings of arms, as
+predicted orders of pairs of arms, and checked against measured learning.
+
+The replay cannot train a model: it ranks arms by how much of a learning measure
+each gathers per unit of priced time (or within a horizon H of priced time, as a
+comparison under ``compare.time_budget_s`` gives every arm). Which measure tracks
+learning is an empirical question, so every table shows the ranking under each
+measure, and when the measures disagree on the best arm it says that the replay
+cannot rank the arms.
+
+A measure predicts, for a pair of arms, the sign of the replicate-paired difference
+of the measure at H (first minus second). ``check_learning`` compares those signs with
+the pairs that a finished comparison (``per_hour.json``, ``experiments.per_hour``)
+resolved on mean held-out accuracy over [0, H] (Holm-significant): a measure passes a
+workload when it agrees on every resolved pair and at least ``MIN_RESOLVED`` pairs are
+resolved; with fewer the workload cannot test it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Any, Sequence
+
+from sagc_jax.control.engine import MEASURES
+from sagc_jax.control.tables import by_seed, mean_ci, per_seed
+
+__all__ = ["MIN_RESOLVED", "check_learning", "learning_markdown", "measure_values",
+           "predictions", "ranking_markdown", "signals", "validated_measures"]
+
+MIN_RESOLVED = 3
+# The summary key of each measure's total over a run.
+_TOTALS = {"utility": "signal", "informative_groups": "informative_groups",
+           "informative_rows": "informative_rows", "advantage_mass": "advantage_mass"}
+
+
+def measure_values(summary: dict[str, float]) -> dict[str, float]:
+  """A replayed arm's value of every measure: per hour of priced time, and at the
+  horizon when the replay had one."""
+  hours = summary["wall_clock_s"] / 3600.0
+  out = {}
+  for measure in MEASURES:
+    if _TOTALS[measure] in summary:
+      out[f"{measure}_per_h"] = summary[_TOTALS[measure]] / hours
+    if f"{measure}_at_h" in summary:
+      out[f"{measure}_at_h"] = summary[f"{measure}_at_h"]
+  return out
+
+
+def _key(measure: str, rows: Sequence[dict[str, Any]]) -> str:
+  """The value a measure ranks by: at the horizon when the rows have it."""
+  return f"{measure}_at_h" if f"{measure}_at_h" in rows[0] else f"{measure}_per_h"
+
+
+def signals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+  """Per measure: per arm the mean, 95% half-width and count over replicates of its
+  value (``by``: at the horizon or per hour), and the arms best first."""
+  out = {}
+  arms = list(dict.fromkeys(r["arm"] for r in rows))
+  for measure in MEASURES:
+    if f"{measure}_per_h" not in rows[0]:
+      continue
+    key = _key(measure, rows)
+    stats = {arm: mean_ci([r[key] for r in rows if r["arm"] == arm]) for arm in arms}
+    out[measure] = {"by": key.removeprefix(f"{measure}_"),
+                    "arms": {a: dict(zip(("mean", "half_width", "n"), s))
+                             for a, s in stats.items()},
+                    "ranking": sorted(arms, key=lambda a: -stats[a][0])}
+  return out
+
+
+def ranking_markdown(found: dict[str, dict[str, Any]]) -> str:
+  """The arms' ranking under each measure, and whether the measures agree on the best
+  arm (when they do not, the replay cannot rank the arms)."""
+  lines = ["| measure | ranked by | arms, best first |", "|---|---|---|"]
+  for measure, entry in found.items():
+    by = "at the horizon" if entry["by"] == "at_h" else "per hour of priced time"
+    lines.append(f"| {measure} | {by} | {' > '.join(entry['ranking'])} |")
+  best = {entry["ranking"][0] for entry in found.values()}
+  if len(best) > 1:
+    lines.append(f"\nThe measures disagree on the best arm ({', '.join(sorted(best))}): the "
+                 "replay cannot rank the arms. Read the rollout time and the straggler "
+                 "rates only.")
+  else:
+    lines.append(f"\nEvery measure puts {best.pop()} first.")
+  return "\n".join(lines)
+
+
+def predictions(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+  """Per measure, for every pair of the static and SAGC arms: the replicate-paired
+  difference of the measure (first minus second) and the predicted order."""
+  arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a == "sagc" or a.startswith("static")]
+  seeded = {arm: by_seed(rows, lambda r, arm=arm: r["arm"] == arm) for arm in arms}
+  out = {}
+  for measure in MEASURES:
+    if f"{measure}_per_h" not in rows[0]:
+      continue
+    key = _key(measure, rows)
+    pairs = []
+    for first, second in itertools.combinations(sorted(arms), 2):
+      mean, half, n = mean_ci(per_seed(seeded[first], seeded[second], key, operator.sub))
+      pairs.append({"first": first, "second": second, "mean": mean, "half_width": half,
+                    "n": n, "order": ">" if mean > 0 else "<" if mean < 0 else "="})
+    out[measure] = pairs
+  return out
+
+
+def _replay_name(arm: str, algorithm: str) -> str:
+  """A comparison's arm (``grpo_static4``, ``dapo_sagc``) as the replay names it."""
+  kind = arm.removeprefix(f"{algorithm}_")
+  return f"static_G{kind.removeprefix('static')}" if kind.startswith("static") else kind
+
+
+def check_learning(predicted: dict[str, dict[str, list[dict[str, Any]]]],
+                   per_hour: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """Per measure and algorithm: the pairs the comparison resolved (Holm-significant on
+  mean held-out accuracy over [0, H]), how many the measure orders the same way, every
+  disagreement, and the verdict (module docstring). ``predicted``: algorithm ->
+  ``predictions``."""
+  out: dict[str, dict[str, Any]] = {}
+  for algorithm, by_measure in predicted.items():
+    resolved = [p for p in per_hour["pairs"].get(algorithm, {}).get("pairs", [])
+                if p.get("significant")]
+    for measure, pairs in by_measure.items():
+      orders = {(p["first"], p["second"]): p["mean"] for p in pairs}
+      agree, disagree = 0, []
+      for pair in resolved:
+        first, second = (_replay_name(pair[k], algorithm) for k in ("first", "second"))
+        learned = pair["mean_accuracy_over_h"]["mean"]
+        guess = orders.get((first, second), -orders.get((second, first), float("nan")))
+        if (guess > 0) == (learned > 0) and guess != 0:
+          agree += 1
+        else:
+          disagree.append(f"{pair['first']} vs {pair['second']}: learning {learned:+.3f}, "
+                          f"{measure} {guess:+.4g}")
+      verdict = ("cannot test" if len(resolved) < MIN_RESOLVED else
+                 "passes" if not disagree else "fails")
+      out.setdefault(measure, {})[algorithm] = {"resolved": len(resolved), "agree": agree,
+                                                "disagreements": disagree,
+                                                "verdict": verdict}
+  return out
+
+
+def learning_markdown(checked: dict[str, dict[str, Any]]) -> str:
+  """The validation table: measure x algorithm, pairs agreeing of pairs resolved, and
+  every disagreement."""
+  lines = ["| measure | algorithm | agree / resolved | verdict | disagreements |",
+           "|---|---|---|---|---|"]
+  for measure, by_algorithm in checked.items():
+    for algorithm, c in by_algorithm.items():
+      lines.append(f"| {measure} | {algorithm} | {c['agree']} / {c['resolved']} | "
+                   f"{c['verdict']} | {'; '.join(c['disagreements']) or '–'} |")
+  return "\n".join(lines)
+
+
+def validated_measures(checks: dict[str, Any], workloads: int = 2) -> list[str]:
+  """The measures that passed (``check_learning``'s verdict for every algorithm) on at
+  least ``workloads`` workloads of ``checks`` (``{"workloads": {name: {"checked":
+  check_learning's result, ...}}}``)."""
+  passed: dict[str, int] = {}
+  for workload in checks.get("workloads", {}).values():
+    for measure, by_algorithm in workload.get("checked", {}).items():
+      if by_algorithm and all(c["verdict"] == "passes" for c in by_algorithm.values()):
+        passed[measure] = passed.get(measure, 0) + 1
+  return sorted(m for m, n in passed.items() if n >= workloads)
