@@ -41,6 +41,8 @@ def _define_flags():
   flags.DEFINE_string("check", None, "Also compare the straggler rates a finished run "
                       "observed (its metrics.jsonl, at its tau) with the trace's prediction.")
   flags.DEFINE_float("check_other_tau", 1.8, "With --check: also the prediction at this tau.")
+  flags.DEFINE_list("signal", [], "The learning measures the report ranks settings by "
+                    "(control.signals; default every one).")
   flags.DEFINE_string("signal_checks", str(SIGNAL_CHECKS), "The learning measures' checks "
                       "against measured learning (JSON, docs/results.md): a recommendation "
                       "is made only under a measure that passed on two workloads.")
@@ -55,7 +57,10 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.runtime.storage import run_path
   from sagc_jax.cli import trace_cost_model
 
+  from sagc_jax.control.signals import chosen
+
   out = Path(flags.out)
+  chosen(flags.signal)                 # an unknown measure fails before any sampling
   if flags.prompts < 1 or flags.responses < 2:
     raise ValueError(f"--prompts={flags.prompts} must be >= 1 and --responses="
                      f"{flags.responses} >= 2")
@@ -87,7 +92,7 @@ def main(argv: Sequence[str], flags) -> None:
   checks = Path(flags.signal_checks)
   validated = validated_measures(json.loads(checks.read_text())) if checks.is_file() else []
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
-                              validated=validated,
+                              validated=validated, measures=flags.signal,
                               log=lambda m: print(m, flush=True),
                               **cost.settings(trace))
   out.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,9 @@ def _define_flags():
   flags.DEFINE_float("horizon_s", None, "Trace replay: run every arm for this many seconds of "
                      "priced time (a comparison's time budget H) instead of --steps; the "
                      "drift between two traces follows the fraction of H spent.")
+  flags.DEFINE_list("signal", [], "Trace replay: the learning measures to rank the arms by "
+                    "(control.signals; default every one: utility, informative_groups, "
+                    "informative_rows, advantage_mass).")
   flags.DEFINE_string("learning", None, "Trace replay with --horizon_s: check each learning "
                       "measure's predicted pair orders against the pairs this finished "
                       "comparison (its workdir, with per_hour.json) resolved, at the first tau.")
@@ -65,6 +68,7 @@ def replay_traces(flags) -> None:
   from sagc_jax.cli import trace_cost_model
   from sagc_jax.config import controller_settings
   from sagc_jax.control.trace import read_trace
+  from sagc_jax.control.signals import chosen
   from sagc_jax.experiments.replay_tables import trace_tables
 
   if len(flags.trace) > 2:
@@ -103,6 +107,7 @@ def replay_traces(flags) -> None:
   table, rows, found = trace_tables(traces, section, cost, algorithms=flags.algorithms,
                                     taus=taus, replicates=flags.replicates, steps=flags.steps,
                                     refill=refill, horizon_s=flags.horizon_s,
+                                    measures=chosen(flags.signal),
                                     log=lambda m: print(m, flush=True), **settings)
   if per_hour is not None:
     from sagc_jax.control.signals import check_learning, learning_markdown

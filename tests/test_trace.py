@@ -317,3 +317,21 @@ def test_the_compiled_cost_brackets_the_aot_reports_own_projections():
   assert simulated <= full["rollout_s"] <= simulated / min(cost.bound_ratios.values()) * 1.01
   short = cost([(rows // 8, prompts)], (rows // 8, np.full(512, prompt_max)))
   assert short["rollout_s"] < full["rollout_s"] / 4 and short["learner_s"] < full["learner_s"]
+
+
+def test_signal_names_the_measures_a_replay_ranks_by(tmp_path):
+  from sagc_jax.control.signals import chosen
+  from sagc_jax.experiments.replay_tables import trace_tables
+
+  trace = trace_lib.read_trace(_synthetic(tmp_path))
+  settings = DecodeCost.of(trace).settings(trace)
+  table, _, found = trace_tables([trace], controller_settings(trace.header["controller"]),
+                                 DecodeCost.of(trace), algorithms=["grpo"], taus=[1.5],
+                                 replicates=3, steps=10, measures=chosen(["informative_rows"]),
+                                 log=lambda m: None, **settings)
+  assert list(found["signals"]) == ["informative_rows"]
+  assert list(found["predictions"]["grpo tau 1.5"]) == ["informative_rows"]
+  assert "| informative_rows | per hour of priced time |" in table
+  assert chosen([]) == ("utility", "informative_groups", "informative_rows", "advantage_mass")
+  with pytest.raises(ValueError, match="'bogus' is not a learning measure"):
+    chosen(["utility", "bogus"])

@@ -31,7 +31,7 @@ import numpy as np
 
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
 from sagc_jax.control.engine import sagc_arm_name
-from sagc_jax.control.signals import measure_values, signals
+from sagc_jax.control.signals import chosen, measure_values, signals
 from sagc_jax.control.replay import replay
 from sagc_jax.control.tables import arm_intervals
 from sagc_jax.control.trace import Trace, length_summary, straggler_rates, tau_curve
@@ -49,7 +49,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
                        candidates: Sequence[int], max_rounds: int, length_scale: float = 1.0,
                        length_cap: int | None = None, steps: int = 200, replicates: int = 10,
                        taus: Sequence[float] = TAUS, deltas: Sequence[float] = DELTAS,
-                       validated: Sequence[str] = (),
+                       validated: Sequence[str] = (), measures: Sequence[str] = (),
                        log: Callable[[str], None] = print) -> dict[str, Any]:
   """The calibration report of ``trace`` (module docstring): the controllers are the
   complete controller ``section`` of the traced run (``ControllerSection.to_dict()``),
@@ -85,7 +85,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
   table = arm_intervals(rows, ("seconds_per_signal", "step_s", "rollout_s",
                                "group_straggler_rate", "step_straggler_rate", "mean_g"),
                         reference, ratios=("time_to_target_s", "seconds_per_signal", "step_s"))
-  found = signals(rows)
+  found = signals(rows, chosen(measures))
   settings = [(t, d) for t in taus for d in deltas]
   bests = {m: max(settings, key=lambda s, m=m: found[m]["arms"][sagc_arm_name(*s)]["mean"])
            for m in validated if m in found}

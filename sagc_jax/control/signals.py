@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from sagc_jax.control.engine import MEASURES
 from sagc_jax.control.tables import by_seed, mean_ci, per_seed
 
-__all__ = ["MIN_RESOLVED", "check_learning", "learning_markdown", "measure_values",
+__all__ = ["MIN_RESOLVED", "check_learning", "chosen", "learning_markdown", "measure_values",
            "predictions", "ranking_markdown", "signals", "validated_measures"]
 
 MIN_RESOLVED = 3
@@ -52,12 +52,24 @@ def _key(measure: str, rows: Sequence[dict[str, Any]]) -> str:
   return f"{measure}_at_h" if f"{measure}_at_h" in rows[0] else f"{measure}_per_h"
 
 
-def signals(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-  """Per measure: per arm the mean, 95% half-width and count over replicates of its
-  value (``by``: at the horizon or per hour), and the arms best first."""
+def chosen(names: Sequence[str] | None) -> tuple[str, ...]:
+  """The measures a ``--signal`` list names (None or empty: every one); an unknown name
+  is an error that lists them."""
+  unknown = sorted(set(names or ()) - set(MEASURES))
+  if unknown:
+    raise ValueError(f"--signal={','.join(names)}: {unknown[0]!r} is not a learning measure "
+                     f"(one of {', '.join(MEASURES)})")
+  return tuple(names) if names else tuple(MEASURES)
+
+
+def signals(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(MEASURES)
+            ) -> dict[str, dict[str, Any]]:
+  """Per measure of ``measures``: per arm the mean, 95% half-width and count over
+  replicates of its value (``by``: at the horizon or per hour), and the arms best
+  first."""
   out = {}
   arms = list(dict.fromkeys(r["arm"] for r in rows))
-  for measure in MEASURES:
+  for measure in measures:
     if f"{measure}_per_h" not in rows[0]:
       continue
     key = _key(measure, rows)
@@ -86,13 +98,15 @@ def ranking_markdown(found: dict[str, dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def predictions(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-  """Per measure, for every pair of the static and SAGC arms: the replicate-paired
-  difference of the measure (first minus second) and the predicted order."""
+def predictions(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(MEASURES)
+                ) -> dict[str, list[dict[str, Any]]]:
+  """Per measure of ``measures``, for every pair of the static and SAGC arms: the
+  replicate-paired difference of the measure (first minus second) and the predicted
+  order."""
   arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a == "sagc" or a.startswith("static")]
   seeded = {arm: by_seed(rows, lambda r, arm=arm: r["arm"] == arm) for arm in arms}
   out = {}
-  for measure in MEASURES:
+  for measure in measures:
     if f"{measure}_per_h" not in rows[0]:
       continue
     key = _key(measure, rows)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from sagc_jax.control.engine import MEASURES
 from sagc_jax.control.replay import CONTEXTUAL, replay, simulate
 from sagc_jax.control.tables import Paired, arm_comparison
 from sagc_jax.control.trace import Trace
@@ -159,7 +160,7 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
                  steps: int, rollout: dict[str, Any], candidates: Sequence[int],
                  max_rounds: int, length_scale: float = 1.0, length_cap: int | None = None,
                  refill: bool = False, horizon_s: float | None = None,
-                 log: Callable[[str], None] = print
+                 measures: Sequence[str] = tuple(MEASURES), log: Callable[[str], None] = print
                  ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
   """The markdown tables and their rows of replaying ``traces`` (module docstring):
   per algorithm and tau, the controller ``section`` with ``candidates`` and that tau,
@@ -192,10 +193,10 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
           mine.append(row)
       rows += mine
       label = f"{algorithm} tau {tau:g}"
-      ranked = signals(mine)
+      ranked = signals(mine, measures)
       for measure, entry in ranked.items():
         found["signals"].setdefault(measure, {})[label] = entry
-      found["predictions"][label] = predictions(mine)
+      found["predictions"][label] = predictions(mine, measures)
       arms = list(dict.fromkeys(r["arm"] for r in mine))
       sections.append(arm_comparison(
           mine, _TRACE_COLUMNS, _TRACE_PAIRED, reference=reference,
