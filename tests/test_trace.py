@@ -167,28 +167,93 @@ def test_decode_cost_prices_the_longest_row_and_every_decoded_token():
   assert got["total_s"] == pytest.approx(got["rollout_s"] + got["learner_s"])
 
 
+def _half_varied_trace(tmp_path):
+  """16 prompts x 8 responses of 20 tokens: even prompts half right with distinct
+  rewards (any group of theirs varies), odd prompts always wrong (none varies)."""
+  records = []
+  for i in range(16):
+    vary = i % 2 == 0
+    correct = np.arange(8) % 2 == 0 if vary else np.zeros(8, bool)
+    rewards = correct + 0.01 * np.arange(8) if vary else np.zeros(8)
+    records.append(trace_lib.trace_record(i, 10, np.full(8, 20), rewards, correct,
+                                          np.zeros(8, bool)))
+  trace_lib.write_trace(tmp_path / "half.jsonl", _header(), records)
+  return trace_lib.read_trace(tmp_path / "half.jsonl")
+
+
 def test_each_learning_measure_matches_hand_counts(tmp_path):
-  """16 prompts, each half right with distinct rewards, 20-token responses; GRPO at G = 2
-  and 4 under hold_prompts (4 prompts a step), 5 steps."""
-  trace = _uniform_trace(tmp_path, True, "vary.jsonl")
+  """GRPO at G = 2 and 4 under hold_prompts (4 prompts a step), first step."""
+  from sagc_jax.rl.losses import group_advantages
+
+  trace = _half_varied_trace(tmp_path)
   col = replay_run(trace, DecodeCost(0.0, 1.0), 5, kinds=(), seed=0)["traces"]
+  block = TraceWorld([trace], max_g=4, steps=5, seed=0).block(0, 4, 0)   # the first step
+  varied = block["ids"] % 2 == 0
   for g in (2, 4):
     step = {key: col[f"static_G{g}"][key][0] for key in
             ("signal", "informative", "informative_rows", "advantage_mass")}
-    # Any two distinct rewards r: |A| = |r - mean| / std(ddof=1) per row, summed.
-    drawn = [np.abs((r - r.mean()) / (r.std(ddof=1) + 1e-6)).sum()
-             for r in _group_rewards(trace, col, g)]
-    assert step["signal"] == pytest.approx(4 * 4 * 0.25 * np.log2(g))     # p = 1/2
-    assert step["informative"] == pytest.approx(4 * (1 - 2 * 0.5 ** g))
-    assert step["informative_rows"] == 4 * g                              # every group varies
-    assert step["advantage_mass"] == pytest.approx(sum(drawn))
+    p = np.where(varied, 0.5, 0.0)
+    assert step["signal"] == pytest.approx(float(np.sum(4 * p * (1 - p) * np.log2(g))))
+    assert step["informative"] == pytest.approx(float(np.sum(1 - p ** g - (1 - p) ** g)))
+    assert step["informative_rows"] == g * varied.sum()
+    # The learner's own advantages of the varied groups' drawn rewards (a pair of distinct
+    # rewards: |A| = 1/sqrt(2) each).
+    rewards = block["rewards"][varied, :g]
+    ids = np.repeat(np.arange(len(rewards)), g)
+    mass = float(np.abs(np.asarray(group_advantages(rewards.ravel(), ids))).sum())
+    assert step["advantage_mass"] == pytest.approx(mass, rel=1e-4)
+    if g == 2:
+      assert step["advantage_mass"] == pytest.approx(np.sqrt(2) * varied.sum(), rel=1e-4)
 
 
-def _group_rewards(trace, col, g):
-  """The rewards of the first step's 4 groups at G (the replay's own draw, read back)."""
-  world = TraceWorld([trace], max_g=4, steps=5, seed=0)
-  block = world.block(0, 4, 0)
-  return [row[:g] for row in block["rewards"]]
+def test_the_stragglers_share_cuts_each_row_at_tau_times_its_groups_median(tmp_path):
+  """Each prompt: seven responses of 20 tokens and one of 60 (the cap is 64); every group
+  of 8 holds all of them, so tau 1.5 cuts the 60 to 30: a group of G = 8 costs 200
+  tokens, 170 without stragglers (seconds = tokens)."""
+  from sagc_jax.control.calibration import straggler_savings
+
+  records = [trace_lib.trace_record(i, 10, np.array([20] * 7 + [60]), np.zeros(8),
+                                    np.zeros(8, bool), np.zeros(8, bool)) for i in range(8)]
+  trace_lib.write_trace(tmp_path / "tail.jsonl", _header(), records)
+  trace = trace_lib.read_trace(tmp_path / "tail.jsonl")
+  section = dict(controller_settings(trace.header["controller"]), candidates=(8,))
+  got = straggler_savings(trace, DecodeCost(0.0, 1.0), section, rollout=trace.header["rollout"],
+                          steps=4, replicates=3, dapo=False, max_rounds=1)
+  for mode in ("hold_prompts", "hold_rollouts"):
+    assert got[mode]["straggler_share"]["static_G8"]["mean"] == pytest.approx(30 / 200)
+  assert got["hold_prompts"]["rollout_without_stragglers_vs_largest_g"]["static_G8"][
+      "mean"] == pytest.approx(1.0)
+
+
+def test_a_measure_passes_only_when_it_orders_every_resolved_pair_like_learning():
+  from sagc_jax.control.signals import check_learning, validated_measures
+
+  pair = lambda first, second, mean, significant=True: {
+      "first": first, "second": second, "significant": significant,
+      "mean_accuracy_over_h": {"mean": mean}}
+  per_hour = {"pairs": {"grpo": {"pairs": [
+      pair("grpo_sagc", "grpo_static16", +0.1), pair("grpo_sagc", "grpo_static4", -0.05),
+      pair("grpo_static16", "grpo_static4", -0.2), pair("grpo_static4", "grpo_static8", +0.1),
+      pair("grpo_sagc", "grpo_static8", +0.01, significant=False),
+      pair("grpo_prompt_aware", "grpo_sagc", +0.02)]}}}
+  order = lambda first, second, mean: {"first": first, "second": second, "mean": mean}
+  small_first = [order("sagc", "static_G16", 3.0), order("sagc", "static_G4", -1.0),
+                 order("static_G16", "static_G4", -4.0), order("static_G4", "static_G8", 2.0)]
+  large_first = [dict(p, mean=-p["mean"]) for p in small_first]
+  got = check_learning({"grpo": {"small": small_first, "large": large_first,
+                                 "few": small_first[:2]}}, per_hour)
+  assert got["small"]["grpo"] == {"resolved": 4, "agree": 4, "disagreements": [],
+                                  "unpredicted": ["grpo_prompt_aware vs grpo_sagc"],
+                                  "verdict": "passes"}
+  assert got["large"]["grpo"]["agree"] == 0 and got["large"]["grpo"]["verdict"] == "fails"
+  assert got["few"]["grpo"]["verdict"] == "cannot test"        # 2 of the resolved predicted
+  workload = lambda verdict: {"checked": {"small": {"grpo": {"verdict": verdict},
+                                                    "dapo": {"verdict": "passes"}}}}
+  assert validated_measures({"workloads": {"a": workload("passes")}}) == []
+  assert validated_measures({"workloads": {"a": workload("passes"),
+                                           "b": workload("passes")}}) == ["small"]
+  assert validated_measures({"workloads": {"a": workload("passes"),
+                                           "b": workload("fails")}}) == []
 
 
 def test_calibrate_withholds_a_recommendation_without_a_validated_measure_that_agrees(tmp_path):

@@ -31,7 +31,7 @@ import numpy as np
 
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
 from sagc_jax.control.engine import sagc_arm_name
-from sagc_jax.control.signals import chosen, measure_values, signals
+from sagc_jax.control.signals import agree, chosen, measure_values, signals
 from sagc_jax.control.replay import replay
 from sagc_jax.control.tables import arm_intervals
 from sagc_jax.control.trace import Trace, length_summary, straggler_rates, tau_curve
@@ -91,7 +91,9 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
            for m in validated if m in found}
   if len(set(bests.values())) != 1:
     why = ("no learning measure has passed its check against measured learning on two "
-           "workloads (docs/results.md)" if not bests else
+           "workloads (docs/results.md)" if not validated else
+           f"the validated measures ({', '.join(validated)}) are not among --signal"
+           if not bests else
            "the validated measures disagree on the best setting (" + ", ".join(
                f"{m}: {sagc_arm_name(*s)}" for m, s in bests.items()) + ")")
     recommended = {"withheld": why + ", so the replay cannot say which setting trains "
@@ -129,7 +131,8 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
               "(control.signals); withheld when no measure is validated",
       "replay": {"steps": steps, "replicates": replicates, "taus": taus,
                  "deltas": list(deltas), "arms": table, "reference": reference},
-      "signals": found, "validated": list(validated), "recommended": recommended,
+      "signals": found, "measures_agree": agree(found), "validated": list(validated),
+      "recommended": recommended,
       "straggler_savings": savings,
   }
 
@@ -150,9 +153,12 @@ def straggler_savings(trace: Trace, cost: Callable, section: dict[str, Any], *,
                       dapo=dapo, max_rounds=max_rounds, kinds=(), seed=rep, bootstrap=True,
                       length_scale=length_scale, length_cap=length_cap)
       rows += [dict(s, arm=arm, seed=rep) for arm, s in result["summary"].items()]
-    table = arm_intervals(rows, ("straggler_share",), reference, ratios=("rollout_cut_s",))
+    table = arm_intervals(rows, ("straggler_share", "straggler_step_share"), reference,
+                          ratios=("rollout_cut_s",))
     out[mode] = {"cost_model": getattr(cost, "name", "custom"),
-                 "straggler_share": {a: _interval(t, "straggler_share") for a, t in table.items()}}
+                 "straggler_share": {a: _interval(t, "straggler_share") for a, t in table.items()},
+                 "straggler_step_share": {a: _interval(t, "straggler_step_share")
+                                          for a, t in table.items()}}
     if mode == "hold_prompts":
       out[mode]["rollout_without_stragglers_vs_largest_g"] = {
           a: _interval(t, f"rollout_cut_s_vs_{reference}") for a, t in table.items()}
@@ -184,11 +190,15 @@ def format_report(report: dict[str, Any]) -> str:
     if name.startswith("static") or name == report["recommended"].get("arm"):
       a = arms[name]
       lines.append(f"  {name:<24} {a['step_s']:.4g} s  x{a[vs]:.3f} [{a[vs + '_low']:.3f}, "
-                   f"{a[vs + '_high']:.3f}]  mean G {a['mean_g']:.2f}  groups straggling "
+                   f"{a[vs + '_high']:.3f}]  rollout {a['rollout_s'] / replay_['steps']:.4g} s"
+                   f"  mean G {a['mean_g']:.2f}  groups straggling "
                    f"{a['group_straggler_rate']:.3f}")
   lines.append("per hour of priced time, each learning measure ranks the settings:")
   for measure, entry in report["signals"].items():
     lines.append(f"  {measure:<20} best {', '.join(entry['ranking'][:3])}")
+  if not report["measures_agree"]:
+    lines.append("  the measures disagree on the best setting: the replay cannot rank the "
+                 "settings; read the step and rollout times and the straggler rates")
   rec = report["recommended"]
   if "withheld" in rec:
     lines.append(f"no recommendation: {rec['withheld']}")

@@ -35,10 +35,11 @@ world knows the prompts' pass rates ``p`` and the drawn rewards ``r``:
   those it kept; GRPO: their expectation ``sum 1 - p^G - (1 - p)^G``);
 * ``informative_rows``: the rows of the groups whose drawn rewards vary, the rows
   that get a nonzero GRPO advantage;
-* ``advantage_mass``: ``sum |A|`` over those rows, ``A`` the learner's GRPO advantage
-  ``(r - mean) / (std + 1e-6)`` of the drawn rewards (unbiased std,
-  ``rl.losses.group_advantages``): the total weight the policy gradient puts on
-  sampled tokens' log-probabilities.
+* ``advantage_mass``: ``sum |A|`` over those rows, ``A`` GRPO's default advantage
+  ``(r - mean) / (std + 1e-6)`` of the drawn rewards (unbiased std, as
+  ``rl.losses.group_advantages``; not Dr. GRPO's unnormalised one, and before DAPO's
+  overlong shaping): the total weight the policy gradient puts on sampled tokens'
+  log-probabilities.
 
 None is a training outcome; they rank how well a controller spends rows, and
 ``docs/results.md`` checks each against measured learning.
@@ -346,6 +347,7 @@ def summarise(col: dict[str, list[float]]) -> dict[str, float]:
       # The share of rollout time the stragglers cost: every row above tau x its
       # group's median cut to that length, priced again.
       "straggler_share": 1.0 - total("rollout_cut_s") / max(total("rollout_s"), 1e-12),
+      "straggler_step_share": 1.0 - total("total_cut_s") / max(total("total_s"), 1e-12),
       "rollout_cut_s": total("rollout_cut_s"),
   }
   if "signal" in col:

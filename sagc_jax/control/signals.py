@@ -19,13 +19,15 @@ resolved; with fewer the workload cannot test it.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from typing import Any, Sequence
 
 from sagc_jax.control.engine import MEASURES
 from sagc_jax.control.tables import by_seed, mean_ci, per_seed
 
-__all__ = ["MIN_RESOLVED", "check_learning", "chosen", "learning_markdown", "measure_values",
+__all__ = ["MIN_RESOLVED", "agree", "check_learning", "chosen", "learning_markdown",
+           "measure_values",
            "predictions", "ranking_markdown", "signals", "validated_measures"]
 
 MIN_RESOLVED = 3
@@ -74,11 +76,18 @@ def signals(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(MEAS
       continue
     key = _key(measure, rows)
     stats = {arm: mean_ci([r[key] for r in rows if r["arm"] == arm]) for arm in arms}
+    # An arm with no value (the step cap stopped it short of the horizon) ranks last.
+    rank = lambda a: -stats[a][0] if math.isfinite(stats[a][0]) else math.inf
     out[measure] = {"by": key.removeprefix(f"{measure}_"),
                     "arms": {a: dict(zip(("mean", "half_width", "n"), s))
                              for a, s in stats.items()},
-                    "ranking": sorted(arms, key=lambda a: -stats[a][0])}
+                    "ranking": sorted(arms, key=rank)}
   return out
+
+
+def agree(found: dict[str, dict[str, Any]]) -> bool:
+  """Whether every measure puts the same arm first."""
+  return len({entry["ranking"][0] for entry in found.values()}) <= 1
 
 
 def ranking_markdown(found: dict[str, dict[str, Any]]) -> str:
@@ -88,13 +97,13 @@ def ranking_markdown(found: dict[str, dict[str, Any]]) -> str:
   for measure, entry in found.items():
     by = "at the horizon" if entry["by"] == "at_h" else "per hour of priced time"
     lines.append(f"| {measure} | {by} | {' > '.join(entry['ranking'])} |")
-  best = {entry["ranking"][0] for entry in found.values()}
-  if len(best) > 1:
-    lines.append(f"\nThe measures disagree on the best arm ({', '.join(sorted(best))}): the "
-                 "replay cannot rank the arms. Read the rollout time and the straggler "
+  best = sorted({entry["ranking"][0] for entry in found.values()})
+  if not agree(found):
+    lines.append(f"\nThe measures disagree on the best arm ({', '.join(best)}): the replay "
+                 "cannot rank the arms, so the tables above show rollout time and straggler "
                  "rates only.")
-  else:
-    lines.append(f"\nEvery measure puts {best.pop()} first.")
+  elif best:
+    lines.append(f"\nEvery measure puts {best[0]} first.")
   return "\n".join(lines)
 
 
@@ -128,29 +137,34 @@ def _replay_name(arm: str, algorithm: str) -> str:
 def check_learning(predicted: dict[str, dict[str, list[dict[str, Any]]]],
                    per_hour: dict[str, Any]) -> dict[str, dict[str, Any]]:
   """Per measure and algorithm: the pairs the comparison resolved (Holm-significant on
-  mean held-out accuracy over [0, H]), how many the measure orders the same way, every
-  disagreement, and the verdict (module docstring). ``predicted``: algorithm ->
-  ``predictions``."""
+  mean held-out accuracy over [0, H]) that the measure predicts, how many it orders the
+  same way, every disagreement, the resolved pairs it has no prediction for (an arm
+  the replay does not run, or one that never reached the horizon), and the verdict
+  (module docstring). ``predicted``: algorithm -> ``predictions``."""
   out: dict[str, dict[str, Any]] = {}
   for algorithm, by_measure in predicted.items():
     resolved = [p for p in per_hour["pairs"].get(algorithm, {}).get("pairs", [])
                 if p.get("significant")]
     for measure, pairs in by_measure.items():
       orders = {(p["first"], p["second"]): p["mean"] for p in pairs}
-      agree, disagree = 0, []
+      agreeing, disagree, unpredicted = 0, [], []
       for pair in resolved:
         first, second = (_replay_name(pair[k], algorithm) for k in ("first", "second"))
         learned = pair["mean_accuracy_over_h"]["mean"]
-        guess = orders.get((first, second), -orders.get((second, first), float("nan")))
-        if (guess > 0) == (learned > 0) and guess != 0:
-          agree += 1
+        guess = orders.get((first, second), -orders.get((second, first), math.nan))
+        if not math.isfinite(guess):
+          unpredicted.append(f"{pair['first']} vs {pair['second']}")
+        elif guess != 0 and (guess > 0) == (learned > 0):
+          agreeing += 1
         else:
           disagree.append(f"{pair['first']} vs {pair['second']}: learning {learned:+.3f}, "
                           f"{measure} {guess:+.4g}")
-      verdict = ("cannot test" if len(resolved) < MIN_RESOLVED else
+      tested = len(resolved) - len(unpredicted)
+      verdict = ("cannot test" if tested < MIN_RESOLVED else
                  "passes" if not disagree else "fails")
-      out.setdefault(measure, {})[algorithm] = {"resolved": len(resolved), "agree": agree,
+      out.setdefault(measure, {})[algorithm] = {"resolved": tested, "agree": agreeing,
                                                 "disagreements": disagree,
+                                                "unpredicted": unpredicted,
                                                 "verdict": verdict}
   return out
 
@@ -158,12 +172,13 @@ def check_learning(predicted: dict[str, dict[str, list[dict[str, Any]]]],
 def learning_markdown(checked: dict[str, dict[str, Any]]) -> str:
   """The validation table: measure x algorithm, pairs agreeing of pairs resolved, and
   every disagreement."""
-  lines = ["| measure | algorithm | agree / resolved | verdict | disagreements |",
-           "|---|---|---|---|---|"]
+  lines = ["| measure | algorithm | agree / resolved | verdict | disagreements | resolved, "
+           "not predicted |", "|---|---|---|---|---|---|"]
   for measure, by_algorithm in checked.items():
     for algorithm, c in by_algorithm.items():
       lines.append(f"| {measure} | {algorithm} | {c['agree']} / {c['resolved']} | "
-                   f"{c['verdict']} | {'; '.join(c['disagreements']) or '–'} |")
+                   f"{c['verdict']} | {'; '.join(c['disagreements']) or '–'} | "
+                   f"{'; '.join(c['unpredicted']) or '–'} |")
   return "\n".join(lines)
 
 

@@ -24,7 +24,8 @@ from sagc_jax.control.replay import CONTEXTUAL, replay, simulate
 from sagc_jax.control.tables import Paired, arm_comparison
 from sagc_jax.control.trace import Trace
 from sagc_jax.experiments.claims import claims_markdown
-from sagc_jax.control.signals import measure_values, predictions, ranking_markdown, signals
+from sagc_jax.control.signals import (agree, measure_values, predictions, ranking_markdown,
+                                      signals)
 
 __all__ = ["arm_rows", "claim_rows", "simulate_tables", "trace_tables"]
 
@@ -43,13 +44,17 @@ _TITLES = {key: (title, fmt) for key, fmt, title in (
     rounds_per_step .2f rounds / step
     step_s .1f s / step
     signal_per_h .0f signal / h
-    capped_steps .2f steps at the cap""".strip().splitlines())}
+    capped_steps .2f steps at the cap
+    rollout_s_per_step .1f rollout s / step""".strip().splitlines())}
 _columns = lambda *keys: tuple((key, *_TITLES[key]) for key in keys)
 _POOL_COLUMNS = _columns("group_straggler_rate", "step_straggler_rate", "wall_clock_h",
                          "signal_k", "informative_k", "mean_g", "time_to_target_h",
                          "signal_at_equal_time_k", "controller_us")
 _TRACE_COLUMNS = _columns("group_straggler_rate", "step_straggler_rate", "mean_g",
                           "rounds_per_step", "step_s", "signal_per_h", "capped_steps")
+# Where the learning measures disagree on the best arm: time and straggler rates only.
+_TIME_COLUMNS = _columns("group_straggler_rate", "step_straggler_rate", "mean_g",
+                         "rounds_per_step", "rollout_s_per_step", "step_s", "capped_steps")
 # The prompt pool's comparison with SAGC (arm / SAGC or arm - SAGC, per seed).
 _POOL_PAIRED = (
     Paired("signal_at_equal_time_k", "signal at equal wall-clock, arm / SAGC", "ratio", "above"),
@@ -187,6 +192,7 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
           row.update(measure_values(s))
           row.update(algorithm=algorithm, tau=float(tau),
                      step_s=s["wall_clock_s"] / len(col["total_s"]),
+                     rollout_s_per_step=s["rollout_s"] / len(col["total_s"]),
                      signal_per_h=s["signal"] / (s["wall_clock_s"] / 3600.0),
                      rounds_per_step=s["rounds_per_step"],
                      capped_steps=float(np.mean(col["capped"])))
@@ -198,8 +204,10 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
         found["signals"].setdefault(measure, {})[label] = entry
       found["predictions"][label] = predictions(mine, measures)
       arms = list(dict.fromkeys(r["arm"] for r in mine))
+      ranks = agree(ranked)
       sections.append(arm_comparison(
-          mine, _TRACE_COLUMNS, _TRACE_PAIRED, reference=reference,
+          mine, _TRACE_COLUMNS if ranks else _TIME_COLUMNS,
+          _TRACE_PAIRED if ranks else _TRACE_PAIRED[-1:], reference=reference,
           others=[a for a in arms if a != reference],
           intro=f"**{algorithm.upper()}, tau {tau:g}**: per arm, mean ± 95% CI over "
                 f"{len({r['seed'] for r in mine})} replicates",
