@@ -196,10 +196,13 @@ def format_report(report: dict[str, Any]) -> str:
   lines.append("per hour of priced time, each learning measure ranks the settings:")
   for measure, entry in report["signals"].items():
     lines.append(f"  {measure:<20} best {', '.join(entry['ranking'][:3])}")
-  if not report["measures_agree"]:
-    lines.append("  the measures disagree on the best setting: the replay cannot rank the "
-                 "settings; read the step and rollout times and the straggler rates")
   rec = report["recommended"]
+  if not report["measures_agree"]:
+    lines.append("  the measures disagree on the best setting: " + (
+        "the replay cannot rank the settings; read the step and rollout times and the "
+        "straggler rates" if "withheld" in rec else
+        f"the recommendation uses only the validated ones ({', '.join(report['validated'])}), "
+        "which agree"))
   if "withheld" in rec:
     lines.append(f"no recommendation: {rec['withheld']}")
   else:
