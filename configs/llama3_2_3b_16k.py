@@ -1,5 +1,5 @@
 """TPU-pod preset at 16,384-token responses: GRPO + SAGC on Llama-3.2-3B, rollouts through
-the refill sampler (paged KV cache, Pallas kernel; `sagc_jax.config.tpu_pod_16k_preset`).
+the refill sampler (paged KV cache, Pallas kernel; `sagc_jax.config.tpu_pod_long_preset`).
 
   python -m sagc_jax.train --config configs/llama3_2_3b_16k.py \\
       --workdir gs://BUCKET/runs/llama3_2_3b_16k \\
@@ -19,12 +19,12 @@ slices) are in docs/results.md (the "AOT: ..." sections):
       --largest_only --config.rollout.kv_pages=0 --refill_slots_search=64,128,256
 """
 
-from sagc_jax.config import tpu_pod_16k_preset
+from sagc_jax.config import tpu_pod_long_preset
 
 
 def get_config():
   # The slots and the pool per 'data' shard are what `python -m sagc_jax.aot` chose for
   # v5e:4x4 with --config.rollout.kv_pages=0 --refill_slots_search=64,128,256
   # (docs/scale.md, docs/results.md).
-  return tpu_pod_16k_preset("configs/models/llama3_2_3b.json", kv_pages=4225,
+  return tpu_pod_long_preset("configs/models/llama3_2_3b.json", kv_pages=4225,
                             refill_slots=64)

@@ -1,5 +1,5 @@
 """TPU-pod preset at 16,384-token responses: GRPO + SAGC on Qwen2.5-3B, rollouts through
-the refill sampler (paged KV cache, Pallas kernel; `sagc_jax.config.tpu_pod_16k_preset`).
+the refill sampler (paged KV cache, Pallas kernel; `sagc_jax.config.tpu_pod_long_preset`).
 
   python -m sagc_jax.train --config configs/qwen2_5_3b_16k.py \\
       --workdir gs://BUCKET/runs/qwen2_5_3b_16k \\
@@ -16,10 +16,10 @@ docs/results.md (the "AOT: ..." sections):
       --largest_only --config.rollout.kv_pages=0 --refill_slots_search=64,128,256
 """
 
-from sagc_jax.config import tpu_pod_16k_preset
+from sagc_jax.config import tpu_pod_long_preset
 
 
 def get_config():
   # The pool per 'data' shard is what `python -m sagc_jax.aot` sized for v5e:4x4 with
   # --config.rollout.kv_pages=0 (docs/scale.md).
-  return tpu_pod_16k_preset("configs/models/qwen2_5_3b.json", kv_pages=7232)
+  return tpu_pod_long_preset("configs/models/qwen2_5_3b.json", kv_pages=7232)

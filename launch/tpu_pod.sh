@@ -9,8 +9,10 @@
 # Actions (run in the order given; "all" = aot create setup train export delete, with
 # --watch on, so that export and delete wait for the run to complete):
 #   aot      on THIS host, compile the preset for the slice's topology
-#            (python -m sagc_jax.aot) and save the report; "train" refuses a preset
-#            that does not fit, or one never checked, unless --force
+#            (python -m sagc_jax.aot) and save the report, or read the one in
+#            configs/aot/ compiled for the same digest (config, model, topology,
+#            versions, program code); "train" refuses a preset that does not fit,
+#            or one never checked, unless --force
 #   create   create the slice (--queued: a queued resource, waits until ACTIVE)
 #   setup    upload this repository (git archive of HEAD) to every worker and run
 #            launch/install.sh there: a Python >= 3.11 venv (uv) with .[tpu,gcs]
@@ -181,9 +183,11 @@ do_aot() {
   local overrides=() arg
   for arg in "${extra[@]}"; do [[ "$arg" == --config.* ]] && overrides+=("$arg"); done
   run mkdir -p "$local_dir"
-  echo "compiling $config for $topology on this host (no TPU needed; minutes)"
+  echo "compiling $config for $topology on this host (no TPU needed; minutes, up to an hour" \
+       "at 8B), unless configs/aot/ holds a report compiled for the same digest"
   if ! run env JAX_PLATFORMS=cpu "$local_python" -m sagc_jax.aot --config="$repo/$config" \
-      --topology="$topology" --largest_only --out="$aot_report" "${overrides[@]}"; then
+      --topology="$topology" --largest_only --reuse="$repo/configs/aot" --out="$aot_report" \
+      "${overrides[@]}"; then
     [[ $force -eq 1 ]] && { echo "warning: $config does not fit $topology; going on (--force)"; return; }
     die "$config does not fit $topology (report: $aot_report); change the preset or pass --force"
   fi

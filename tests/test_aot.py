@@ -140,6 +140,33 @@ def test_remat_blocked_and_splash_attention_lower_the_learner_cost(tmp_path):
   assert splash["bytes"] < blocked["bytes"]
 
 
+def test_a_scanned_layer_stack_is_costed_as_the_unrolled_one(tmp_path):
+  """XLA counts a scanned layer stack once; the report adds the other layers at the
+  cost of one unrolled layer (a 2-layer minus a 1-layer program), so a scanned learner
+  gets a step projection. Checked against the 4-layer program unrolled: the same
+  FLOPs, and bytes a little above (the scan reads its stacked weights by slicing)."""
+  path = _model_json(tmp_path, "four", **{**SMALL, "num_hidden_layers": 4})
+
+  def learner_rows(scan: bool):
+    report = compile_report(_config(remat="full", scan_layers=scan), "v5e:2x2",
+                            model_config=str(path), largest_only=True, only="learner",
+                            log=lambda m: None)
+    return {e["name"]: e for e in report["executables"]
+            if e["name"].startswith(("learner_train[", "learner_ref["))}
+
+  unrolled, scanned = learner_rows(False), learner_rows(True)
+  assert sorted(unrolled) == sorted(scanned) and len(scanned) == 2
+  for name, row in scanned.items():
+    added = row["layers_scaled"]
+    assert added["layers"] == 4 and added["flops"] > 0 and added["bytes"] > 0
+    # Without the added layers the scanned figure misses most of the stack ...
+    assert row["flops"] - 3 * added["flops"] < 0.6 * unrolled[name]["flops"]
+    # ... with them it is the unrolled program's.
+    assert row["flops"] == pytest.approx(unrolled[name]["flops"], rel=0.01), name
+    assert 1.0 <= row["bytes"] / unrolled[name]["bytes"] <= 1.15, name
+    assert "layers_scaled" not in unrolled[name]
+
+
 def test_decode_step_updates_the_cache_in_place_at_qwen_layout(tmp_path):
   """Qwen2.5-3B's decode layout on v5e:4x4: 2 KV heads cannot split over the 4-way
   'model' axis, so rows are split over all 16 chips and each chip's layer cache is

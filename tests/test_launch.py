@@ -43,6 +43,7 @@ def test_tpu_pod_dry_run_prints_every_step_without_running_gcloud():
   joined = "\n".join(commands)
   aot = next(c for c in commands if "sagc_jax.aot" in c)
   assert "--topology=v4:2x2x4" in aot and "--config.model.path=gs://bucket/ckpt" in aot
+  assert "--reuse=" in aot and aot.split("--reuse=")[1].split()[0].endswith("/configs/aot")
   assert "gcloud compute tpus queued-resources create pod-qr" in joined
   assert "--accelerator-type=v4-32" in joined and "--spot" in joined
   assert "--runtime-version=tpu-ubuntu2204-base" in joined

@@ -38,13 +38,21 @@ def _define_flags():
                     "its pool sized to HBM and its rollout projected; the fastest within "
                     "1.3x of its bound on every length model is compiled and reported.")
   flags.DEFINE_string("out", None, "Write the report as JSON here.")
+  flags.DEFINE_string("reuse", None, "A folder of stored reports (e.g. configs/aot): when "
+                      "one was compiled for the same config, model, topology, scope, "
+                      "versions and program code (its digest), print and write it instead "
+                      "of compiling.")
   flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (docs figures).")
   flags.mark_flags_as_required(["config"])
   return flags.FLAGS
 
 
 def format_table(report: dict) -> str:
-  lines = [f"{'executable':58s} {'compile s':>9s} {'peak GiB':>9s} {'TFLOP':>8s} "
+  lines = [f"{' '.join([report.get('config', '(config not recorded)'), *report.get('overrides', [])])}"
+           f" on {report['topology']}: "
+           f"{Path(report['model_config']).name}, {report['num_layers']} layers, responses "
+           f"up to {report['rollout']['max_new_tokens']} tokens"]
+  lines += [f"{'executable':58s} {'compile s':>9s} {'peak GiB':>9s} {'TFLOP':>8s} "
            f"{'GB':>8s} {'roofline ms':>11s}"]
   for e in report["executables"]:
     peak = "failed" if e["peak_gib"] is None else f"{e['peak_gib']:.2f}"
@@ -86,10 +94,9 @@ def format_table(report: dict) -> str:
     lines.extend(format_lines(report["refill"]))
   lines.append("peak = the executable's own peak + resident run state not among its "
                "arguments (policy, master weights, Adam moments, reference)")
-  if report["cost_is_per_loop_body"]:
-    lines.append("note: scan_layers=True: XLA counts the scanned layer stack once, so the "
-                 "learner's FLOPs, bytes and rooflines above undercount and no step time is "
-                 "projected; run with --config.learner.scan_layers=False for costs")
+  if report["learner"]["scan_layers"]:
+    lines.append("note: scan_layers=True: XLA counts the scanned layer stack once; the "
+                 "learner rows add the other layers at the cost of one unrolled layer")
   lines.append("fits: yes" if report["fits"] else
                f"fits: NO: {', '.join(report['not_fitting'])}")
   return "\n".join(lines)
@@ -108,21 +115,43 @@ def format_markdown(report: dict) -> str:
   return "\n".join(lines)
 
 
+def _stored_report(folder: str, key: str) -> dict | None:
+  from sagc_jax.aot.report_key import find_stored
+  if not Path(folder).is_dir():
+    raise ValueError(f"--reuse={folder!r} is not a folder")
+  path = find_stored(folder, key)
+  if path is None:
+    print(f"no stored report in {folder} has this digest ({key[:12]}); compiling", flush=True)
+    return None
+  print(f"reusing {path}: compiled for the same config, model, topology, scope, versions "
+        f"and program code (digest {key[:12]}); nothing compiled", flush=True)
+  return json.loads(path.read_text())
+
+
 def main(argv: Sequence[str], flags) -> None:
   from absl import logging
   logging.set_verbosity(logging.WARNING)
-  from sagc_jax.aot.compile_report import compile_report
+  from sagc_jax.aot.report_key import digest
 
   try:
     search = tuple(int(s) for s in flags.refill_slots_search)
   except ValueError:
     raise ValueError(f"--refill_slots_search={','.join(flags.refill_slots_search)}: not a "
                      "comma list of ints (e.g. 64,128,256)") from None
-  report = compile_report(flags.config, flags.topology,
-                          model_config=flags.model_config,
-                          largest_only=flags.largest_only, only=flags.only,
-                          refill_slots_search=search,
-                          log=lambda m: print(m, flush=True))
+  key = digest(flags.config, flags.topology, model_config=flags.model_config,
+               largest_only=flags.largest_only, only=flags.only, refill_slots_search=search)
+  report = _stored_report(flags.reuse, key) if flags.reuse else None
+  if report is None:
+    from sagc_jax.aot.compile_report import compile_report
+    report = compile_report(flags.config, flags.topology,
+                            model_config=flags.model_config,
+                            largest_only=flags.largest_only, only=flags.only,
+                            refill_slots_search=search,
+                            log=lambda m: print(m, flush=True))
+    from ml_collections import config_flags
+    report.update(config=config_flags.get_config_filename(flags["config"]),
+                  overrides=[a for a in sys.argv[1:] if a.startswith("--config.")],
+                  digest=key)
   print(format_table(report), flush=True)
   if flags.markdown:
     print(format_markdown(report), flush=True)

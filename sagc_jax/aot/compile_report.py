@@ -14,7 +14,9 @@ one step); the train step's figure is one microbatch (its gradient-accumulation 
 body) plus the optimizer update, and of its LM-head chunk loop one chunk
 (``logits_chunks_counted_once``: the learner figures undercount by the head's share);
 with ``scan_layers`` the layer stack is counted once instead of ``num_layers`` times,
-so the tool projects no step time then (``cost_is_per_loop_body``).
+so the learner rows add ``num_layers - 1`` more layers, each costed as the difference
+between the unrolled programs of a 2-layer and a 1-layer copy of the model
+(``_per_layer_cost``; ``layers_scaled`` in the row).
 
 A Pallas kernel is a custom call whose inside XLA's cost analysis does not see: with
 ``learner.attention="splash"`` the learner rows add the kernel's analytic FLOPs and
@@ -29,10 +31,10 @@ step, the float32 master weights and Adam moments during sampling).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
@@ -47,16 +49,17 @@ from sagc_jax.aot.refill_report import refill_projection, refill_rows, search_sl
 from sagc_jax.aot.refill_report import summary as refill_summary
 from sagc_jax.aot.step_projection import project_step
 from sagc_jax.training.build import RLComponents, build_components
-from sagc_jax.config import RunConfig, run_config
+from sagc_jax.aot.report_key import model_config_path, sizing_config
+from sagc_jax.config import RunConfig
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.splash import head_layout, kernel_cost
 from sagc_jax.models.transformer import abstract_model
+from sagc_jax.rl.learner import Learner
 
-__all__ = ["HBM_LIMIT", "compile_report", "model_config_path", "topology_mesh"]
+__all__ = ["HBM_LIMIT", "compile_report", "topology_mesh"]
 
 GIB = 2.0 ** 30
 HBM_LIMIT = 0.9          # an executable "fits" when its peak is at most 90% of HBM
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def topology_mesh(topology: str, mesh_shape, axes) -> tuple[Mesh, ChipSpec]:
@@ -86,25 +89,6 @@ def topology_mesh(topology: str, mesh_shape, axes) -> tuple[Mesh, ChipSpec]:
     grid = devices.reshape(shape)
   mesh = Mesh(grid, tuple(axes), axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
   return mesh, chip.per_device(per_chip)
-
-
-def model_config_path(config: RunConfig, override: str | None) -> Path:
-  """The HF config.json to size: ``--model_config``, else ``model.config_json``, else
-  ``model.path``/config.json. Relative paths also resolve against the repository."""
-  candidates = [override] if override else []
-  candidates += [config.model.config_json]
-  if config.model.path:
-    candidates.append(str(Path(config.model.path) / "config.json"))
-  for c in candidates:
-    if not c:
-      continue
-    for p in (Path(c), REPO_ROOT / c):
-      if p.is_file():
-        return p
-    raise ValueError(f"model config {c!r} not found (from --model_config, model.config_json "
-                     "or model.path)")
-  raise ValueError("no model config: pass --model_config=configs/models/NAME.json or set "
-                   "model.config_json / model.path")
 
 
 def _per_device_bytes(tree) -> float:
@@ -170,7 +154,7 @@ def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: Model
   if row is None or row.get("roofline_ms") is None or lc.attention != "splash":
     return
   _, repeats = head_layout(cfg.num_heads, cfg.num_kv_heads, mesh.shape.get("model", 1))
-  layers = 1 if lc.scan_layers else cfg.num_layers
+  layers = cfg.num_layers       # a scanned stack's row already counts every layer
   cost = kernel_cost(rows=rows, seq_len=seq_len, num_heads=cfg.num_heads,
                      num_kv_heads=cfg.num_kv_heads * repeats, head_dim=cfg.head_dim,
                      block=lc.attention_block, itemsize=jnp.dtype(learner.compute_dtype).itemsize,
@@ -184,6 +168,40 @@ def _add_attention_kernel(row: dict[str, Any] | None, chip: ChipSpec, cfg: Model
   log(f"    + splash kernel (analytic, XLA cannot see it): {row['kernel_flops'] / 1e12:.2f} "
       f"TFLOP, {row['kernel_bytes'] / 1e9:.2f} GB -> {row['flops'] / 1e12:.2f} TFLOP, "
       f"{row['bytes'] / 1e9:.2f} GB, roofline {row['roofline_ms']:.2f} ms")
+
+
+def _per_layer_cost(config: RunConfig, cfg: ModelConfig, dtype, mesh: Mesh, learner,
+                    program: str, shape: tuple[int, int, int]) -> dict[str, float]:
+  """XLA's FLOPs and bytes of one decoder layer of a learner ``program`` ("train" or
+  "ref") at ``shape``: the unrolled programs of 2-layer and 1-layer copies of the model,
+  differenced. XLA counts a scanned layer stack once, so a scanned program's figure plus
+  ``num_layers - 1`` of these is the whole stack's."""
+  lc = dataclasses.replace(learner.config, scan_layers=False)
+  costs, start = [], time.perf_counter()
+  for layers in (1, 2):
+    small = abstract_model(dataclasses.replace(cfg, num_layers=layers), dtype, mesh=mesh)
+    probe = Learner(small, lc, learner.row_buckets, config.rollout.prompt_buckets,
+                    config.rollout.response_buckets, mesh=mesh)
+    compiled = (probe.compile_train if program == "train" else probe.compile_reference)(*shape)
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    costs.append((float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))))
+  return dict(flops=costs[1][0] - costs[0][0], bytes=costs[1][1] - costs[0][1],
+              compile_s=round(time.perf_counter() - start, 2))
+
+
+def _scale_layers(row: dict[str, Any] | None, per_layer: dict[str, float], layers: int,
+                  chip: ChipSpec, log: Callable[[str], None]) -> None:
+  """Adds ``layers - 1`` layers of ``per_layer`` cost to a scanned program's ``row``."""
+  if row is None or row.get("roofline_ms") is None:
+    return
+  row["flops"] += (layers - 1) * per_layer["flops"]
+  row["bytes"] += (layers - 1) * per_layer["bytes"]
+  row["layers_scaled"] = dict(layers=layers, **per_layer)
+  row.update(_times(row["flops"], row["bytes"], chip))
+  log(f"    + {layers - 1} more scanned layers at {per_layer['flops'] / 1e12:.3f} TFLOP, "
+      f"{per_layer['bytes'] / 1e9:.2f} GB each (2- minus 1-layer unrolled, "
+      f"{per_layer['compile_s']:.0f} s) -> roofline {row['roofline_ms']:.2f} ms")
 
 
 def _failed(name: str, err: Exception, chip: ChipSpec, compile_s: float) -> dict[str, Any]:
@@ -291,11 +309,7 @@ def compile_report(config: Any, topology: str, *,
     if bad:
       raise ValueError(f"refill_slots_search={tuple(refill_slots_search)}: {bad} are not "
                        "positive ints")
-  values = config.to_dict()              # a ConfigDict or a RunConfig
-  values["model"]["require_path"] = False     # sizing needs the config.json, not the weights
-  if not values["data"]["manual_dir"]:        # ... and no data
-    values["data"]["manual_dir"] = "(not read by the AOT tool)"
-  config = run_config(values)
+  config = sizing_config(config)
   path = model_config_path(config, model_config)
   cfg = ModelConfig.from_hf_dict(json.loads(path.read_text()))
   mesh, chip = topology_mesh(topology, config.mesh.shape, config.mesh.axes)
@@ -324,11 +338,14 @@ def compile_report(config: Any, topology: str, *,
     tag = f"rows={r},seq={t},targets={n}"
     pair: dict[str, Any] = {}
     pair["train"] = compile_one(f"learner_train[{tag}]", lambda: learner.compile_train(r, t, n))
-    _add_attention_kernel(pair["train"], chip, cfg, learner, mesh, r, t, backward=True, log=log)
     if learner.reference is not None:
       pair["ref"] = compile_one(f"learner_ref[{tag}]",
                                 lambda: learner.compile_reference(r, t, n))
-      _add_attention_kernel(pair["ref"], chip, cfg, learner, mesh, r, t, backward=False,
+    for program, row in pair.items():
+      if lc.scan_layers and row is not None and row.get("roofline_ms") is not None:
+        _scale_layers(row, _per_layer_cost(config, cfg, dtype, mesh, learner, program,
+                                           (r, t, n)), cfg.num_layers, chip, log)
+      _add_attention_kernel(row, chip, cfg, learner, mesh, r, t, backward=program == "train",
                             log=log)
     train_rows[(r, t, n)] = pair
 
@@ -392,18 +409,14 @@ def compile_report(config: Any, topology: str, *,
       largest_only=largest_only, only=only, hbm_limit_fraction=HBM_LIMIT,
       executables=executables, fits=fits,
       not_fitting=[e["name"] for e in executables if not e["fits"] and not e.get("probe")],
-      compile_s_total=round(sum(e["compile_s"] for e in executables), 1),
-      cost_is_per_loop_body=bool(lc.scan_layers),
+      compile_s_total=round(sum(e["compile_s"] + e.get("layers_scaled", {}).get("compile_s", 0)
+                                for e in executables), 1),
       # The LM-head chunk loop is a loop too: 1 of this many chunks is in the figures.
       logits_chunks_counted_once=-(-max(s[2] for s in learner.batch_shapes())
                                    // lc.logits_chunk))
   projection = None if refill is None else refill_projection(config, parts.sampler, refill)
   if refill is not None:
     report["refill"] = refill_summary(refill, projection)
-  if lc.scan_layers:
-    # The learner's costs count one layer (a loop body): no honest projection.
-    report["projected_step_s"] = None
-  else:
-    report.update(project_step(config, parts, train_rows, generate, decode, executables,
-                               projection))
+  report.update(project_step(config, parts, train_rows, generate, decode, executables,
+                             projection))
   return report

@@ -62,8 +62,7 @@ class CompiledStepCost:
                if report.get(k) is None]
     if missing:
       raise ValueError(f"AOT report {path} lacks {', '.join(missing)}: write it again with "
-                       "this version of python -m sagc_jax.aot (without --only, "
-                       "scan_layers=False)")
+                       "this version of python -m sagc_jax.aot (without --only)")
     return cls(report, str(path))
 
   @property

@@ -7,7 +7,7 @@ or a tool needs.
 """
 
 from sagc_jax.config.presets import (preset, smollm2_cpu_config, tiny_cpu_config,
-                                     tpu_pod_16k_preset, tpu_pod_preset)
+                                     tpu_pod_long_preset, tpu_pod_preset)
 from sagc_jax.config.run import RunConfig, check_run, controller_settings, run_config
 from sagc_jax.config.schema import base_config, learner_section
 from sagc_jax.config.sections import DATASETS, DTYPES, FILE_DATASETS, REWARDS
@@ -28,5 +28,5 @@ def learner_config(config) -> LearnerConfig:
 
 __all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "REWARDS", "RunConfig", "base_config",
            "check_run", "controller_settings", "learner_config", "learner_section", "preset", "run_config",
-           "smollm2_cpu_config", "tiny_cpu_config", "tpu_pod_16k_preset", "tpu_pod_preset",
+           "smollm2_cpu_config", "tiny_cpu_config", "tpu_pod_long_preset", "tpu_pod_preset",
            "validate"]

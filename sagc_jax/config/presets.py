@@ -65,9 +65,10 @@ def tpu_pod_preset() -> ml_collections.ConfigDict:
   return c
 
 
-def tpu_pod_16k_preset(model_json: str, kv_pages: int,
-                       refill_slots: int = 128) -> ml_collections.ConfigDict:
-  """``tpu_pod_preset`` at the response length long-CoT recipes use: 16,384 tokens.
+def tpu_pod_long_preset(model_json: str, kv_pages: int, refill_slots: int = 128,
+                        response_tokens: int = 16384) -> ml_collections.ConfigDict:
+  """``tpu_pod_preset`` at the response lengths long-CoT recipes use (16,384 or 32,768
+  tokens; DAPO samples up to 20k, thinking models 32k and more).
 
   ``model_json`` is the model's config (it sizes ``python -m sagc_jax.aot`` without
   weights); ``refill_slots`` and ``kv_pages`` (the pool per 'data' shard) are what the
@@ -75,27 +76,31 @@ def tpu_pod_16k_preset(model_json: str, kv_pages: int,
   ``--config.rollout.kv_pages=0``). With ``kv_pages=0`` a run takes the no-eviction
   pool (every slot at the cap).
 
-  The dense cache would give each row ``prompt + 16,384`` slots, so 512 rollouts
-  would run as sequential sub-calls, each waiting for its own straggler. Here they go
-  through the refill sampler: ``refill_slots`` decode slots (split over the 'data'
-  shards of the slice) over paged KV pools of 64-token pages read by the Pallas
+  The dense cache would give each row ``prompt + response_tokens`` slots, so 512
+  rollouts would run as sequential sub-calls, each waiting for its own straggler. Here
+  they go through the refill sampler: ``refill_slots`` decode slots (split over the
+  'data' shards of the slice) over paged KV pools of 64-token pages read by the Pallas
   kernel, the pool sized to the chip by ``python -m sagc_jax.aot``
   (``rollout.kv_pages``, per shard; docs/scale.md). The learner trains microbatches of
-  4 sequences (32 per minibatch) of up to 16,896 tokens, fully rematerialised.
-  Evaluation keeps the dense fused sampler, in calls of 32 rows (a 256-row call's
-  cache would not fit a chip).
+  4 sequences (32 per minibatch) of up to ``prompt + response_tokens`` tokens, fully
+  rematerialised. Evaluation keeps the dense fused sampler, in calls of 32 rows (a
+  256-row call's cache would not fit a chip).
   """
+  if response_tokens < 2048 or response_tokens & (response_tokens - 1):
+    raise ValueError(f"response_tokens={response_tokens}: expected a power of two >= 2048 "
+                     "(the response buckets double from 2048 up to it)")
   c = tpu_pod_preset()
-  c.rollout.update(dict(max_new_tokens=16384, response_buckets=(2048, 4096, 8192, 16384),
+  buckets = tuple(2048 << i for i in range((response_tokens // 2048).bit_length()))
+  c.rollout.update(dict(max_new_tokens=response_tokens, response_buckets=buckets,
                         max_rows_per_call=0, refill_slots=refill_slots, page_size=64,
                         kv_pages=kv_pages,
                         refill_segment=64, paged_kernel="pallas", eval_batch=32))
   c.learner.update(dict(grad_accum=32))
   c.model.config_json = model_json
-  # A step lasts many minutes (docs/results.md, "AOT: 16k-token responses on v5e:4x4")
-  # and a pod leaves together only at a step's end
-  # (docs/reliability.md): a checkpoint per step means a preemption notice, which
-  # ends the process within train.stop_grace_s, never loses a finished step.
+  # A step lasts many minutes (docs/results.md, the "AOT: ..." sections) and a pod
+  # leaves together only at a step's end (docs/reliability.md): a checkpoint per step
+  # means a preemption notice, which ends the process within train.stop_grace_s, never
+  # loses a finished step.
   c.train.checkpoint_every = 1
   return c
 

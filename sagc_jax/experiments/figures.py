@@ -58,6 +58,32 @@ def _aot(preset: str, topology: str = "v5e:4x4") -> Callable[[Path], list[str]]:
                     f"--out={d / 'aot.json'}"]
 
 
+# The sizing table (docs/scale.md, "Sizing a slice"): each row one compile, its report
+# stored in configs/aot/ as <config>_<topology>.json, where the pod launcher's
+# pre-flight reads it instead of compiling (``python -m sagc_jax.aot --reuse``).
+SIZING = (
+    ("qwen3_8b_16k", "v6e:4x4", ()),
+    ("qwen3_8b_16k", "v5p:2x2x4", ("--config.rollout.kv_pages=0",)),
+    ("qwen2_5_3b_32k", "v6e:4x4", ()),
+    ("llama3_2_3b_16k", "v5e:4x4", ()),
+    ("qwen2_5_3b_16k", "v5e:4x4", ()),
+    ("llama3_2_3b_16k", "v6e:4x4", ("--config.rollout.kv_pages=0",
+                                    "--config.rollout.refill_slots=128")),
+    ("qwen2_5_3b_16k", "v6e:4x4", ("--config.rollout.kv_pages=0",)),
+)
+
+
+def stored_report(preset: str, topology: str) -> str:
+  return f"configs/aot/{preset}_{topology.replace(':', '_')}.json"
+
+
+def _sizing(preset: str, topology: str, overrides: Sequence[str]
+            ) -> Callable[[Path], list[str]]:
+  return lambda d: [_PY, "-m", "sagc_jax.aot", f"--config=configs/{preset}.py",
+                    f"--topology={topology}", "--largest_only", *overrides,
+                    f"--out={stored_report(preset, topology)}"]
+
+
 def _compare(config: str, override: Sequence[str] = (),
              arms: Sequence[str] = ()) -> Callable[[Path], list[str]]:
   return lambda d: [_PY, "-m", "sagc_jax.compare", f"--config=configs/{config}.py", *override,
@@ -69,6 +95,7 @@ _EVENT = "Simulator: which straggler event"
 _PROMPTS = "Simulator: prompt heterogeneity"
 _AOT = "AOT: the 3B presets on v5e:4x4"
 _AOT_16K = "AOT: 16k-token responses on v5e:4x4"
+_SIZING = "AOT: the sizing table"
 
 _CALIBRATION = "Calibration: SmolLM2-135M-Instruct before RL"
 _REPLAY_POD = "Trace replay: SmolLM2 rollouts at a v5e:4x4 3B-16k step's cost"
@@ -153,6 +180,11 @@ JOBS = (
           ("llama3_2_3b", "Llama 3.2 3B", _AOT), ("qwen2_5_3b", "Qwen2.5 3B", _AOT),
           ("llama3_2_3b_16k", "Llama 3.2 3B, 16k-token responses", _AOT_16K),
           ("qwen2_5_3b_16k", "Qwen2.5 3B, 16k-token responses", _AOT_16K))),
+    *(Job(f"size_{preset}_{topology.replace(':', '_')}", f"Sizing table row: {preset} on "
+          f"{topology}, its report stored in configs/aot/ (TPU AOT)",
+          50.0 if "8b" in preset else 15.0, _sizing(preset, topology, overrides),
+          section=_SIZING, needs="libtpu")
+      for preset, topology, overrides in SIZING),
 )
 
 
