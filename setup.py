@@ -24,6 +24,7 @@ setup(
         "optax>=0.2.5",
         "orbax-checkpoint>=0.12,<0.13",
         "numpy>=1.26",
+        "scipy>=1.11",
         "transformers>=4.46,<6",
         "tensorflow-datasets>=4.9.10",
         "ml-collections>=1.0",

@@ -4,7 +4,7 @@ Run: ``python -m sagc_jax.simulate --config configs/simulate_prompts.py`` (add
 ``--claims_seeds 3`` for the multi-seed tables of docs/results.md, "Simulator: prompt
 heterogeneity"). A pool of prompts recurs every epoch; each has its own length
 distribution, tail weight, pass rate and token length, tied to a latent difficulty
-and drifting with training (the replay engine's prompt-pool world, ``sagc_jax.control.worlds``). Every other
+and drifting with training (the replay engine's prompt-pool world, ``sagc_jax.replay.worlds``). Every other
 setting is configs/simulate.py's: the length schedule (here: of the average prompt), the
 cost model, the rollout budget and the controller section, which serves every arm.
 """

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import run_absl_tool
+from sagc_jax.cli import checked_kinds, run_absl_tool
 
 SIGNAL_CHECKS = Path(__file__).resolve().parents[1] / "configs" / "signal_checks.json"
 
@@ -41,8 +41,10 @@ def _define_flags():
   flags.DEFINE_string("check", None, "Also compare the straggler rates a finished run "
                       "observed (its metrics.jsonl, at its tau) with the trace's prediction.")
   flags.DEFINE_float("check_other_tau", 1.8, "With --check: also the prediction at this tau.")
+  flags.DEFINE_list("kinds", [], "Controller kinds to replay as arms beside SAGC's grid and "
+                    "the static sizes: registry names or 'module:Class'.")
   flags.DEFINE_list("signal", [], "The learning measures the report ranks settings by "
-                    "(control.signals; default every one).")
+                    "(experiments.signals; default every one).")
   flags.DEFINE_string("signal_checks", str(SIGNAL_CHECKS), "The learning measures' checks "
                       "against measured learning (JSON, docs/results.md): a recommendation "
                       "is made only under a measure that passed on two workloads.")
@@ -52,12 +54,12 @@ def _define_flags():
 
 def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.config import controller_settings
-  from sagc_jax.control.calibration import calibration_report, format_report
-  from sagc_jax.control.trace import read_trace
+  from sagc_jax.experiments.calibration import calibration_report, format_report
+  from sagc_jax.replay.trace import read_trace
   from sagc_jax.runtime.storage import run_path
-  from sagc_jax.cli import trace_cost_model
+  from sagc_jax.replay.costs import cost_from_flag
 
-  from sagc_jax.control.signals import chosen
+  from sagc_jax.experiments.signals import chosen
 
   out = Path(flags.out)
   chosen(flags.signal)                 # an unknown measure fails before any sampling
@@ -86,13 +88,14 @@ def main(argv: Sequence[str], flags) -> None:
     trace_path = record_trace(flags.config, out, workdir=workdir, prompts=flags.prompts,
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
-  cost = trace_cost_model(flags.cost, trace)
-  from sagc_jax.control.signals import validated_measures
+  cost = cost_from_flag(flags.cost, trace)
+  from sagc_jax.experiments.signals import validated_measures
 
   checks = Path(flags.signal_checks)
   validated = validated_measures(json.loads(checks.read_text())) if checks.is_file() else []
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
                               validated=validated, measures=flags.signal,
+                              kinds=checked_kinds(flags.kinds),
                               log=lambda m: print(m, flush=True),
                               **cost.settings(trace))
   out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +110,7 @@ def main(argv: Sequence[str], flags) -> None:
 
 def _check(flags, trace, report) -> None:
   """``--check RUN``: the run's observed rates beside the trace's predictions."""
-  from sagc_jax.control.calibration import prediction_check
+  from sagc_jax.experiments.calibration import prediction_check
 
   run = Path(flags.check)
   try:

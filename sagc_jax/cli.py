@@ -177,19 +177,17 @@ def reject_positional(argv: Sequence[str]) -> None:
     raise ValueError(f"unexpected positional arguments: {list(argv[1:])}")
 
 
-def trace_cost_model(flag: str, trace: Any) -> Any:
-  """The cost model a ``--cost`` flag names for replaying ``trace``: ``cpu`` (the decode
-  cost calibrate measured while sampling ``trace``; ``cpu:OTHER.jsonl``: the one measured
-  for another trace, on its machine), ``control.engine.DecodeCost``; or
-  ``aot:REPORT.json`` (a preset's compiled programs, ``aot.trace_cost.CompiledStepCost``)."""
-  from sagc_jax.control.engine import DecodeCost
+def checked_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
+  """A ``--kinds`` list: each a registry name or ``module:Class``, checked before any
+  work (an error names the flag and the kind); duplicates refused."""
+  from sagc_jax.control.controller import kind_class
 
-  if flag == "cpu":
-    return DecodeCost.of(trace)
-  if flag.startswith("cpu:") and len(flag) > 4:
-    from sagc_jax.control.trace import read_trace
-    return DecodeCost.of(read_trace(flag[4:]))
-  if flag.startswith("aot:") and len(flag) > 4:
-    from sagc_jax.aot.trace_cost import CompiledStepCost
-    return CompiledStepCost.load(flag[4:])
-  raise ValueError(f"--cost={flag!r} is not 'cpu', 'cpu:TRACE.jsonl' or 'aot:REPORT.json'")
+  kinds = tuple(k.strip() for k in kinds if k.strip())
+  if len(set(kinds)) != len(kinds):
+    raise ValueError(f"--kinds={','.join(kinds)} names a kind twice")
+  for kind in kinds:
+    try:
+      kind_class(kind)
+    except ValueError as err:
+      raise ValueError(f"--kinds: {err}") from None
+  return kinds

@@ -30,8 +30,7 @@ def _define_flags():
 def main(argv: Sequence[str], flags) -> None:
   from absl import logging
 
-  from sagc_jax.experiments.arms import (eval_points, run_arms, run_configs, seed_count,
-                                         select_arms, targets, time_budget)
+  from sagc_jax.experiments.arms import compare_section, run_arms, run_configs, select_arms
   from sagc_jax.experiments.compare import report
   from sagc_jax.experiments.machine import machine_info
   from sagc_jax.runtime.storage import is_remote
@@ -50,9 +49,10 @@ def main(argv: Sequence[str], flags) -> None:
       raise ValueError("--config is required unless --merge_only")
     from sagc_jax.config import validate
     arms = select_arms(run_configs(flags.config), flags.arms)
+    compare = compare_section(flags.config)     # the record the report reads
     (workdir / "compare.json").write_text(json.dumps(
-        {"seeds": seed_count(flags.config), "time_budget_s": time_budget(flags.config),
-         "eval_points": eval_points(flags.config), "targets": targets(flags.config),
+        {"seeds": compare.seeds, "time_budget_s": compare.time_budget_s,
+         "eval_points": compare.eval_points, "targets": compare.targets,
          "machine": machine_info()}) + "\n")
     for name, arm in arms.items():
       try:

@@ -3,7 +3,7 @@ controller against every static G on simulated rollout lengths, no model needed.
 
 Prints the comparison table in seconds and writes ``--out`` (JSON), ``--plot``
 (PNG) and, with ``--claims_seeds N``, the paper's claims table over N seeds. The
-engine is ``sagc_jax.control.replay`` (its synthetic world). A config with a ``pool``
+engine is ``sagc_jax.replay.entry_points`` (its synthetic world). A config with a ``pool``
 section (configs/simulate_prompts.py) runs the prompt-pool world instead (static G,
 SAGC, prompt_aware, per_prompt), and ``--claims_seeds N`` then writes its per-arm and
 against-SAGC tables (``sagc_jax.experiments.replay_tables``).
@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from sagc_jax.cli import run_absl_tool
+from sagc_jax.cli import checked_kinds, run_absl_tool
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "simulate.py"
 
@@ -54,8 +54,11 @@ def _define_flags():
   flags.DEFINE_float("horizon_s", None, "Trace replay: run every arm for this many seconds of "
                      "priced time (a comparison's time budget H) instead of --steps; the "
                      "drift between two traces follows the fraction of H spent.")
+  flags.DEFINE_list("kinds", [], "Controller kinds to replay as arms beside every static G: "
+                    "registry names or 'module:Class' (default: sagc, and in the prompt pool "
+                    "and trace replays prompt_aware and per_prompt).")
   flags.DEFINE_list("signal", [], "Trace replay: the learning measures to rank the arms by "
-                    "(control.signals; default every one: utility, informative_groups, "
+                    "(experiments.signals; default every one: utility, informative_groups, "
                     "informative_rows, advantage_mass).")
   flags.DEFINE_string("learning", None, "Trace replay with --horizon_s: check each learning "
                       "measure's predicted pair orders against the pairs this finished "
@@ -65,10 +68,10 @@ def _define_flags():
 
 def replay_traces(flags) -> None:
   """``--trace``: the replay tables of the recorded rollouts (module docstring)."""
-  from sagc_jax.cli import trace_cost_model
+  from sagc_jax.replay.costs import cost_from_flag
   from sagc_jax.config import controller_settings
-  from sagc_jax.control.trace import read_trace
-  from sagc_jax.control.signals import chosen
+  from sagc_jax.replay.trace import read_trace
+  from sagc_jax.experiments.signals import chosen
   from sagc_jax.experiments.replay_tables import trace_tables
 
   if len(flags.trace) > 2:
@@ -84,7 +87,7 @@ def replay_traces(flags) -> None:
   except ValueError:
     raise ValueError(f"--taus={','.join(flags.taus)} is not a list of numbers") from None
   traces = [read_trace(path) for path in flags.trace]
-  cost = trace_cost_model(flags.cost, traces[0])
+  cost = cost_from_flag(flags.cost, traces[0])
   taus = taus or [float(traces[0].header["controller"]["tau"])]
   settings = cost.settings(traces[0])
   refill = bool(getattr(cost, "bound_ratios", None))
@@ -108,9 +111,10 @@ def replay_traces(flags) -> None:
                                     taus=taus, replicates=flags.replicates, steps=flags.steps,
                                     refill=refill, horizon_s=flags.horizon_s,
                                     measures=chosen(flags.signal),
+                                    kinds=checked_kinds(flags.kinds) or None,
                                     log=lambda m: print(m, flush=True), **settings)
   if per_hour is not None:
-    from sagc_jax.control.signals import check_learning, learning_markdown
+    from sagc_jax.experiments.signals import check_learning, learning_markdown
     found["learning"] = check_learning(
         {a: found["predictions"][f"{a} tau {taus[0]:g}"] for a in flags.algorithms}, per_hour)
     table += (f"\n\nEach measure's predicted order of every pair resolved by "
@@ -148,7 +152,8 @@ def main(argv: Sequence[str], flags) -> None:
     replay_traces(flags)
     return
   from sagc_jax.config import controller_settings
-  from sagc_jax.control.replay import format_prompt_table, format_table, simulate
+  from sagc_jax.replay.entry_points import simulate
+  from sagc_jax.experiments.replay_tables import format_prompt_table, format_table
   from sagc_jax.experiments.plots import plot_simulation
   from sagc_jax.experiments.replay_tables import simulate_tables
 
@@ -156,7 +161,8 @@ def main(argv: Sequence[str], flags) -> None:
 
   prompts = "pool" in config
   section = controller_settings(config.controller)
-  result = simulate(config, section)
+  kinds = checked_kinds(flags.kinds) or None
+  result = simulate(config, section, kinds)
   print(f"SAGC simulator{' (prompt pool)' if prompts else ''}: {config.sim.steps} steps, "
         f"mode={config.sim.mode}, candidates={tuple(section['candidates'])}, "
         f"tau={section['tau']}, delta={section['delta']} ({result['simulator_seconds']:.2f} s)")
@@ -170,7 +176,7 @@ def main(argv: Sequence[str], flags) -> None:
   if flags.claims_seeds < 0:
     raise ValueError(f"--claims_seeds={flags.claims_seeds} must be >= 0")
   if flags.claims_seeds:
-    table, _ = simulate_tables(config, section, flags.claims_seeds)
+    table, _ = simulate_tables(config, section, flags.claims_seeds, kinds)
     claims_path = out.with_name("claims.md")
     claims_path.write_text(table + "\n")
     print(table)

@@ -77,6 +77,7 @@ def _child(request: dict, out: str, err: str) -> None:
       os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)    # not the server's request pipe
     sys.argv = [request["module"], *request["argv"]]
+    sys.path.insert(0, request["cwd"])      # as ``python -m`` puts its directory first
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
   except SystemExit as stop:
     if stop.code is None or isinstance(stop.code, int):

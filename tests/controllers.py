@@ -3,7 +3,9 @@ whose missing settings take ``ControllerSection``'s defaults (the one place that
 states them)."""
 
 from sagc_jax.config import controller_settings
-from sagc_jax.control.controller import KIND_SETTINGS, controller_from_config
+import dataclasses
+
+from sagc_jax.control.controller import SAGCController, controller_from_config
 
 
 def build(kind, prompts_for=None, **settings):
@@ -35,4 +37,5 @@ def _with(candidates, settings):
 
 def sagc_settings(**changes):
   """The keyword arguments of a SAGC constructor (a subclass's too), defaults filled."""
-  return {k: v for k, v in controller_settings(changes).items() if k in KIND_SETTINGS["sagc"]}
+  names = {f.name for f in dataclasses.fields(SAGCController.Settings)}
+  return {k: v for k, v in controller_settings(changes).items() if k in names}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sagc_jax.control import tables
 from sagc_jax.experiments import claims
 
 T2 = 4.303     # Student-t 97.5% quantile, 2 degrees of freedom (3 seeds)
@@ -127,38 +126,3 @@ def test_adaptation_orders_workloads_by_straggler_rate_and_pairs_seeds():
   assert flat.splitlines()[2].endswith("| ✗ |")
   with pytest.raises(ValueError, match="exactly two workloads"):
     claims.adaptation_table({"one": workload(0.5, [8.0])})
-
-
-def _t_interval(values):
-  """Mean and 95% Student-t half-width, re-derived here (t quantiles for n = 2, 3)."""
-  x = np.asarray(values, float)
-  t = {2: 12.706, 3: 4.303}[x.size]
-  return x.mean(), t * x.std(ddof=1) / np.sqrt(x.size)
-
-
-def test_paired_markdown_pairs_seeds_and_gives_a_verdict_per_side():
-  rows = [{"arm": "base", "seed": s, "acc": a, "time": t}
-          for s, a, t in ((0, 0.50, 100.0), (1, 0.55, 110.0), (2, 0.60, 90.0))]
-  rows += [{"arm": "up", "seed": s, "acc": a, "time": t}
-           for s, a, t in ((0, 0.60, 90.0), (1, 0.66, 100.0), (2, 0.72, 80.0))]
-  rows += [{"arm": "partial", "seed": s, "acc": a, "time": t}     # seed 2 missing, 1 nan
-           for s, a, t in ((0, 0.51, float("nan")), (1, 0.54, 120.0))]
-  quantities = [tables.Paired("acc", "accuracy, arm - base", "difference", "above"),
-                tables.Paired("time", "time, arm / base", "ratio", "below"),
-                tables.Paired("acc", "accuracy, no side", "difference", None)]
-  table = tables.paired_markdown(rows, [("up", "up", "base"), ("partial", "partial", "base")],
-                                 quantities)
-  lines = table.splitlines()
-  assert lines[0] == "| quantity | up | verdict | partial | verdict |"
-  mean, half = _t_interval([0.10, 0.11, 0.12])
-  assert lines[2].startswith(f"| accuracy, arm - base | {mean:+.3f} ± {half:.3f} | better |")
-  mean2, half2 = _t_interval([0.01, -0.01])
-  assert lines[2].endswith(f"| {mean2:+.3f} ± {half2:.3f} (2 of 3 seeds) | no difference |")
-  mean, half = _t_interval([90 / 100, 100 / 110, 80 / 90])
-  assert f"| time, arm / base | {mean:.3f} ± {half:.3f} | better |" in lines[3]
-  assert lines[3].endswith(f"| {120 / 110:.3f} (1 of 3 seeds) | ? |")   # the nan seed left out
-  assert "| higher |" in lines[4]
-  worse = tables.paired_markdown(rows, [("base", "base", "up")], quantities[:1])
-  assert worse.splitlines()[2].endswith("| worse |")
-  assert tables.paired_markdown(rows, [("x", "missing", "base")], quantities[:1]) \
-      .splitlines()[2] == "| accuracy, arm - base | – | n/a |"

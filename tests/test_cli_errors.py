@@ -14,8 +14,8 @@ distinct ``raise ValueError`` of the config checks that a command line can reach
 controller classes it builds, ``rewards/specs.py`` (``check_reward_config``),
 ``rl/config.py`` (``LearnerConfig``, ``check_split``), ``cli.py`` (unknown key, bad
 type, repeated override, positional argument), ``train.py``, ``eval.py``,
-``simulate.py`` with ``control/worlds.py``, ``control/replay.py`` and
-(``--trace``) ``control/trace.py`` / ``aot/trace_cost.py``, ``calibrate.py``,
+``simulate.py`` with ``replay/worlds.py``, ``replay/entry_points.py`` and
+(``--trace``) ``replay/trace.py`` / ``replay/costs.py``, ``calibrate.py``,
 ``compare.py`` and ``aot/__main__.py``. ``tests/fixtures/cli_errors.json`` holds, per
 case, the command line, its exit status and the last line of its stderr, made by
 running the commands at the commit that wrote it:
@@ -221,14 +221,14 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("learner.split", TRAIN, (*T, "--config.learner.mini_batches=3")),
     # ---- sft
     ("sft.warmup_steps", TRAIN, (*T, "--config.sft.warmup_steps=800")),
-    # ---- simulate (control/worlds.py, control/replay.py)
+    # ---- simulate (replay/worlds.py, replay/entry_points.py)
     ("simulate.steps", SIM, (*S, "--config.sim.steps=0")),
     ("simulate.tail_factor", SIM, (*S, "--config.sim.tail_factor_max=1.5")),
     ("simulate.static_arm_delta", SIM, (*S, "--config.controller.delta=0")),
     ("simulate.claims_seeds", SIM, (*S, "--config.sim.steps=2", "--claims_seeds=-1")),
     ("simulate_prompts.pool_size", SIM, (*P, "--config.pool.size=0")),
     ("simulate_prompts.tail_prob_open", SIM, (*P, "--config.sim.tail_prob_start=0.0")),
-    # ---- simulate --trace (control/trace.py, aot/trace_cost.py)
+    # ---- simulate --trace (replay/trace.py, replay/costs.py)
     ("simulate.trace_missing", SIM, ("--trace", "{tmp}/missing.jsonl", "--out", "{tmp}/r.json")),
     ("simulate.trace_empty", SIM, ("--trace", "{tmp}/not_a_folder", "--out", "{tmp}/r.json")),
     ("simulate.trace_three", SIM, ("--trace", f"{TRACE},{TRACE},{TRACE}", "--out", "{tmp}/r")),

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from sagc_jax.control import tables
+from sagc_jax.base import stats as tables
 from sagc_jax.experiments import arms as arms_lib, compare
 from sagc_jax.config import learner_config, preset, validate
 from test_trainer import small_config
@@ -57,14 +57,27 @@ def test_a_time_budget_gives_every_arm_the_same_step_time_and_evaluation_points(
     validate(arm)
     assert (arm.train.time_budget_s, arm.train.eval_points) == (30.0, 5), name
     assert arm.train.steps == 300 and arm.train.eval_every == 300     # the cap only
-  assert arms_lib.targets(config) == (0.4, 0.6)
+  assert arms_lib.compare_section(config).targets == (0.4, 0.6)
   for key, bad, match in (("time_budget_s", -1.0, "a number of seconds >= 0"),
+                          ("time_budget_s", float("inf"), "a number of seconds >= 0"),
+                          ("time_budget_s", float("nan"), "a number of seconds >= 0"),
                           ("eval_points", 0, "a positive int"),
-                          ("targets", (0.5, 1.5), r"accuracies in \(0, 1\]")):
+                          ("seeds", 0, "a positive int"),
+                          ("targets", (0.5, 1.5), r"accuracies in \(0, 1\]"),
+                          ("targets", (0.5, 0.5), "repeats a target"),
+                          ("algorithms", ("grpo", "ppo"), "distinct algorithms")):
     broken = config.copy_and_resolve_references()
     broken.compare[key] = bad
     with pytest.raises(ValueError, match=f"compare.{key}=.*{match}"):
-      arms_lib.arm_configs(broken) if key != "targets" else arms_lib.targets(broken)
+      arms_lib.arm_configs(broken)
+
+
+def test_an_unknown_compare_key_is_refused_by_name():
+  config = with_compare(preset("grpo", "sagc"), ("grpo",))
+  config.compare.time_budget = 30.0                     # for compare.time_budget_s
+  with pytest.raises(ValueError, match=r"compare.time_budget is not a compare setting "
+                                       r"\(allowed: .*time_budget_s"):
+    arms_lib.run_configs(config)
 
 
 def test_static_sizes_choose_the_static_arms():
@@ -87,9 +100,30 @@ def test_contextual_kinds_add_arms_beside_sagc():
   assert arms["dapo_per_prompt"].controller.kind == "per_prompt"
   for arm in arms.values():
     validate(arm)
-  for bad in (("sagc",), ("per_prompt", "per_prompt")):
+  for bad in (("sagc",), ("static",), ("per_prompt", "per_prompt")):
     config.compare.contextual = bad
     with pytest.raises(ValueError, match=r"compare.contextual=.*distinct kinds"):
+      arms_lib.arm_configs(config)
+
+
+def test_kinds_add_arms_by_name_or_import_path_and_unknown_kinds_are_named():
+  """compare.kinds: any controller kind, a user's by "module:Class" (its arm is
+  "<algorithm>_module.Class"); a kind also in compare.contextual is one arm."""
+  user = "sagc_jax.control.sagc:SAGCController"        # an import path to a kind
+  config = with_compare(preset("grpo", "sagc"), ("grpo",))
+  config.compare.static_sizes = (16,)
+  config.compare.contextual = ("prompt_aware",)
+  config.compare.kinds = ("per_prompt", "prompt_aware", user)
+  arms = arms_lib.arm_configs(config)
+  assert list(arms) == ["grpo_static16", "grpo_sagc", "grpo_prompt_aware", "grpo_per_prompt",
+                        "grpo_sagc_jax.control.sagc.SAGCController"]
+  assert arms["grpo_sagc_jax.control.sagc.SAGCController"].controller.kind == user
+  for arm in arms.values():
+    validate(arm)
+  for bad, match in ((("magic",), "is not one of"), (("no_such_module:Cls",), "cannot import"),
+                     (("sagc_jax.control.sagc:Nothing",), "has no 'Nothing'")):
+    config.compare.kinds = bad
+    with pytest.raises(ValueError, match=rf"compare.kinds=.*{match}"):
       arms_lib.arm_configs(config)
 
 
@@ -141,7 +175,7 @@ def test_confidence_intervals_use_student_t():
   for n in (2, 3, 5, 12, 31, 40):
     x = rng.normal(3.0, 2.0, n)
     mean, half, count = tables.mean_ci(list(x) + [float("nan")])
-    t = stats.t.ppf(0.975, n - 1) if n - 1 <= 30 else 1.96
+    t = stats.t.ppf(0.975, n - 1)          # at every n (base.stats: no normal 1.96 cut-off)
     assert count == n and mean == pytest.approx(x.mean())
     assert half == pytest.approx(t * x.std(ddof=1) / np.sqrt(n), rel=1e-3)
   assert tables.mean_ci([0.5])[2] == 1 and np.isnan(tables.mean_ci([0.5])[1])

@@ -75,36 +75,39 @@ def test_paired_gain_is_the_mean_difference_with_a_t_style_interval():
     paired_gain([0, 1], [0, 1, 1])
 
 
-def test_straggler_profile_matches_a_loop_over_groups_and_steps():
+def test_straggler_profile_matches_a_loop_over_groups_and_exact_step_probabilities():
   """Hand-built lengths with known events, then a random case against a plain loop:
-  groups are disjoint chunks of each prompt's k draws, steps hold rollouts // G groups
-  of different prompts, and the group event is max > tau * median."""
+  groups are disjoint chunks of each prompt's k draws, the group event is max > tau *
+  median, and a step of m distinct prompts with one random chunk each straggles with
+  probability 1 - mean over m-subsets S of prod_{p in S} (1 - share of p's chunks
+  that straggle), enumerated here."""
   # 2 prompts x 8 draws. G=4 chunks: p0 [10,10,10,40] (4.0 > 1.8: straggles),
   # p0 [10,10,10,10], p1 [5,5,5,5], p1 [5,5,9,9] (9/7 = 1.29: no).
   lengths = np.array([[10, 10, 10, 40, 10, 10, 10, 10], [5, 5, 5, 5, 5, 5, 9, 9]])
-  out = straggler_profile(lengths, 1.8, rollouts_per_step=8, sizes=(4, 8, 16))
+  out = straggler_profile(lengths, 1.8, lambda g: 2, sizes=(4, 8, 16))
   assert out["eval_g4_groups"] == 4 and out["eval_g4_group_straggler_rate"] == 0.25
-  # steps (2 groups each): chunk 0 of p0 and p1 -> straggles; chunk 1 of both -> not.
-  assert out["eval_g4_steps"] == 2 and out["eval_g4_step_straggler_rate"] == 0.5
+  # a step holds both prompts; it straggles iff p0's first chunk is drawn: 1/2.
+  assert out["eval_g4_step_straggler_rate"] == pytest.approx(0.5, abs=0.04)
   assert out["eval_g4_ratio_max"] == 4.0
   # G=8: p0 max 40, median 10 -> straggles; p1 max 9, median 5 -> 1.8, not > 1.8.
-  assert out["eval_g8_group_straggler_rate"] == 0.5 and out["eval_g8_steps"] == 2
-  assert out["eval_g8_step_straggler_rate"] == 0.5
+  assert out["eval_g8_group_straggler_rate"] == 0.5
+  assert out["eval_g8_step_straggler_rate"] == 1.0 and out["eval_g8_groups_per_step"] == 2
   assert "eval_g16_groups" not in out            # 16 > k draws: no groups of 16
 
   rng = np.random.default_rng(0)
-  lengths = np.ceil(rng.lognormal(4.0, 0.8, size=(37, 16)))
-  out = straggler_profile(lengths, 1.8, rollouts_per_step=32, sizes=(4, 8, 16))
+  lengths = np.ceil(rng.lognormal(4.0, 0.8, size=(9, 16)))
+  out = straggler_profile(lengths, 1.8, lambda g: 16 // g, sizes=(4, 8, 16))
   for g in (4, 8, 16):
-    groups = [lengths[p, c * g:(c + 1) * g] for c in range(16 // g) for p in range(37)]
-    events = [max(x) > 1.8 * float(np.median(x)) for x in groups]
-    per = 32 // g
-    steps = [any(events[i:i + per]) for i in range(0, len(events) - per + 1, per)]
-    assert out[f"eval_g{g}_groups"] == len(groups)
+    groups = [[lengths[p, c * g:(c + 1) * g] for c in range(16 // g)] for p in range(9)]
+    events = [[max(x) > 1.8 * float(np.median(x)) for x in chunks] for chunks in groups]
+    share = [np.mean(e) for e in events]
+    m = 16 // g
+    exact = 1 - np.mean([np.prod([1 - share[p] for p in subset])
+                         for subset in itertools.combinations(range(9), m)])
+    assert out[f"eval_g{g}_groups"] == 9 * m
     assert out[f"eval_g{g}_group_straggler_rate"] == pytest.approx(np.mean(events))
-    assert out[f"eval_g{g}_steps"] == len(steps)
-    assert out[f"eval_g{g}_step_straggler_rate"] == pytest.approx(np.mean(steps))
-    ratios = [max(x) / np.median(x) for x in groups]
+    assert out[f"eval_g{g}_step_straggler_rate"] == pytest.approx(exact, abs=0.04)
+    ratios = [max(x) / np.median(x) for chunks in groups for x in chunks]
     assert out[f"eval_g{g}_ratio_p90"] == pytest.approx(np.percentile(ratios, 90))
 
 

@@ -20,9 +20,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "sagc_jax"
 
 # Layer of each part (dotted module prefix below ``sagc_jax``; the longest prefix wins).
 LAYERS = {
-    "base": 0,             # the checks of config values that config/ and control/ share
-    "control": 1,          # SAGC controller, rollout budget, the replay engine: numpy only
+    "base": 0,             # the config-value checks and the statistics every report shares
+    "control": 1,          # the controller protocol, the registry of kinds, the controllers
     "rewards": 1,          # verifiers and the reward mix
+    "replay": 2,           # the offline replay: engine, worlds, traces, costs (numpy only)
     "runtime": 2,          # processes, compilation, checkpoints, storage, metrics
     "models": 3,
     "data": 3,
@@ -30,11 +31,11 @@ LAYERS = {
     "rl": 4,
     "config": 5,           # schema, presets, the typed sections and their checks (no JAX)
     "training": 6,
-    "experiments": 7,
-    "aot": 7,
-    "bench": 7,
     "cli": 7,              # absl plumbing the CLIs share
-    "": 8,                 # the command-line tools at the package root
+    "experiments": 8,
+    "aot": 8,
+    "bench": 8,
+    "": 9,                 # the command-line tools at the package root
 }
 ROOT_MODULES = {"__init__", "cli", "train", "eval", "export", "import_model", "simulate", "compare",
                 "claims", "figures", "calibrate"}

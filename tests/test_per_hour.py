@@ -1,6 +1,6 @@
 """The best model per hour (``experiments/per_hour.py``): learning curves read off a
-hand-made learning table, checked against values computed by hand, and the paired
-intervals and p-values against scipy's paired t-test."""
+hand-made learning table, checked against values computed by hand (the paired test and
+Holm's correction themselves: tests/test_stats.py)."""
 
 from __future__ import annotations
 
@@ -45,29 +45,6 @@ def test_time_to_target_interpolates_and_censors():
   # A missing value after H does not cost the run its value at H.
   assert per_hour.curve_measures([0, 10, 14], [0.3, 0.5, float("nan")], 10.0) == (
       pytest.approx((0.5, 0.4)))
-
-
-def test_holm_adjusts_step_down():
-  # p sorted 0.01, 0.02, 0.04 -> 3 * 0.01 = 0.03, 2 * 0.02 = 0.04, max(0.04, 0.04) = 0.04
-  assert per_hour.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
-  # monotone: a later p adjusted below an earlier one is raised to it
-  assert per_hour.holm([0.001, 0.3, 0.02, float("nan")])[:3] == pytest.approx(
-      [0.003, 0.3, 0.04])
-  assert np.isnan(per_hour.holm([0.5, float("nan")])[1])
-
-
-def test_paired_intervals_and_p_values_match_scipy():
-  stats = pytest.importorskip("scipy.stats")
-  rng = np.random.default_rng(3)
-  for n in (2, 3, 8, 10):
-    a, b = rng.normal(0.5, 0.1, n), rng.normal(0.45, 0.1, n)
-    test = per_hour.paired_test(list(a - b))
-    reference = stats.ttest_rel(a, b)
-    low, high = reference.confidence_interval(0.95)
-    assert test["n"] == n and test["mean"] == pytest.approx(np.mean(a - b))
-    assert test["half_width"] == pytest.approx((high - low) / 2, rel=1e-3)
-    assert test["p"] == pytest.approx(reference.pvalue, rel=1e-6)
-  assert np.isnan(per_hour.paired_test([0.1])["p"])
 
 
 def test_a_hand_made_learning_table_ranks_arms_and_censors_targets(tmp_path):
@@ -174,3 +151,22 @@ def test_analyse_uses_the_budget_as_horizon_and_names_runs_that_hit_the_step_cap
   tables = [line for line in lines if line.startswith("|")]
   assert all(line.count("|") == tables[0].count("|") for line in tables[:4])
   assert all(" |  |" not in line for line in tables)
+
+
+def test_every_resolved_pair_of_any_kind_is_predicted_by_the_replay():
+  """The pairs ``compare_pairs`` resolves are checked against the replay's order of the
+  same arms (``signals.check_learning``): every pair of arms, whatever their kind."""
+  from sagc_jax.experiments import signals
+
+  value = {"static_G4": 1.0, "sagc": 2.0, "mymod.MyKind": 3.0}
+  rows = [{"arm": arm, "seed": s, "utility_per_h": v + 0.1 * s}
+          for s in range(2) for arm, v in value.items()]
+  predicted = signals.predictions(rows, ("utility",))
+  assert len(predicted["utility"]) == 3
+  pair = lambda first, second, mean: {"first": first, "second": second, "significant": True,
+                                      "mean_accuracy_over_h": {"mean": mean}}
+  resolved = {"pairs": {"grpo": {"pairs": [pair("grpo_mymod.MyKind", "grpo_static4", 0.1),
+                                           pair("grpo_sagc", "grpo_mymod.MyKind", -0.1),
+                                           pair("grpo_static4", "grpo_sagc", -0.1)]}}}
+  got = signals.check_learning({"grpo": predicted}, resolved)["utility"]["grpo"]
+  assert (got["agree"], got["unpredicted"], got["verdict"]) == (3, [], "passes")

@@ -146,7 +146,7 @@ def test_plot_comparison_clips_rate_bands_and_separates_the_g_lines(tmp_path, fi
 
 def test_plot_simulation_shows_a_rolling_share_of_each_g(tmp_path, figures):
   from sagc_jax.config import controller_settings
-  from sagc_jax.control.replay import simulate
+  from sagc_jax.replay.entry_points import simulate
 
   namespace = {}
   exec((REPO / "configs" / "simulate.py").read_text(), namespace)

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from sagc_jax.control.budget import candidate_group_sizes
 from sagc_jax.control.context import (TAIL_SCORE_CAP, BatchContext, FeatureBuckets,
                                       PromptHistory, tail_scores)
 from sagc_jax.control.controller import (PerPromptController, PromptAwareController,
@@ -479,7 +478,7 @@ def test_config_builds_every_kind_from_the_schema():
     config.controller.kind = kind
     ctrl = run_config(config).build_controller()
     assert type(ctrl) is cls
-    assert candidate_group_sizes(config.controller) == ((8,) if kind == "static" else CANDIDATES)
+    assert run_config(config).group_sizes() == ((8,) if kind == "static" else CANDIDATES)
   assert ctrl.prompts_for(16, 99) == config.rollout.prompts_per_step      # hold_prompts
   assert ctrl.features.tail_edges == (0.8, 1.25) and ctrl.cell_prior_strength == 2.0
   section = run_config(config).controller.to_dict()

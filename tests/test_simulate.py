@@ -9,9 +9,10 @@ import pytest
 
 from sagc_jax.config import controller_settings
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
-from sagc_jax.control.engine import CostModel, best_fixed_mixture
-from sagc_jax.control.replay import simulate
-from sagc_jax.control.worlds import LengthProcess, PromptPool
+from sagc_jax.replay.costs import CostModel
+from sagc_jax.replay.engine import best_fixed_mixture
+from sagc_jax.replay.entry_points import simulate
+from sagc_jax.replay.worlds import LengthProcess, PromptPool
 from sagc_jax.experiments.replay_tables import simulate_tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,13 +125,14 @@ def test_invalid_config_names_the_key(key, value, match):
 
 
 def test_dapo_rounds_are_refused_where_every_arm_reads_the_steps_prompts():
-  from sagc_jax.control.engine import build_arms, run
+  from sagc_jax.replay.engine import build_arms, run
 
   config = load_prompts_config(steps=5)
   section = controller_settings(config.controller)
   with pytest.raises(ValueError, match="DAPO rounds need new prompts per arm: the PromptPool"):
     run(build_arms(section), make_pool(config), steps=5, budget=config.sim,
-        candidates=(4, 8, 16), cost=CostModel.of(config), dapo=True, max_rounds=2)
+        candidates=(4, 8, 16), cost=CostModel.of(config), measure=(2.0, "group"), dapo=True,
+        max_rounds=2)
 
 
 def test_default_cli_runs_and_writes_json_and_png(commands, tmp_path):

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from sagc_jax.config import controller_settings
-from sagc_jax.control import trace as trace_lib
-from sagc_jax.control.calibration import calibration_report
-from sagc_jax.control.engine import DecodeCost, sagc_arm_name
-from sagc_jax.control.replay import replay
-from sagc_jax.control.worlds import TraceWorld
+from sagc_jax.replay import trace as trace_lib
+from sagc_jax.experiments.calibration import calibration_report
+from sagc_jax.replay.costs import DecodeCost
+from sagc_jax.replay.engine import sagc_arm_name
+from sagc_jax.replay.entry_points import replay
+from sagc_jax.replay.worlds import TraceWorld
 
 TRACES = Path(__file__).resolve().parents[1] / "configs" / "traces"
 BEFORE = TRACES / "smollm2_word_problems_before_rl.jsonl"
@@ -210,7 +211,7 @@ def test_the_stragglers_share_cuts_each_row_at_tau_times_its_groups_median(tmp_p
   """Each prompt: seven responses of 20 tokens and one of 60 (the cap is 64); every group
   of 8 holds all of them, so tau 1.5 cuts the 60 to 30: a group of G = 8 costs 200
   tokens, 170 without stragglers (seconds = tokens)."""
-  from sagc_jax.control.calibration import straggler_savings
+  from sagc_jax.experiments.calibration import straggler_savings
 
   records = [trace_lib.trace_record(i, 10, np.array([20] * 7 + [60]), np.zeros(8),
                                     np.zeros(8, bool), np.zeros(8, bool)) for i in range(8)]
@@ -226,7 +227,7 @@ def test_the_stragglers_share_cuts_each_row_at_tau_times_its_groups_median(tmp_p
 
 
 def test_a_measure_passes_only_when_it_orders_every_resolved_pair_like_learning():
-  from sagc_jax.control.signals import check_learning, validated_measures
+  from sagc_jax.experiments.signals import check_learning, validated_measures
 
   pair = lambda first, second, mean, significant=True: {
       "first": first, "second": second, "significant": significant,
@@ -348,7 +349,7 @@ def test_the_recommended_setting_replays_to_the_cost_the_report_gives_it():
 
 
 def test_observed_rates_pool_each_sizes_groups_with_a_wilson_interval():
-  from sagc_jax.control.calibration import observed_rates
+  from sagc_jax.experiments.calibration import observed_rates
 
   rows = [{"g": 4, "n_groups": 8, "n_stragglers": s} for s in (1, 3, 2, 6)]
   rows += [{"g": 16, "n_groups": 2, "n_stragglers": s} for s in (2, 1)]
@@ -368,7 +369,7 @@ def test_the_compiled_cost_brackets_the_aot_reports_own_projections():
   """Against the AOT report's independent figures: every row at the cap costs the
   report's projected learner step and at least its simulated refill schedule, and
   fewer tokens cost less."""
-  from sagc_jax.aot.trace_cost import CompiledStepCost
+  from sagc_jax.replay.costs import CompiledStepCost
 
   cost = CompiledStepCost.load(AOT_REPORT)
   report = cost.report
@@ -385,7 +386,7 @@ def test_the_compiled_cost_brackets_the_aot_reports_own_projections():
 
 
 def test_signal_names_the_measures_a_replay_ranks_by(tmp_path):
-  from sagc_jax.control.signals import chosen
+  from sagc_jax.experiments.signals import chosen
   from sagc_jax.experiments.replay_tables import trace_tables
 
   trace = trace_lib.read_trace(_synthetic(tmp_path))

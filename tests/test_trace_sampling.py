@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sagc_jax.control.trace import read_trace
+from sagc_jax.replay.trace import read_trace
 from sagc_jax.training.trace_sampling import fit_decode_cost, fit_learner_cost, record_trace
 
 

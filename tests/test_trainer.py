@@ -237,6 +237,25 @@ def test_a_budgeted_run_stops_at_the_first_step_past_its_budget_and_a_resume_sta
   assert summary["budget_spent"] and summary["steps"] == len(rows)
 
 
+def test_budget_spent_and_the_evaluations_it_triggers_on_hand_cases():
+  """``run_state.budget_spent``, the one rule the loop, the evaluation schedule and
+  the summary share: spent once the cumulative step time reaches the budget, never
+  without one; its step is evaluated even between ``eval_points`` points."""
+  from types import SimpleNamespace
+
+  from sagc_jax.training.run_state import budget_spent, evaluation_due
+
+  train = SimpleNamespace(time_budget_s=10.0, eval_points=2, eval_every=100, steps=100)
+  assert [budget_spent(train, s) for s in (0.0, 9.999, 10.0, 25.0)] == [False, False, True,
+                                                                          True]
+  none = SimpleNamespace(time_budget_s=0.0, eval_points=0, eval_every=100, steps=100)
+  assert not budget_spent(none, 0.0) and not budget_spent(none, 1e9)
+  assert evaluation_due(train, 7, 6.0, 10.0)              # the step that spends it
+  assert evaluation_due(train, 3, 4.0, 5.0)               # the point 5.0 of 10.0
+  assert not evaluation_due(train, 4, 5.0, 9.0)           # neither
+  assert not evaluation_due(none, 4, 5.0, 1e9) and evaluation_due(none, 100, 0.0, 1.0)
+
+
 def test_corrupt_latest_checkpoint_falls_back_to_previous(shared, tmp_path):
   config = small_config(shared, steps=4)
   run(config, tmp_path)

@@ -124,20 +124,24 @@ def _times(flops: float, nbytes: float, chip: ChipSpec) -> dict[str, float]:
               roofline_ms=chip.roofline_s(flops, nbytes) * 1e3)
 
 
-def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
-             resident: float = 0.0) -> dict[str, Any]:
-  mem = compiled.memory_analysis()
+def _cost(compiled) -> tuple[float, float]:
+  """XLA's (FLOPs, bytes accessed) of a compiled program."""
   cost = compiled.cost_analysis() or {}
   if isinstance(cost, list):      # older JAX: one dict per computation
     cost = cost[0] if cost else {}
+  return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+
+
+def _analyse(name: str, compiled, chip: ChipSpec, compile_s: float,
+             resident: float = 0.0) -> dict[str, Any]:
+  mem = compiled.memory_analysis()
   args = mem.argument_size_in_bytes / GIB
   out = mem.output_size_in_bytes / GIB
   temp = mem.temp_size_in_bytes / GIB
   alias = mem.alias_size_in_bytes / GIB
   program_peak = args + out + temp - alias
   peak = program_peak + resident / GIB
-  flops = float(cost.get("flops", 0.0))
-  nbytes = float(cost.get("bytes accessed", 0.0))
+  flops, nbytes = _cost(compiled)
   return dict(name=name, peak_gib=round(peak, 3), hbm_gib=chip.hbm_gib,
               program_peak_gib=round(program_peak, 3), resident_gib=round(resident / GIB, 3),
               args_gib=round(args, 3), out_gib=round(out, 3), temp_gib=round(temp, 3),
@@ -182,10 +186,8 @@ def _per_layer_cost(config: RunConfig, cfg: ModelConfig, dtype, mesh: Mesh, lear
     small = abstract_model(dataclasses.replace(cfg, num_layers=layers), dtype, mesh=mesh)
     probe = Learner(small, lc, learner.row_buckets, config.rollout.prompt_buckets,
                     config.rollout.response_buckets, mesh=mesh)
-    compiled = (probe.compile_train if program == "train" else probe.compile_reference)(*shape)
-    cost = compiled.cost_analysis() or {}
-    cost = cost[0] if isinstance(cost, list) else cost
-    costs.append((float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))))
+    compile_program = probe.compile_train if program == "train" else probe.compile_reference
+    costs.append(_cost(compile_program(*shape)))
   return dict(flops=costs[1][0] - costs[0][0], bytes=costs[1][1] - costs[0][1],
               compile_s=round(time.perf_counter() - start, 2))
 
@@ -336,8 +338,7 @@ def compile_report(config: Any, topology: str, *,
   train_rows: dict[tuple, dict] = {}
   for r, t, n in (_learner_shapes(learner, largest_only) if learner_side else ()):
     tag = f"rows={r},seq={t},targets={n}"
-    pair: dict[str, Any] = {}
-    pair["train"] = compile_one(f"learner_train[{tag}]", lambda: learner.compile_train(r, t, n))
+    pair = {"train": compile_one(f"learner_train[{tag}]", lambda: learner.compile_train(r, t, n))}
     if learner.reference is not None:
       pair["ref"] = compile_one(f"learner_ref[{tag}]",
                                 lambda: learner.compile_reference(r, t, n))
@@ -367,24 +368,22 @@ def compile_report(config: Any, topology: str, *,
     generate[kind] = compile_one(f"{kind}[rows={r},prompt={p}]",
                                  lambda: sampler.compile(model, r, p))
     seg = sampler.segmented
-    if seg is not None and r == sampler.call_rows(sampler.row_buckets[-1]) \
-        and p == sampler.prompt_buckets[-1]:
+    largest = r == sampler.call_rows(sampler.row_buckets[-1]) and p == sampler.prompt_buckets[-1]
+    if seg is not None and largest:
       for key in seg.peak_keys(r, p, sampler.group_sizes_for(r)):
         compile_one(f"{kind}_segmented_{key[0]}{list(key[1:])}",
                     lambda key=key: seg.compile(key, nnx.state(model)))
-    if (r == sampler.call_rows(sampler.row_buckets[-1]) and p == sampler.prompt_buckets[-1]
-        and kind != "eval_sampled"):
+    if largest and kind != "eval_sampled":
       decode[kind] = compile_one(f"{kind}_decode_step[rows={r},prompt={p}]",
                                  lambda: sampler.compile_decode_step(model, r, p), hbm=True)
       # Ideal decode step: read this device's share of the weights and of a full cache
       # (the live cache of the rollout's last token, the fused program's every step).
       ideal = (_per_device_bytes(nnx.state(model))
                + _per_device_bytes(sampler.abstract_cache(r, p)))
-      if decode[kind] and decode[kind].get("bytes"):
-        decode[kind]["ideal_bytes"] = ideal
-        decode[kind]["ideal_ms"] = _times(0.0, ideal, chip)["memory_ms"]
-        decode[kind]["bytes_over_ideal"] = decode[kind]["bytes"] / ideal
-        decode[kind]["hbm_over_ideal"] = decode[kind]["hbm_bytes"] / ideal
+      row = decode[kind]
+      if row and row.get("bytes"):
+        row.update(ideal_bytes=ideal, ideal_ms=_times(0.0, ideal, chip)["memory_ms"],
+                   bytes_over_ideal=row["bytes"] / ideal, hbm_over_ideal=row["hbm_bytes"] / ideal)
 
   executables = compile_one.rows
   # Probes (the refill pool's sizing compiles) size; the compiles after them decide.

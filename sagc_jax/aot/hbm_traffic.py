@@ -70,16 +70,13 @@ def _split_instruction(line: str) -> tuple[str, str, str, list[str]] | None:
     return None
   rest = line[m.end():]
   # The shape is a balanced prefix (tuples nest parentheses); the opcode follows it.
-  depth, i = 0, 0
-  while i < len(rest):
-    c = rest[i]
-    if c in "({[":
-      depth += 1
-    elif c in ")}]":
-      depth -= 1
-    elif c == " " and depth == 0:
+  depth = 0
+  for i, c in enumerate(rest):
+    depth += (c in "({[") - (c in ")}]")
+    if c == " " and depth == 0:
       break
-    i += 1
+  else:
+    i = len(rest)
   shape, tail = rest[:i], rest[i:].lstrip()
   op = re.match(r"([a-z][\w\-]*)\(", tail)
   if not op:

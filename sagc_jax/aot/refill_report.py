@@ -9,7 +9,7 @@ both again with that pool to confirm it fits. A set
 ``kv_pages`` is compiled as given.
 
 Projection. A refill call's decode steps depend on the response lengths, so the
-rollout is projected per *length model*: lengths are drawn (``control.worlds.LengthProcess``,
+rollout is projected per *length model*: lengths are drawn (``replay.worlds.LengthProcess``,
 the synthetic world, parameters below) for every candidate G's ``P(G) x G`` rows, and the
 decoder's own host policy (``refill_schedule.simulate_refill``: admission, page
 reservation, eviction) is run on them. A decode step costs the segment program's
@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 from flax import nnx
 
-from sagc_jax.control.worlds import LengthProcess
+from sagc_jax.replay.worlds import LengthProcess
 from sagc_jax.sampling.refill_schedule import simulate_refill
 
 __all__ = ["LENGTH_MODELS", "draw_lengths", "format_lines", "project_refill", "refill_projection",
@@ -196,17 +196,14 @@ def _refill_probes(compile_one, refill, state, rows: int, tag: str):
   (segment: widest page bucket; prefill: most prompts, longest bucket)."""
   width = refill.page_buckets()[-1]
   rung, bucket = refill.prompt_rungs()[-1], refill.prompt_buckets[-1]
-
-  def segment():
-    return compile_one(f"sampler_refill_segment{tag}[pages={width},rows={rows},"
-                       f"kv_pages={refill.num_pages}]",
-                       lambda: refill.programs.get(("segment", width, rows), state))
-
-  def prefill():
-    return compile_one(f"sampler_refill_prefill{tag}[prompts={rung},prompt={bucket},"
-                       f"kv_pages={refill.num_pages}]",
-                       lambda: refill.programs.get(("prefill", rung, bucket), state))
-  return dict(segment=segment, prefill=prefill)
+  return dict(  # named at the call: the pool may have been resized since
+      segment=lambda: compile_one(
+          f"sampler_refill_segment{tag}[pages={width},rows={rows},kv_pages={refill.num_pages}]",
+          lambda: refill.programs.get(("segment", width, rows), state)),
+      prefill=lambda: compile_one(
+          f"sampler_refill_prefill{tag}[prompts={rung},prompt={bucket},"
+          f"kv_pages={refill.num_pages}]",
+          lambda: refill.programs.get(("prefill", rung, bucket), state)))
 
 
 # The issue's goal for a projected rollout: within 1.3x its bound on every length model.
@@ -293,12 +290,10 @@ def refill_rows(compile_one, sampler, model, chip, hbm_limit: float,
     out["pool"] = size_pool(refill, _refill_probes(compile_one, refill, state, rows, "_probe"),
                             chip.hbm_gib, hbm_limit, log)
   final = _refill_probes(compile_one, refill, state, rows, "")   # at the chosen pool
-  out["program_segment"] = final["segment"]()
-  out["kv_pages"] = refill.num_pages
-  out["pool_gib_per_device"] = refill.pool_bytes_per_device() / GIB
-  out["kv_bytes_per_key"] = _kv_bytes_per_key(refill)
-  out["hbm_gbps"] = chip.hbm_gbps
-  out["program_prefill"] = final["prefill"]()
+  out.update(program_segment=final["segment"](), kv_pages=refill.num_pages,
+             pool_gib_per_device=refill.pool_bytes_per_device() / GIB,
+             kv_bytes_per_key=_kv_bytes_per_key(refill), hbm_gbps=chip.hbm_gbps,
+             program_prefill=final["prefill"]())
   return out
 
 

@@ -66,7 +66,8 @@ def _compiled_fields(values: dict, prefix: str = "") -> dict:
   for key, value in values.items():
     name = prefix + key
     if isinstance(value, dict):
-      out[key] = _compiled_fields(value, name + ".")
+      if value or name != "controller.options":   # a user kind's settings: none compile
+        out[key] = _compiled_fields(value, name + ".")
     elif not (key.endswith("_dir") or name in ("model.path", "model.require_path",
                                                 "train.wandb_project")):
       out[key] = value

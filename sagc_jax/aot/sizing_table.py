@@ -36,10 +36,6 @@ def command(report: dict) -> str:
   return " ".join(parts + list(report.get("overrides", [])))
 
 
-def _model(report: dict) -> str:
-  return Path(report["model_config"]).stem
-
-
 def row(report: dict) -> str:
   """One Markdown row of a report (a report without a step projection shows '-')."""
   compiled = [e for e in report["executables"] if not e.get("probe")]
@@ -58,7 +54,7 @@ def row(report: dict) -> str:
     models = (report.get("refill") or {}).get("by_length_model", {})
     natural = (f"{models['smollm2_natural']['seconds']:.0f}" if "smollm2_natural" in models
                else "-")
-  return (f"| {_model(report)} | {report['rollout']['max_new_tokens']:,} | "
+  return (f"| {Path(report['model_config']).stem} | {report['rollout']['max_new_tokens']:,} | "
           f"{report['topology']} | {fits} | {split} | {natural} | {hours} | "
           f"`{command(report)}` |")
 

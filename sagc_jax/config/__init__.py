@@ -6,6 +6,7 @@ line reads (``RunConfig``, frozen typed sections checked when built). Imports no
 or a tool needs.
 """
 
+from sagc_jax.config.compare import CompareSection
 from sagc_jax.config.presets import (preset, smollm2_cpu_config, tiny_cpu_config,
                                      tpu_pod_long_preset, tpu_pod_preset)
 from sagc_jax.config.run import RunConfig, check_run, controller_settings, run_config
@@ -26,7 +27,8 @@ def learner_config(config) -> LearnerConfig:
   return run_config(config).learner
 
 
-__all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "REWARDS", "RunConfig", "base_config",
-           "check_run", "controller_settings", "learner_config", "learner_section", "preset", "run_config",
+__all__ = ["CompareSection", "DATASETS", "DTYPES", "FILE_DATASETS", "REWARDS", "RunConfig",
+           "base_config", "check_run", "controller_settings", "learner_config",
+           "learner_section", "preset", "run_config",
            "smollm2_cpu_config", "tiny_cpu_config", "tpu_pod_long_preset", "tpu_pod_preset",
            "validate"]

@@ -128,17 +128,16 @@ def check_run(run: RunConfig) -> None:
   """The rules that span sections (each section has checked its own keys)."""
   rollout, controller, train = run.rollout, run.controller, run.train
   candidates = controller.group_sizes()
-  if controller.kind == "per_prompt":
-    # Groups of different sizes go through one fused or segmented sampler call.
-    if rollout.refill_slots:
-      raise ValueError(f"controller.kind='per_prompt' needs rollout.refill_slots=0 (got "
-                       f"{rollout.refill_slots}): the refill sampler takes one group "
-                       "size per call")
-    largest = max(rollout.prompts_for(g) * g for g in candidates)
-    if 0 < rollout.max_rows_per_call < largest:
-      raise ValueError(f"controller.kind='per_prompt' needs rollout.max_rows_per_call=0 or "
-                       f">= {largest} (got {rollout.max_rows_per_call}): groups of different "
-                       "sizes are not split over sub-calls")
+  needs = controller.needs
+  if needs.no_refill and rollout.refill_slots:
+    raise ValueError(f"controller.kind={controller.kind!r} needs rollout.refill_slots=0 (got "
+                     f"{rollout.refill_slots}): the refill sampler takes one group size per "
+                     "call")
+  largest = max(rollout.prompts_for(g) * g for g in candidates)
+  if needs.whole_step_per_call and 0 < rollout.max_rows_per_call < largest:
+    raise ValueError(f"controller.kind={controller.kind!r} needs rollout.max_rows_per_call=0 "
+                     f"or >= {largest} (got {rollout.max_rows_per_call}): groups of different "
+                     "sizes are not split over sub-calls")
   checks.group_budget({"rollout": rollout}, "rollout", rollout.mode, candidates)
   limit = rollout.max_rows_per_call
   if limit and limit < max(candidates):

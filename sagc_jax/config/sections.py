@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from sagc_jax.control import budget
 from sagc_jax.config.section import Section
-from sagc_jax.control.controller import controller_from_config
+from sagc_jax.config.controller import ControllerSection
 from sagc_jax.base import checks
 
 __all__ = ["DATASETS", "DTYPES", "FILE_DATASETS", "PAGED_KERNEL_CHOICES", "REWARDS",
@@ -189,52 +189,6 @@ class RewardSection(Section):
     checks.non_negative_int(self._root(), "reward.workers")
     from sagc_jax.rewards.specs import check_reward_config
     check_reward_config(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerSection(Section):
-  """The group-size controller (``sagc_jax.control``, docs/controllers.md). One
-  section serves every kind, so switching kind is one override; each kind reads its
-  own keys. ``initial_g``: None = the smallest candidate. The contextual kinds
-  (``prompt_aware``, ``per_prompt``) also read tail classes on a prompt's past
-  log(max/median)/log(tau), length classes in multiples of the mean prompt length,
-  the cells' prior weight (groups), prompts remembered and the discount of a
-  prompt's evidence per visit."""
-
-  NAME = "controller"
-  kind: str = "sagc"
-  candidates: tuple = (4, 8, 16)
-  tau: float = 2.0
-  delta: float = 0.25
-  event: str = "group"
-  eta: float = 1.0
-  lambda_max: float = 50.0
-  forgetting: float = 0.99
-  prior_alpha: float = 1.0
-  prior_beta: float = 1.0
-  seed: int = 0
-  static_g: int = 8
-  initial_g: int | None = None
-  tail_edges: tuple = (0.8, 1.25)
-  length_edges: tuple = (1.0,)
-  cell_prior_strength: float = 2.0
-  history_size: int = 20000
-  history_forgetting: float = 0.7
-
-  def __post_init__(self):
-    for field in ("candidates", "tail_edges", "length_edges"):
-      self._tuple(field)
-    self.build()                 # raises "controller: ..." on bad settings
-
-  def build(self, prompts_for=None):
-    """The controller these settings describe; ``prompts_for``: the run's P(G)
-    (``RolloutSection.prompts_for``), which the contextual kinds need."""
-    return controller_from_config(self.to_dict(), prompts_for=prompts_for)
-
-  def group_sizes(self) -> tuple[int, ...]:
-    """The sizes this controller may pick (one for a static G; per-prompt sizes
-    are candidates too)."""
-    return budget.candidate_group_sizes(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,12 +25,3 @@ def prompts_for(section: Any, g: int) -> int:
   if section.mode == "hold_rollouts":
     return section.rollouts_per_step // g
   return section.prompts_per_step
-
-
-def candidate_group_sizes(controller: Any) -> tuple[int, ...]:
-  """The group sizes a ``controller`` config section may pick (one for a static G;
-  every candidate for SAGC and the contextual kinds, whose per-prompt sizes are
-  candidates too)."""
-  if controller.kind == "static":
-    return (controller.static_g,)
-  return tuple(controller.candidates)

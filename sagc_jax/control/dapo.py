@@ -1,6 +1,6 @@
 """DAPO's dynamic-sampling rule (Yu et al. 2025, Sec. 3.2): which groups of a sampling
 round a step keeps. One rule for the trainer (``rl.dynamic_sampling``) and the replay
-engine (``control.engine``).
+engine (``replay.engine``).
 
 A group whose rewards are all equal (every response right, or every one wrong) has
 zero advantages and gives no policy gradient, so DAPO keeps only groups whose rewards

@@ -57,7 +57,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from sagc_jax.control.context import BatchContext
-from sagc_jax.control.protocol import ContextSource, GroupPlan
+from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
 from sagc_jax.control.prompt_aware import PromptAwareController, per_group_array
 
 __all__ = ["PerPromptController", "allocate_group_sizes"]
@@ -109,9 +109,14 @@ class PerPromptController(PromptAwareController):
   """
 
   kind = "per_prompt"
+  # Groups of different sizes go through one fused or segmented sampler call; each
+  # process's share of the rows would differ in length, and the host gathers take
+  # equal shares.
+  needs = Needs(context=True, per_prompt_sizes=True, one_process=True, no_refill=True,
+                whole_step_per_call=True)
 
   def __init__(self, candidates: Sequence[int], tau: float, delta: float, **kwargs: Any):
-    if kwargs["event"] != "group":
+    if kwargs.get("event", "group") != "group":
       raise ValueError(f"event={kwargs['event']!r}: per_prompt supports only 'group' (the "
                        "step event's risk is not a sum over prompts)")
     super().__init__(candidates, tau, delta, **kwargs)
@@ -141,13 +146,6 @@ class PerPromptController(PromptAwareController):
     sizes = self.propose_groups(None if context is None or self._pending else context())
     return GroupPlan(self.base_g, sizes)
 
-  def check_process_count(self, processes: int) -> None:
-    if processes > 1:
-      # Each process's share of the rows would differ in length, and the host gathers
-      # take equal shares.
-      raise ValueError(f"controller.kind='per_prompt' runs on one process (this run has "
-                       f"{processes}); use 'prompt_aware' or 'sagc' on several processes")
-
   def propose_groups(self, context: BatchContext) -> np.ndarray:
     """G_i for the first k prompts of ``context`` (module docstring), as an int64
     array whose sum is at most ``P(G_b) * G_b``. Calling it again before ``observe``
@@ -173,17 +171,15 @@ class PerPromptController(PromptAwareController):
     self._last_sizes = proposal.sizes
     return proposal.sizes.copy()
 
-  def observe(self, group_max: Any, group_median: Any, *, prompt_ids: Any = None,
-              pass_rates: Any = None, group_sizes: Any = None) -> dict[str, float]:
+  def observe_step(self, groups: StepGroups) -> dict[str, float]:
     """The prompt-aware update with each group at its own size (``group_sizes``,
     default: the proposed sizes when the step has exactly the proposed groups).
-    Extra metrics: ``base_g``, ``g_mode`` (the ``g`` property), ``allocated_rows`` and
-    ``row_budget`` (0 for a step observed without a proposal)."""
+    Extra diagnostics: ``base_g``, ``g_mode`` (the ``g`` property), ``allocated_rows``
+    and ``row_budget`` (0 for a step observed without a proposal)."""
     proposal = self._proposal
     budget = float(proposal.used * self.base_g) if proposal is not None else 0.0
-    metrics = super().observe(group_max, group_median, prompt_ids=prompt_ids,
-                              pass_rates=pass_rates, group_sizes=group_sizes)
-    sizes = proposal.sizes if group_sizes is None else np.asarray(group_sizes)
+    metrics = super().observe_step(groups)
+    sizes = proposal.sizes if groups.group_sizes is None else np.asarray(groups.group_sizes)
     metrics.update({"base_g": float(self.base_g), "g_mode": float(self.g),
                     "allocated_rows": float(sizes.sum()), "row_budget": budget})
     return metrics

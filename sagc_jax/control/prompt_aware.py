@@ -67,12 +67,25 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
-from sagc_jax.control.protocol import ContextSource, GroupPlan, StepGroups
+from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
 from sagc_jax.control.context import BatchContext, FeatureBuckets, PromptHistory, tail_scores
-from sagc_jax.control.risk import check_range, straggler_flags, validated_lengths
-from sagc_jax.control.sagc import SAGCController
+from sagc_jax.control.risk import check_range, settings_of
+from sagc_jax.control.sagc import SAGCController, SAGCSettings
+from sagc_jax.control.stragglers import straggler_flags, validated_lengths
 
-__all__ = ["PromptAwareController", "PromptsFor", "per_group_array"]
+__all__ = ["ContextSettings", "PromptAwareController", "PromptsFor", "per_group_array"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextSettings(SAGCSettings):
+  """The contextual kinds' settings: SAGC's, plus the features and the prompt history
+  (``PromptAwareController``'s arguments)."""
+
+  tail_edges: tuple = (0.8, 1.25)
+  length_edges: tuple = (1.0,)
+  cell_prior_strength: float = 2.0
+  history_size: int = 20000
+  history_forgetting: float = 0.7
 
 # The caller's rule: prompts a step samples at candidate G (hold_prompts: a constant;
 # hold_rollouts: rollouts_per_step // G). None: every prompt of the context.
@@ -158,16 +171,19 @@ class PromptAwareController(SAGCController):
   """
 
   kind = "prompt_aware"
+  Settings = ContextSettings
+  needs = Needs(context=True)
 
   def __init__(self, candidates: Sequence[int], tau: float, delta: float, *,
-               prompts_for: PromptsFor = None, tail_edges: Sequence[float],
-               length_edges: Sequence[float], cell_prior_strength: float,
-               history_size: int, history_forgetting: float, **sagc: Any):
-    super().__init__(candidates, tau, delta, **sagc)
-    self.features = FeatureBuckets(tuple(tail_edges), tuple(length_edges))
-    self.cell_prior_strength = check_range("cell_prior_strength", cell_prior_strength)
+               prompts_for: PromptsFor = None, **settings: Any):
+    s = settings_of(self.Settings, self.kind, candidates=candidates, tau=tau, delta=delta,
+                    **settings)
+    sagc = {f.name: getattr(s, f.name) for f in dataclasses.fields(SAGCSettings)}
+    super().__init__(**sagc)
+    self.features = FeatureBuckets(tuple(s.tail_edges), tuple(s.length_edges))
+    self.cell_prior_strength = check_range("cell_prior_strength", s.cell_prior_strength)
     self._prompts = _prompts_table(prompts_for, self.candidates)
-    self._history = PromptHistory(history_size, history_forgetting)
+    self._history = PromptHistory(s.history_size, s.history_forgetting)
     shape = (len(self.candidates), self.features.count)
     self._cell_straggle = np.zeros(shape)
     self._cell_ok = np.zeros(shape)
@@ -177,6 +193,11 @@ class PromptAwareController(SAGCController):
     # prompt's score is read relative to the mean score of its group's size.
     self._score_sum = np.zeros(len(self.candidates))
     self._score_count = np.zeros(len(self.candidates))
+
+  @classmethod
+  def from_settings(cls, settings: Any, *, prompts_for: PromptsFor = None
+                    ) -> "PromptAwareController":
+    return cls(**dataclasses.asdict(settings), prompts_for=prompts_for)
 
   # ---------------------------------------------------------------- public API
   def prompts_for(self, g: int, context_size: int) -> int:
@@ -200,30 +221,24 @@ class PromptAwareController(SAGCController):
     """``propose`` on the step's upcoming prompts (read only here)."""
     return GroupPlan(self.propose(None if context is None else context()))
 
-  def observe_step(self, groups: StepGroups) -> dict[str, float]:
-    return self.observe(groups.group_max, groups.group_median, prompt_ids=groups.prompt_ids,
-                        pass_rates=groups.pass_rates, group_sizes=groups.group_sizes)
-
   def cell_posterior_mean(self) -> np.ndarray:
     """Posterior mean straggler probability per (candidate, bucket), shape
     ``[len(candidates), features.count]``."""
     a, b = self._cell_params()
     return a / (a + b)
 
-  def observe(self, group_max: Any, group_median: Any, *, prompt_ids: Any = None,
-              pass_rates: Any = None, group_sizes: Any = None) -> dict[str, float]:
-    """SAGC's update and metrics, plus the cells and the prompt history (module
-    docstring). Extra metrics: ``predicted_straggler_rate`` (posterior-mean
-    prediction of the straggler signal for the prompts and sizes that were
-    proposed; SAGC's p(G) without a context), ``feature_coverage`` (fraction of
-    the groups whose prompt had a history when proposed) and ``history_prompts``.
-    """
-    gmax, gmed = validated_lengths(group_max, group_median)
+  def observe_step(self, groups: StepGroups) -> dict[str, float]:
+    """SAGC's update, plus the cells and the prompt history (module docstring).
+    Diagnostics beyond SAGC's: ``predicted_straggler_rate`` (posterior-mean prediction
+    of the straggler signal for the prompts and sizes that were proposed; SAGC's p(G)
+    without a context), ``feature_coverage`` (fraction of the groups whose prompt had
+    a history when proposed) and ``history_prompts``."""
+    gmax, gmed = validated_lengths(groups.group_max, groups.group_median)
     n = gmax.size
-    size_index = self._observed_sizes(group_sizes, n)
-    ids, known, buckets, lengths = self._observed_prompts(prompt_ids, n)
-    rates = None if pass_rates is None else per_group_array("pass_rates", pass_rates, n,
-                                                        integer=False)
+    size_index = self._observed_sizes(groups.group_sizes, n)
+    ids, known, buckets, lengths = self._observed_prompts(groups.prompt_ids, n)
+    rates = None if groups.pass_rates is None else per_group_array(
+        "pass_rates", groups.pass_rates, n, integer=False)
     flags = straggler_flags(gmax, gmed, self.params.tau)
     proposal = self._proposal
     predicted = (float(self.posterior_mean()[self._index]) if proposal is None

@@ -1,37 +1,46 @@
 """The one interface between a group-size controller and whatever runs the steps.
 
-The trainer (``training.step``), the simulators and any other caller talk to every
-controller kind through the same three calls, and never ask which kind it is:
+The trainer (``training.step``), the replay engine and any other caller talk to every
+controller kind through the same calls, and never ask which kind it is:
 
     plan = controller.plan(context)        # GroupPlan: the step's G, sizes per prompt
-    ...sample plan.prompts(P) groups, score them...
-    metrics = controller.observe_step(StepGroups(...))
+    ...sample plan.prompts(P) groups, score them, train, time the step...
+    diagnostics = controller.observe_step(StepGroups(...))
     controller.state_dict() / load_state_dict(state)
 
-``context`` is a zero-argument callable returning the step's ``BatchContext``: it
-is only called by the kinds that read the upcoming prompts (prompt_aware,
-per_prompt), because building it costs a tokenisation and, on several processes,
-an all-gather that SAGC and static never need.
+A kind is a class (``GroupController``) that declares, beside its code, its name
+(``kind``), its typed settings (``Settings``, a frozen dataclass whose defaults are
+the kind's defaults) and what it needs from the run (``needs``, a ``Needs``). The
+registry (``control.controller``) builds every kind from a config section, by name or
+by import path (``"my_module:MyController"``), and every caller asks the kind's
+``needs`` instead of listing kinds.
 
-The documented single-size API stays beside it: ``propose() -> int`` and
-``observe(group_max, group_median)`` (README, docs/controllers.md); for those kinds
-``plan`` and ``observe_step`` are that API.
+``context`` is a zero-argument callable returning the step's ``BatchContext``: it
+is only called by the kinds that read the upcoming prompts, because building it
+costs a tokenisation and, on several processes, an all-gather.
+
+A step's straggler statistics are measured by the caller (``control.stragglers``, at
+one measurement tau for every kind); ``observe_step`` returns only the controller's
+own diagnostics (SAGC: lambda and its posterior means). The documented single-size
+API stays beside it: ``propose() -> int`` and ``observe(group_max, group_median)``
+(README, docs/controllers.md).
 
 Per-group max and median lengths reach ``observe_step`` from the sampler's host
 callback (``sampling.listener``), the design card's one path from the device to
-the controller.
+the controller; rewards from the reward functions; the step's seconds from the
+trainer's clock (process 0's, on every process) or the replay's cost model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import numpy as np
 
 from sagc_jax.control.context import BatchContext
 
-__all__ = ["ContextSource", "GroupPlan", "StepGroups"]
+__all__ = ["ContextSource", "GroupController", "GroupPlan", "Needs", "StepGroups", "StepTime"]
 
 # The step's upcoming prompts, built only when a controller asks for them.
 ContextSource = Callable[[], BatchContext]
@@ -52,12 +61,25 @@ class GroupPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepTime:
+  """The step's seconds, sampling (with the scoring that waits for it) and learner
+  apart, and the whole step without the controller's own ``observe_step``. Training:
+  process 0's clock on every process, so every process decides alike; the replay: the
+  cost model's priced seconds."""
+
+  rollout_s: float
+  learner_s: float
+  total_s: float
+
+
+@dataclasses.dataclass(frozen=True)
 class StepGroups:
   """What a step observed, one entry per sampled group (every round of the step).
 
   ``group_max`` / ``group_median``: response lengths (the straggler signal);
-  ``prompt_ids``, ``pass_rates`` (fraction of correct responses) and
-  ``group_sizes`` feed the contextual kinds and are ignored by the others.
+  ``prompt_ids``, ``pass_rates`` (fraction of correct responses), ``group_sizes``,
+  ``rewards`` (per group, an array of its responses' rewards) and ``time`` (the step's
+  ``StepTime``) are there for the kinds that read them.
   """
 
   group_max: Any
@@ -65,3 +87,45 @@ class StepGroups:
   prompt_ids: Any = None
   pass_rates: Any = None
   group_sizes: Any = None
+  rewards: Any = None
+  time: StepTime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """What a kind needs from the run; the run's checks, the trainer, the replay and
+  compare read it instead of listing kinds.
+
+  ``context``: it reads the step's upcoming prompts (``BatchContext``);
+  ``per_prompt_sizes``: its plans hold a size per prompt; ``one_process``: it runs on
+  one process only; ``no_refill``: the refill sampler (``rollout.refill_slots > 0``)
+  cannot run its steps; ``whole_step_per_call``: ``rollout.max_rows_per_call`` must be
+  0 or hold its largest step (its groups are not split over sampler calls).
+  """
+
+  context: bool = False
+  per_prompt_sizes: bool = False
+  one_process: bool = False
+  no_refill: bool = False
+  whole_step_per_call: bool = False
+
+
+class GroupController(Protocol):
+  """A controller kind (module docstring). ``from_settings`` builds it from its
+  ``Settings`` and the run's prompts per step P(G) (``prompts_for``)."""
+
+  kind: ClassVar[str]
+  Settings: ClassVar[type]
+  needs: ClassVar[Needs]
+
+  @classmethod
+  def from_settings(cls, settings: Any, *, prompts_for: Callable[[int], int] | None = None
+                    ) -> "GroupController": ...
+
+  def plan(self, context: ContextSource | None = None) -> GroupPlan: ...
+
+  def observe_step(self, groups: StepGroups) -> dict[str, float]: ...
+
+  def state_dict(self) -> dict[str, Any]: ...
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None: ...

@@ -17,58 +17,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sagc_jax.control.protocol import ContextSource, GroupPlan, StepGroups
+from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
+from sagc_jax.control.stragglers import (EVENTS, step_straggler_stats, straggler_flags,
+                                         validated_lengths)
 
-__all__ = ["EVENTS", "GroupSizeController", "check_range", "straggler_flags",
-           "validated_lengths"]
+__all__ = ["GroupSizeController", "RiskSettings", "check_range", "settings_of"]
 
 _STATE_VERSION = 1
-
-# The straggler signal a step contributes (sagc module docstring): the fraction of its
-# groups that straggle, or the seed's per-step indicator S_t (any group straggles).
-EVENTS = ("group", "step")
-
-
-def straggler_flags(group_max: np.ndarray, group_median: np.ndarray,
-                    tau: float) -> np.ndarray:
-  """Per-group straggler events ``max > tau * median`` (bool array).
-
-  The multiplicative form is the ratio test ``max/median > tau`` with the
-  zero-median case made explicit: a group whose median is 0 straggles iff its
-  max is positive (an unbounded ratio); an all-zero group never straggles.
-  """
-  return group_max > tau * group_median
-
-
-def validated_lengths(group_max: Any, group_median: Any) -> tuple[np.ndarray, np.ndarray]:
-  """Checks the per-group length arrays of one step (the error names what is wrong);
-  returns them as float64."""
-  arrays = []
-  for name, value in (("group_max", group_max), ("group_median", group_median)):
-    try:
-      arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-      raise ValueError(f"{name} must be an array of numbers, got {value!r:.80}") from None
-    if arr.ndim != 1:
-      raise ValueError(f"{name} must be 1-D (one entry per group), got shape {arr.shape}")
-    if arr.size == 0:
-      raise ValueError(f"{name} is empty: a step must report at least one group")
-    if not np.isfinite(arr).all():
-      raise ValueError(f"{name} contains NaN or infinite lengths at groups "
-                       f"{np.flatnonzero(~np.isfinite(arr))[:4].tolist()}")
-    if (arr < 0).any():
-      raise ValueError(f"{name} contains negative lengths: {arr[arr < 0][:4].tolist()}")
-    arrays.append(arr)
-  gmax, gmed = arrays
-  if gmax.shape != gmed.shape:
-    raise ValueError(
-        f"group_max has {gmax.size} groups but group_median has {gmed.size}: "
-        "they must describe the same groups")
-  if (gmed > gmax).any():
-    bad = int(np.argmax(gmed > gmax))
-    raise ValueError(
-        f"group {bad}: median length {gmed[bad]:g} exceeds max length {gmax[bad]:g}")
-  return gmax, gmed
 
 
 def _validate_candidates(candidates: Sequence[int], minimum: int) -> tuple[int, ...]:
@@ -96,13 +51,33 @@ def check_range(name: str, value: float, low: float = 0.0, high: float = math.in
 
 
 @dataclasses.dataclass(frozen=True)
-class _RiskModelParams:
-  tau: float
-  delta: float
-  event: str
-  forgetting: float
-  prior_alpha: float
-  prior_beta: float
+class RiskSettings:
+  """The settings every kind's straggler risk model shares, with their defaults (the
+  config's ``controller`` section takes its defaults from here and from the kinds'
+  own ``Settings``, which extend this). The controllers check the values."""
+
+  candidates: tuple = (4, 8, 16)
+  tau: float = 2.0
+  delta: float = 0.25
+  event: str = EVENTS[0]           # "group"
+  forgetting: float = 0.99
+  prior_alpha: float = 1.0
+  prior_beta: float = 1.0
+  seed: int = 0
+
+  def group_sizes(self) -> tuple[int, ...]:
+    """The sizes the kind may pick."""
+    return tuple(self.candidates)
+
+
+def settings_of(settings: type, kind: str, **values: Any) -> Any:
+  """``settings(**values)``, an unknown name refused by name (not a ``TypeError``)."""
+  names = [f.name for f in dataclasses.fields(settings)]
+  unknown = sorted(set(values) - set(names))
+  if unknown:
+    raise ValueError(f"{unknown[0]} is not a setting of a {kind!r} controller "
+                     f"(its settings: {', '.join(names)})")
+  return settings(**values)
 
 
 class GroupSizeController:
@@ -115,6 +90,8 @@ class GroupSizeController:
   """
 
   kind = "base"
+  Settings = RiskSettings
+  needs = Needs()
   # The published SAGC discounts every candidate's evidence every step and keeps the
   # Thompson selection at the dual's cap; the default here does neither (sagc's
   # module docstring, "Deviations"). Subclasses may restore the published rules to measure
@@ -122,23 +99,24 @@ class GroupSizeController:
   _forget_unused = False
   _back_off_at_cap = True
 
-  def __init__(self, candidates: Sequence[int], *, tau: float, delta: float,
-               min_candidates: int, forgetting: float, prior_alpha: float,
-               prior_beta: float, seed: int, event: str):
-    self.candidates = _validate_candidates(candidates, min_candidates)
+  def __init__(self, settings: RiskSettings, *, min_candidates: int):
+    s = settings
+    self.candidates = _validate_candidates(s.candidates, min_candidates)
+    event, seed = s.event, s.seed
     if event not in EVENTS:
       raise ValueError(f"event={event!r} is not one of {EVENTS}")
-    self.params = _RiskModelParams(
-        tau=check_range("tau", tau, 1.0),
-        delta=check_range("delta", delta, 0.0, 1.0),
-        event=event,
-        forgetting=check_range("forgetting", forgetting, 0.0, 1.0, high_closed=True),
-        prior_alpha=check_range("prior_alpha", prior_alpha),
-        prior_beta=check_range("prior_beta", prior_beta),
-    )
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
       raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     self.seed = int(seed)
+    self.params = RiskSettings(
+        candidates=self.candidates, seed=self.seed,
+        tau=check_range("tau", s.tau, 1.0),
+        delta=check_range("delta", s.delta, 0.0, 1.0),
+        event=event,
+        forgetting=check_range("forgetting", s.forgetting, 0.0, 1.0, high_closed=True),
+        prior_alpha=check_range("prior_alpha", s.prior_alpha),
+        prior_beta=check_range("prior_beta", s.prior_beta),
+    )
     # The per-candidate state is a few floats: plain Python lists are several
     # times cheaper than numpy arrays at this size (the controller runs every
     # step, on the host, between accelerator calls).
@@ -150,9 +128,12 @@ class GroupSizeController:
     self._lambda = 0.0
     self._index = 0                          # index of the current G
     self._pending = False                    # propose() called, observe() not yet
-    self._steps = 0
-    self._group_rate_sum = 0.0               # sum of the steps' group straggler rates
-    self._step_event_sum = 0.0               # number of steps with a straggler (S_t = 1)
+
+  @classmethod
+  def from_settings(cls, settings: Any, *, prompts_for: Any = None) -> "GroupSizeController":
+    """The controller ``settings`` (a ``cls.Settings``) describe (the registry's call)."""
+    del prompts_for                          # the kinds that read a context take it
+    return cls(**dataclasses.asdict(settings))
 
   # ---------------------------------------------------------------- public API
   @property
@@ -191,46 +172,47 @@ class GroupSizeController:
     return GroupPlan(self.propose())
 
   def observe_step(self, groups: StepGroups) -> dict[str, float]:
-    """``observe`` of the step's groups (the other fields are for contextual kinds)."""
-    return self.observe(groups.group_max, groups.group_median)
-
-  def check_process_count(self, processes: int) -> None:
-    """Raises when the kind cannot run on ``processes`` processes (every size-per-step
-    kind can: all processes see the same gathered lengths and propose the same G)."""
-
-  def observe(self, group_max: Any, group_median: Any) -> dict[str, float]:
-    """Feeds back the per-group max/median response lengths of the step.
-
-    The groups must come from a step that used ``self.g`` (the last proposed
-    size). Returns flat float metrics: ``g``, ``log2_g``, ``n_groups``,
-    ``n_stragglers``, both straggler events of the step (``group_straggler_rate``,
-    the fraction of groups; ``step_straggler``, 1.0 iff any group straggles),
-    ``straggler_rate`` (the one of the two that ``event`` names: the signal of the
-    constraint and of the posteriors), ``lambda`` (after the update), running means
-    over steps (``mean_straggler_rate``, ``mean_group_straggler_rate``,
-    ``mean_step_straggler_rate``) and ``p_mean/G<g>``, the posterior mean straggler
-    probability of every candidate.
-    """
-    gmax, gmed = validated_lengths(group_max, group_median)
+    """The step's groups, which must come from a step that used ``self.g``; returns the
+    controller's diagnostics (``_record_step``)."""
+    gmax, gmed = validated_lengths(groups.group_max, groups.group_median)
     return self._record_step(straggler_flags(gmax, gmed, self.params.tau))
+
+  def observe(self, group_max: Any, group_median: Any, **fields: Any) -> dict[str, float]:
+    """Feeds back the per-group max/median response lengths of the step (the
+    single-size API; the contextual kinds also take ``StepGroups``' other fields).
+    Returns the step's straggler statistics at this controller's ``tau`` and ``event``
+    (``control.stragglers.step_straggler_stats``: ``g``, ``log2_g``, ``n_groups``,
+    ``n_stragglers``, ``group_straggler_rate``, ``step_straggler``,
+    ``straggler_rate``) and its diagnostics."""
+    groups = StepGroups(group_max, group_median, **fields)
+    sizes = np.asarray(self.candidates)[self._observed_sizes(groups.group_sizes,
+                                                             np.size(group_max))]
+    measured = step_straggler_stats(group_max, group_median, sizes, tau=self.params.tau,
+                                    event=self.params.event)
+    return {**measured, **self.observe_step(groups)}
+
+  def _observed_sizes(self, group_sizes: Any, n: int) -> np.ndarray:
+    """Index in ``candidates`` of every group's size: a size-per-step kind's step uses
+    ``g``."""
+    del group_sizes
+    return np.full(n, self._index)
 
   def _record_step(self, flags: np.ndarray,
                    size_index: np.ndarray | None = None) -> dict[str, float]:
-    """Posterior, dual and running-mean updates of one step; returns its metrics.
+    """Posterior and dual updates of one step; returns the diagnostics: ``lambda``
+    (after the update) and ``p_mean/G<g>``, the posterior mean straggler probability
+    of every candidate.
 
-    ``flags`` are the step's per-group straggler events; ``size_index`` the index
-    (in ``candidates``) of each group's size, None when every group used the
-    current size. With the group event each size is a Bernoulli observation per
-    group of that size; with the step event the step's S_t is one observation of
-    the current size. ``g`` and ``log2_g`` are means over the step's groups (the
-    current size when the step used one).
+    ``flags`` are the step's per-group straggler events at this controller's tau;
+    ``size_index`` the index (in ``candidates``) of each group's size, None when every
+    group used the current size. With the group event each size is a Bernoulli
+    observation per group of that size; with the step event the step's S_t is one
+    observation of the current size.
     """
     n_groups = flags.size
     n_straggle = float(np.count_nonzero(flags))
-    group_rate = n_straggle / n_groups
     step_straggler = 1.0 if n_straggle else 0.0
     step_event = self.params.event == "step"
-    signal = step_straggler if step_event else group_rate
     if step_event:
       evidence = {self._index: (step_straggler, 1.0)}
     elif size_index is None:
@@ -246,30 +228,9 @@ class GroupSizeController:
       hits, trials = evidence.get(k, (0.0, 0.0))
       self._straggle_counts[k] = gamma * self._straggle_counts[k] + hits
       self._ok_counts[k] = gamma * self._ok_counts[k] + (trials - hits)
-    self._update_dual(signal)
+    self._update_dual(step_straggler if step_event else n_straggle / n_groups)
     self._pending = False
-    self._steps += 1
-    self._group_rate_sum += group_rate
-    self._step_event_sum += step_straggler
-    if size_index is None:
-      g, log2_g = float(self.candidates[self._index]), self._utility[self._index]
-    else:
-      g = float(np.mean(np.asarray(self.candidates)[size_index]))
-      log2_g = float(np.mean(np.asarray(self._utility)[size_index]))
-    metrics = {
-        "g": g,
-        "log2_g": log2_g,
-        "n_groups": float(n_groups),
-        "n_stragglers": n_straggle,
-        "group_straggler_rate": group_rate,
-        "step_straggler": step_straggler,
-        "straggler_rate": signal,
-        "lambda": self._lambda,
-        "mean_straggler_rate": (self._step_event_sum if step_event
-                                else self._group_rate_sum) / self._steps,
-        "mean_group_straggler_rate": self._group_rate_sum / self._steps,
-        "mean_step_straggler_rate": self._step_event_sum / self._steps,
-    }
+    metrics = {"lambda": self._lambda}
     for cand, (a, b) in zip(self.candidates, self.posterior_params()):
       metrics[f"p_mean/G{cand}"] = a / (a + b)
     return metrics
@@ -291,9 +252,6 @@ class GroupSizeController:
         "lambda": self._lambda,
         "g": self.candidates[self._index],
         "pending": self._pending,
-        "steps": self._steps,
-        "group_rate_sum": self._group_rate_sum,
-        "step_event_sum": self._step_event_sum,
         "rng": {
             "bit_generator": rng_state["bit_generator"],
             "state": str(rng_state["state"]["state"]),
@@ -330,12 +288,8 @@ class GroupSizeController:
     self._lambda = float(state["lambda"])
     self._index = self.candidates.index(int(state["g"]))
     self._pending = bool(state["pending"])
-    self._steps = int(state["steps"])
-    # States written before both events existed are "group" states: their "rate_sum" is
-    # the group one, and the step-event count is unknown (its running mean is NaN
-    # rather than a mean over part of the run).
-    self._group_rate_sum = float(state.get("group_rate_sum", state.get("rate_sum")))
-    self._step_event_sum = float(state.get("step_event_sum", math.nan))
+    # States written before the straggler measurement left the controllers also hold
+    # running means ("steps", "group_rate_sum", ...): they never entered a decision.
 
   # ---------------------------------------------------------- subclass hooks
   def _choose(self) -> int:

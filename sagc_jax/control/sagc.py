@@ -93,18 +93,38 @@ the uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
-from sagc_jax.control.risk import GroupSizeController, check_range
+from sagc_jax.control.risk import GroupSizeController, RiskSettings, check_range, settings_of
 
-__all__ = ["SAGCController", "StaticController"]
+__all__ = ["SAGCController", "SAGCSettings", "StaticController", "StaticSettings"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SAGCSettings(RiskSettings):
+  """SAGC's settings and their defaults (``SAGCController``'s arguments)."""
+
+  eta: float = 1.0
+  lambda_max: float = 50.0
+  initial_g: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticSettings(RiskSettings):
+  """A static G's settings: the size, and the risk model it reports."""
+
+  static_g: int = 8
+
+  def group_sizes(self) -> tuple[int, ...]:
+    return (self.static_g,)
 
 
 class SAGCController(GroupSizeController):
   """Straggler-Aware Group Control (see the module docstring for the algorithm).
 
-  Args (``forgetting``, ``prior_alpha``, ``prior_beta``, ``seed`` and ``event`` are
-  ``GroupSizeController``'s, which holds their defaults):
+  Args (every one but the first three optional; the defaults are ``SAGCSettings``'s,
+  stated there once):
     candidates: allowed group sizes (at least two, positive, distinct; sorted
       internally).
     tau: straggler threshold on max/median response length, > 1.
@@ -132,13 +152,15 @@ class SAGCController(GroupSizeController):
   """
 
   kind = "sagc"
+  Settings = SAGCSettings
 
-  def __init__(self, candidates: Sequence[int], tau: float, delta: float, *, eta: float,
-               lambda_max: float, initial_g: int | None, **risk: Any):
-    super().__init__(candidates, tau=tau, delta=delta, min_candidates=2, **risk)
-    self.eta = check_range("eta", eta)
-    self.lambda_max = check_range("lambda_max", lambda_max)
-    initial_g = self.candidates[0] if initial_g is None else initial_g
+  def __init__(self, candidates: Sequence[int], tau: float, delta: float, **settings: Any):
+    s = settings_of(self.Settings, self.kind, candidates=candidates, tau=tau, delta=delta,
+                    **settings)
+    super().__init__(s, min_candidates=2)
+    self.eta = check_range("eta", s.eta)
+    self.lambda_max = check_range("lambda_max", s.lambda_max)
+    initial_g = self.candidates[0] if s.initial_g is None else s.initial_g
     if initial_g not in self.candidates:
       raise ValueError(f"initial_g={initial_g!r} is not one of candidates {self.candidates}")
     self._index = self.candidates.index(int(initial_g))
@@ -195,11 +217,18 @@ class StaticController(GroupSizeController):
   """
 
   kind = "static"
+  Settings = StaticSettings
 
-  def __init__(self, g: int, tau: float, delta: float, *,
-               candidates: Sequence[int] | None = None, **risk: Any):
-    super().__init__((g,) if candidates is None else candidates, tau=tau, delta=delta,
-                     min_candidates=1, **risk)
+  def __init__(self, g: int, tau: float = RiskSettings.tau, delta: float = RiskSettings.delta,
+               *, candidates: Sequence[int] | None = None, **settings: Any):
+    s = settings_of(self.Settings, self.kind, candidates=(g,) if candidates is None
+                    else candidates, tau=tau, delta=delta, static_g=g, **settings)
+    super().__init__(s, min_candidates=1)
     if g not in self.candidates:
       raise ValueError(f"static g={g!r} is not one of candidates {self.candidates}")
     self._index = self.candidates.index(int(g))
+
+  @classmethod
+  def from_settings(cls, settings: Any, *, prompts_for: Any = None) -> "StaticController":
+    values = dataclasses.asdict(settings)
+    return cls(values.pop("static_g"), **values)

@@ -208,7 +208,7 @@ class MathLocal(_LocalMathBuilder):
 
   def _convert(self, record: Any, location: str) -> dict[str, str]:
     problem = text_field(record, "problem", location)
-    solution = record.get("solution") if isinstance(record, dict) else None
+    solution = record.get("solution")        # ``text_field`` checked it is an object
     answer = math_reference_answer(record)
     return {"prompt": make_prompt(problem), "answer": answer,
             "solution": solution if isinstance(solution, str) else ""}

@@ -1,8 +1,9 @@
 """The arms of a comparison (``python -m sagc_jax.compare``) and running them.
 
 The matrix {algorithms} x {static G for each candidate (or each of
-``compare.static_sizes``), SAGC, the contextual kinds of ``compare.contextual``}
-runs ``compare.seeds`` times. Every run starts from the same policy (the warm start is built once, in
+``compare.static_sizes``), SAGC, the kinds of ``compare.contextual`` and
+``compare.kinds``} runs ``compare.seeds`` times (the keys: ``config.compare``).
+Every run starts from the same policy (the warm start is built once, in
 ``<workdir>/shared``); seed k (``config.seed + k``) sets the data order and the
 sampling of every arm alike, so the arms of one seed see the same prompts in the same
 order. Runs live in ``<workdir>/arms/<arm>_seed<k>`` as ordinary training runs, so a
@@ -19,9 +20,17 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sagc_jax.config.compare import CompareSection
+from sagc_jax.config.run import typed_section
 from sagc_jax.runtime.metrics import finished_summary
 
 _RUN_NAME = re.compile(r"^(?P<arm>.+)_seed(?P<seed>\d+)$")
+
+
+def compare_section(config) -> CompareSection:
+  """The typed ``compare`` section of a comparison config; a bad or unknown key raises
+  ``ValueError`` naming it."""
+  return typed_section(CompareSection, config.compare)
 
 
 def arm_configs(config) -> dict[str, Any]:
@@ -32,16 +41,15 @@ def arm_configs(config) -> dict[str, Any]:
   ``ALGORITHM_PRESETS`` go back to ``None`` (the preset's values), so a setting the
   comparison file tuned for one algorithm does not leak into the other's arms. The
   one key kept is a ``kl_coef`` the file sets: it tunes the GRPO arms' KL term (DAPO
-  has none).
+  has none). With ``compare.time_budget_s`` every arm gets the same budget and
+  evaluation points (one time axis); ``train.steps`` is then only a cap.
   """
   from sagc_jax.rl.config import PRESET_FIELDS
 
+  compare = compare_section(config)
   arms = {}
-  for algorithm in config.compare.algorithms:
-    variants = [(f"{algorithm}_static{g}", "static", g) for g in static_sizes(config)]
-    variants.append((f"{algorithm}_sagc", "sagc", None))
-    variants += [(f"{algorithm}_{kind}", kind, None) for kind in contextual_kinds(config)]
-    for name, kind, g in variants:
+  for algorithm in compare.algorithms:
+    for variant, kind, g in compare.variants(config.controller.candidates):
       arm = copy.deepcopy(config)
       with arm.unlocked():
         del arm["compare"]
@@ -50,83 +58,18 @@ def arm_configs(config) -> dict[str, Any]:
         if not (key == "kl_coef" and algorithm == "grpo"):
           arm.learner[key] = None
       arm.controller.update(dict(kind=kind) if g is None else dict(kind=kind, static_g=g))
-      budget = time_budget(config)
-      if budget:        # equal time for every arm, evaluated along one time axis
-        arm.train.update(dict(time_budget_s=budget, eval_points=eval_points(config),
-                              eval_every=arm.train.steps))
-      arms[name] = arm
+      if compare.time_budget_s:
+        arm.train.update(dict(time_budget_s=compare.time_budget_s,
+                              eval_points=compare.eval_points, eval_every=arm.train.steps))
+      arms[f"{algorithm}_{variant}"] = arm
   return arms
-
-
-def static_sizes(config) -> tuple[int, ...]:
-  """The static-G arms: ``compare.static_sizes`` (e.g. ``(4, 16)``: the smallest and
-  largest only, where every arm costs minutes), by default every candidate G."""
-  candidates = tuple(config.controller.candidates)
-  sizes = config.compare.get("static_sizes") or candidates
-  bad = [g for g in sizes if isinstance(g, bool) or not isinstance(g, int) or g < 2]
-  if bad or len(set(sizes)) != len(sizes):
-    raise ValueError(f"compare.static_sizes={tuple(sizes)!r} must be distinct ints >= 2 "
-                     f"(e.g. the candidates {candidates})")
-  return tuple(sizes)
-
-
-CONTEXTUAL_KINDS = ("prompt_aware", "per_prompt")
-
-
-def contextual_kinds(config) -> tuple[str, ...]:
-  """``compare.contextual``: arms of the contextual controllers (docs/controllers.md)
-  beside SAGC, e.g. ``("prompt_aware", "per_prompt")``; none by default."""
-  kinds = tuple(config.compare.get("contextual", ()) or ())
-  bad = [k for k in kinds if k not in CONTEXTUAL_KINDS]
-  if bad or len(set(kinds)) != len(kinds):
-    raise ValueError(f"compare.contextual={kinds!r} must be distinct kinds of "
-                     f"{CONTEXTUAL_KINDS}")
-  return kinds
-
-
-def time_budget(config) -> float:
-  """``compare.time_budget_s`` (0 or unset: none): every arm's ``train.time_budget_s``;
-  ``train.steps`` is then only a cap, and an arm that reaches it is reported."""
-  budget = config.compare.get("time_budget_s", 0.0) or 0.0
-  if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (
-      0 <= budget < float("inf")):
-    raise ValueError(f"compare.time_budget_s={budget!r} must be a number of seconds >= 0 "
-                     "(0 = no budget: every arm runs train.steps)")
-  return float(budget)
-
-
-def eval_points(config) -> int:
-  """``compare.eval_points`` (default 8): evaluations at evenly spaced points of the
-  budget."""
-  points = config.compare.get("eval_points", 8)
-  if isinstance(points, bool) or not isinstance(points, int) or points < 1:
-    raise ValueError(f"compare.eval_points={points!r} must be a positive int")
-  return points
-
-
-def targets(config) -> tuple[float, ...]:
-  """``compare.targets``: held-out sampled accuracies whose time to reach is reported."""
-  values = tuple(config.compare.get("targets", ()) or ())
-  bad = [t for t in values if isinstance(t, bool) or not isinstance(t, (int, float))
-         or not 0 < t <= 1]
-  if bad:
-    raise ValueError(f"compare.targets={values!r} must be accuracies in (0, 1]")
-  return tuple(float(t) for t in values)
-
-
-def seed_count(config) -> int:
-  """``compare.seeds`` (default 1), checked."""
-  seeds = config.compare.get("seeds", 1)
-  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-    raise ValueError(f"compare.seeds={seeds!r} must be a positive int")
-  return seeds
 
 
 def run_configs(config) -> dict[str, Any]:
   """``{"<arm>_seed<k>": training config}``: every arm of ``arm_configs`` for each of
   ``compare.seeds`` seeds (``config.seed + k``: data order and sampling)."""
   runs = {}
-  for k in range(seed_count(config)):
+  for k in range(compare_section(config).seeds):
     for name, arm in arm_configs(config).items():
       arm.seed = config.seed + k
       runs[f"{name}_seed{k}"] = arm

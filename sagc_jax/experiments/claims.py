@@ -25,12 +25,11 @@ are a fixed function of the rows.
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 from typing import Any, Sequence
 
-from sagc_jax.control.tables import (by_seed, finite, format_ci, mean_ci, per_seed,
-                                     too_few)
+from sagc_jax.base.stats import (by_seed, finite, format_ci, interval_side, mean_ci,
+                                 per_seed, too_few)
 
 __all__ = ["CLAIMS", "Claim", "adaptation_table", "claims_markdown", "claims_table"]
 
@@ -69,9 +68,9 @@ CLAIMS = (
 
 
 def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
-  mean, half, _ = stat
-  holds = {"below": mean + half < null, "above": mean - half > null,
-           "not_above": mean - half <= null, "not_below": mean + half >= null}[side]
+  """The interval excludes ``null`` on ``side``, or does not on side "not_<side>"."""
+  found = interval_side(stat, null)
+  holds = found != side.removeprefix("not_") if side.startswith("not_") else found == side
   return too_few(stat) or ("✓" if holds else "✗")
 
 
@@ -104,8 +103,8 @@ def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
       return {"stat": (float("nan"), float("nan"), 0), "verdict": "n/a", "detail": ""}
     best_g = max(arms, key=lambda g: arms[g][0])
     best, margin, _ = arms[best_g]
-    verdict = ("?" if ours[2] < 2 or not math.isfinite(margin)
-               else "✓" if ours[0] >= best - margin else "✗")
+    # Competitive: the best static arm's interval is not above SAGC's mean.
+    verdict = too_few(ours) or _verdict(arms[best_g], "not_above", ours[0])
     return {"stat": ours, "verdict": verdict,
             "detail": f"best static G={best_g}: {best:{claim.fmt}} ± {margin:{claim.fmt}}"}
   return {"stat": stat, "verdict": _verdict(stat, claim.side, claim.null), "detail": detail}

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax.experiments.arms import split_run_name
-from sagc_jax.control.tables import Paired, paired_markdown, per_arm_markdown
+from sagc_jax.base.stats import Paired, paired_markdown, per_arm_markdown
 from sagc_jax.experiments.claims import claims_markdown
 from sagc_jax.experiments.machine import machine_info, machine_line
 from sagc_jax.experiments.per_hour import analyse, per_hour_markdown, write as write_per_hour
@@ -40,8 +40,8 @@ RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "
                   "eval_sampled_gain", "response_len_mean", "response_len_start",
                   "response_len_end", "max_over_median_start", "max_over_median_end",
                   "mean_g", "sampled_accuracy_at_h", "mean_sampled_accuracy_over_h")
-# The contextual controllers (compare.contextual) against SAGC of the same algorithm and
-# seed, in claims.md (docs/controllers.md): the quantities of the comparison's question.
+# The extra controller kinds (compare.contextual, compare.kinds) against SAGC of the same
+# algorithm and seed, in claims.md (docs/controllers.md): the comparison's question.
 CONTEXTUAL_PAIRED = (
     Paired("eval_sampled_accuracy_end", "held-out sampled accuracy at the end, arm - SAGC",
            "difference", "above"),
@@ -187,14 +187,15 @@ def results_table(arms: Sequence[dict[str, Any]],
 
 
 def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
-  """'' without contextual arms; else a section for claims.md: every contextual arm
-  against SAGC of its algorithm, seed-paired (``CONTEXTUAL_PAIRED``)."""
+  """'' without arms of other kinds (``compare.contextual``, ``compare.kinds``); else a
+  section for claims.md: each such arm against SAGC of its algorithm, seed-paired
+  (``CONTEXTUAL_PAIRED``)."""
   pairs = []
   for algorithm in dict.fromkeys(str(r["algorithm"]) for r in rows):
-    kinds = dict.fromkeys(r["controller"] for r in rows if str(r["algorithm"]) == algorithm
-                          and r["controller"] not in ("sagc", "static"))
-    pairs += [(f"{algorithm} {kind}", f"{algorithm}_{kind}", f"{algorithm}_sagc")
-              for kind in kinds]
+    # The run's own arm name: a user's kind "module:Class" is the arm "<alg>_module.Class".
+    kinds = {r["arm"]: r["controller"] for r in rows if str(r["algorithm"]) == algorithm
+             and r["controller"] not in ("sagc", "static")}
+    pairs += [(f"{algorithm} {kind}", arm, f"{algorithm}_sagc") for arm, kind in kinds.items()]
   if not pairs:
     return ""
   seeds = len({int(r["seed"]) for r in rows})

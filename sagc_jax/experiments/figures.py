@@ -92,6 +92,8 @@ def _compare(config: str, override: Sequence[str] = (),
 
 # The docs/results.md sections the jobs regenerate (each names its jobs' command).
 _EVENT = "Simulator: which straggler event"
+_STEP, _DELTA_HALF = "--config.controller.event=step", "--config.controller.delta=0.5"
+_4_PROMPTS = "--config.sim.prompts_per_step=4"
 _PROMPTS = "Simulator: prompt heterogeneity"
 _AOT = "AOT: the 3B presets on v5e:4x4"
 _AOT_16K = "AOT: 16k-token responses on v5e:4x4"
@@ -121,19 +123,15 @@ JOBS = (
     Job("simulate", "Simulator table (hold_prompts, group event) + its claims table "
         "(5 seeds)", 0.2, _simulate(claims=5),
         section="Simulator: default run and the paper's claims"),
-    Job("simulate_event_step", "Which straggler event: 32 prompts, step event, delta 0.25",
-        0.1, _simulate(["--config.controller.event=step"]), section=_EVENT),
-    Job("simulate_event_step_delta50", "Which straggler event: 32 prompts, step, delta 0.5",
-        0.1, _simulate(["--config.controller.event=step", "--config.controller.delta=0.5"]),
-        section=_EVENT),
-    Job("simulate_4prompts_group", "Which straggler event: 4 prompts, group event", 0.1,
-        _simulate(["--config.sim.prompts_per_step=4"]), section=_EVENT),
-    Job("simulate_4prompts_step", "Which straggler event: 4 prompts, step event", 0.1,
-        _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step"]),
-        section=_EVENT),
-    Job("simulate_4prompts_step_delta50", "Which straggler event: 4 prompts, step, delta 0.5",
-        0.1, _simulate(["--config.sim.prompts_per_step=4", "--config.controller.event=step",
-                        "--config.controller.delta=0.5"]), section=_EVENT),
+    *(Job(f"simulate_{name}", f"Which straggler event: {what}", 0.1, _simulate(overrides),
+          section=_EVENT)
+      for name, what, overrides in (
+          ("event_step", "32 prompts, step event, delta 0.25", [_STEP]),
+          ("event_step_delta50", "32 prompts, step, delta 0.5", [_STEP, _DELTA_HALF]),
+          ("4prompts_group", "4 prompts, group event", [_4_PROMPTS]),
+          ("4prompts_step", "4 prompts, step event", [_4_PROMPTS, _STEP]),
+          ("4prompts_step_delta50", "4 prompts, step, delta 0.5",
+           [_4_PROMPTS, _STEP, _DELTA_HALF]))),
     Job("simulate_prompts", "Prompt heterogeneity: static, SAGC, prompt_aware, per_prompt, "
         "hold_prompts (3 seeds)", 0.5,
         _simulate(["--config=configs/simulate_prompts.py"], claims=3), section=_PROMPTS),

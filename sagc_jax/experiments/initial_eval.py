@@ -33,7 +33,6 @@ evaluates (the file would have to reach every host).
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import tempfile
@@ -45,6 +44,7 @@ import jax
 import jaxlib
 import numpy as np
 
+from sagc_jax.experiments.machine import package_version
 
 __all__ = ["InitialEvaluationStore", "initial_eval_key", "reuse_before_rl", "reuse_or_evaluate"]
 
@@ -91,16 +91,6 @@ def _folder_digest(folder: str) -> str:
                                       if p.is_file() and not p.name.endswith(_WEIGHT_FILES)])
 
 
-def _versions() -> dict[str, str | None]:
-  versions: dict[str, str | None] = {"jax": jax.__version__, "jaxlib": jaxlib.__version__}
-  for name in _LIBRARIES:
-    try:
-      versions[name] = importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      versions[name] = None
-  return versions
-
-
 def initial_eval_key(config: Any, variables: Any, mesh_shape: dict[str, int],
                      examples: Sequence[dict], prompt_ids: Sequence[Sequence[int]],
                      stop_ids: Sequence[int], pad_id: int) -> str:
@@ -125,7 +115,8 @@ def initial_eval_key(config: Any, variables: Any, mesh_shape: dict[str, int],
       "devices": {"platform": devices[0].platform, "kind": devices[0].device_kind,
                   "platform_version": getattr(devices[0].client, "platform_version", ""),
                   "count": len(devices), "mesh": dict(mesh_shape)},
-      "versions": _versions(),
+      "versions": {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+                   **{name: package_version(name) for name in _LIBRARIES}},
       "jax_options": {name: str(getattr(jax.config, name, None)) for name in _JAX_OPTIONS},
       "environment": {k: v for k, v in sorted(os.environ.items())
                       if k.startswith(_ENV_PREFIXES)},

@@ -13,7 +13,7 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["machine_info", "machine_line", "stamp"]
+__all__ = ["machine_info", "machine_line", "package_version", "stamp"]
 
 
 def _cpu_model() -> str:
@@ -27,11 +27,12 @@ def _cpu_model() -> str:
   return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def _version(package: str) -> str:
+def package_version(package: str) -> str | None:
+  """The installed version of ``package`` (a distribution name); None when absent."""
   try:
     return importlib.metadata.version(package)
   except importlib.metadata.PackageNotFoundError:
-    return "not installed"
+    return None
 
 
 def machine_info() -> dict[str, Any]:
@@ -43,8 +44,8 @@ def machine_info() -> dict[str, Any]:
     cores = os.cpu_count() or 0
   info: dict[str, Any] = {
       "cpu": _cpu_model(), "cores": cores, "os": f"{platform.system()} {platform.release()}",
-      "python": platform.python_version(), "jax": _version("jax"),
-      "jaxlib": _version("jaxlib")}
+      "python": platform.python_version(),
+      **{name: package_version(name) or "not installed" for name in ("jax", "jaxlib")}}
   jax = sys.modules.get("jax")
   if jax is not None:
     devices = jax.devices()

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sagc_jax.experiments.arms import split_run_name
-from sagc_jax.control.tables import format_ci, mean_ci
+from sagc_jax.base.stats import by_seed, format_ci, holm, mean_ci, paired_test
 
 LEARNING_COLUMNS = ("arm", "algorithm", "seed", "step", "step_time_s", "rollouts",
                     "slot_steps", "learner_tokens", "sampled_accuracy", "greedy_accuracy",
@@ -140,38 +140,6 @@ def run_measures(rows: Sequence[dict[str, Any]], horizon: float,
   return out
 
 
-def paired_test(differences: Sequence[float]) -> dict[str, Any]:
-  """Mean, 95% Student-t half-width, n and the two-sided paired t p-value of the
-  per-seed differences (p nan with fewer than two; 0 or 1 for zero spread)."""
-  from scipy import stats
-
-  x = np.asarray([d for d in differences if math.isfinite(d)], float)
-  mean, half, n = mean_ci(x)
-  if n < 2:
-    p = float("nan")
-  else:
-    sd = float(x.std(ddof=1))
-    p = (float(mean == 0.0) if sd == 0.0
-         else float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1)))
-  return {"mean": mean, "half_width": half, "n": n, "p": p}
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-  """Holm's step-down adjusted p-values (nan stays nan and is not counted)."""
-  finite = [i for i, p in enumerate(p_values) if math.isfinite(p)]
-  order = sorted(finite, key=lambda i: p_values[i])
-  adjusted = [float("nan")] * len(p_values)
-  running = 0.0
-  for rank, i in enumerate(order):
-    running = max(running, min(1.0, (len(order) - rank) * p_values[i]))
-    adjusted[i] = running
-  return adjusted
-
-
-def _by_seed(measures: Sequence[dict[str, Any]], arm: str) -> dict[int, dict[str, Any]]:
-  return {m["seed"]: m for m in measures if m["arm"] == arm}
-
-
 def compare_pairs(measures: Sequence[dict[str, Any]],
                   targets: Sequence[float]) -> dict[str, Any]:
   """Per algorithm: every pair of its arms, seed-paired (difference first - second of
@@ -183,7 +151,7 @@ def compare_pairs(measures: Sequence[dict[str, Any]],
     arms = list(dict.fromkeys(m["arm"] for m in measures if m["algorithm"] == algorithm))
     pairs = []
     for first, second in itertools.combinations(arms, 2):
-      a, b = _by_seed(measures, first), _by_seed(measures, second)
+      a, b = (by_seed(measures, lambda m, arm=arm: m["arm"] == arm) for arm in (first, second))
       seeds = sorted(set(a) & set(b))
       pair = {"first": first, "second": second}
       for key in ("mean_accuracy_over_h", "accuracy_at_h"):

@@ -40,6 +40,30 @@ def _pyplot():
   return plt
 
 
+def _save(fig, target, machine: dict[str, Any] | None = None, dpi: int = 100, **options):
+  """Stamps ``fig`` with the machine, writes it to ``target`` (a path or an open file)
+  and closes it; returns ``target``."""
+  stamp(fig, machine)
+  fig.savefig(target, dpi=dpi, **options)
+  _pyplot().close(fig)
+  return target
+
+
+def _mean_band(ax, x, curves, k: int, label: str, low: float = -np.inf,
+               high: float = np.inf) -> None:
+  """The mean of ``curves`` (one per seed, cut to the shortest) over ``x`` in colour and
+  line style ``k``, with a 95% t band clipped to [low, high] when there are several."""
+  from sagc_jax.base.stats import mean_ci
+
+  n = min(len(c) for c in curves)
+  stats = [mean_ci([c[i] for c in curves]) for i in range(n)]
+  mean = np.array([m for m, _, _ in stats])
+  ax.plot(x[:n], mean, color=f"C{k}", label=f"{label} (n={len(curves)})", **line_style(k))
+  if len(curves) > 1:
+    lower, upper = rate_band(mean, np.array([h for _, h, _ in stats]), low, high)
+    ax.fill_between(x[:n], lower, upper, color=f"C{k}", alpha=0.15, lw=0)
+
+
 def trailing_mean(x: Sequence[float], window: int = 5) -> np.ndarray:
   """The ``window``-step trailing means of ``x`` (``x`` itself when shorter)."""
   x = np.asarray(x, float)
@@ -127,8 +151,7 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
 
   # Reward and accuracy have panels of their own (a 0/1 reward equals the accuracy);
   # the terms share the reward's panel in line styles that keep each one visible.
-  axes[3].plot(steps, col("reward_mean"), label="train reward",
-               **line_style(0))
+  axes[3].plot(steps, col("reward_mean"), label="train reward", **line_style(0))
   for i, key in enumerate(reward_terms(history), start=1):
     axes[3].plot(steps, col(key), label=f"term {key.split('/', 1)[1]}", **line_style(i))
   errors = np.nansum(col("reward/errors"))
@@ -136,8 +159,7 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
   outside_legend(axes[3], title=f"{errors:.0f} failed reward calls" if errors else None,
                  title_fontsize=8)
 
-  axes[4].plot(steps, col("accuracy"), label="train accuracy",
-               **line_style(0))
+  axes[4].plot(steps, col("accuracy"), label="train accuracy", **line_style(0))
   for i, (key, label, marker) in enumerate(
       (("eval_accuracy", "held-out (greedy)", "o"),
        ("eval_sampled_accuracy", "held-out (sampled)", "s")), start=1):
@@ -147,19 +169,16 @@ def plot_run(history: Sequence[dict[str, Any]], eval_history: Sequence[dict[str,
                    ms=5, label=label, **line_style(i))
   axes[4].set_ylabel("accuracy")
 
-  axes[5].plot(steps, col("time_rollout_s"), label="rollout")
-  axes[5].plot(steps, col("time_learner_s"), label="learner")
-  axes[5].plot(steps, col("time_total_s"), label="total")
+  for part in ("rollout", "learner", "total"):
+    axes[5].plot(steps, col(f"time_{part}_s"), label=part)
   axes[5].set_ylabel("seconds / step")
   axes[5].set_xlabel("RL step")
   for i in (0, 1, 2, 4, 5):
     outside_legend(axes[i])
   if title:
     fig.suptitle(title)
-  stamp(fig)
   with run_path(path).open("wb") as f:         # local or gs://
-    fig.savefig(f, format="png", dpi=100)
-  plt.close(fig)
+    _save(fig, f, format="png")
 
 
 def plot_simulation(result: dict[str, Any], path: str | os.PathLike) -> None:
@@ -191,16 +210,13 @@ def plot_simulation(result: dict[str, Any], path: str | os.PathLike) -> None:
   axes[3].set_xlabel("step")
   for ax in axes:
     outside_legend(ax)
-  stamp(fig)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path, dpi=110)
 
 
 def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
                     machine: dict[str, Any] | None = None) -> list[Path]:
   """Writes the four comparison plots; returns their paths."""
   from sagc_jax.experiments.arms import split_run_name
-  from sagc_jax.control.tables import mean_ci
 
   plt = _pyplot()
   paths = []
@@ -209,13 +225,6 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
     by_arm.setdefault(split_run_name(arm["name"])[0], []).append(arm)
   # G, lambda and the posterior are per-run traces: the first seed of each SAGC arm.
   sagc = [runs[0] for runs in by_arm.values() if runs[0]["config"]["controller"]["kind"] == "sagc"]
-
-  def save(fig, name):
-    path = workdir / name
-    stamp(fig, machine)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
 
   # One G panel per SAGC arm: GRPO's and DAPO's G traces often coincide, and on one
   # panel DAPO's hid GRPO's. Lambda shares a panel, in line styles that keep both visible.
@@ -233,7 +242,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
   axes[-1].set_xlabel("step")
   for ax in axes:
     outside_legend(ax)
-  save(fig, "g_lambda.png")
+  paths.append(_save(fig, workdir / "g_lambda.png", machine))
 
   def algorithm(name):
     return (by_arm[name][0]["config"].get("learner") or {}).get("algorithm") or \
@@ -253,17 +262,9 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
     return fig, dict(zip(algorithms, axes[:, 0]))
 
   def band(axes, name, x, curves, low=-np.inf, high=np.inf):
-    """Mean over seeds with a 95% t band clipped to [low, high] (curves cut to the
-    shortest run)."""
-    n = min(len(c) for c in curves)
-    stats = [mean_ci([c[i] for c in curves]) for i in range(n)]
-    mean = np.array([m for m, _, _ in stats])
+    """``_mean_band`` of arm ``name`` on its algorithm's panel, in its variant's style."""
     k = variants.index(name.removeprefix(algorithm(name) + "_"))
-    ax = axes[algorithm(name)]
-    ax.plot(x[:n], mean, color=f"C{k}", label=f"{name} (n={len(curves)})", **line_style(k))
-    if len(curves) > 1:
-      lower, upper = rate_band(mean, np.array([h for _, h, _ in stats]), low, high)
-      ax.fill_between(x[:n], lower, upper, color=f"C{k}", alpha=0.15, lw=0)
+    _mean_band(axes[algorithm(name)], x, curves, k, name, low, high)
 
   events = sorted({a["config"]["controller"].get("event", "group") for a in arms})
   unit = {"group": "straggling groups / groups", "step": "steps with a straggler / steps"}
@@ -278,7 +279,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
     ax.set_ylim(-0.02, None)
     outside_legend(ax, fontsize=7)
   ax.set_xlabel("step")
-  save(fig, "stragglers.png")
+  paths.append(_save(fig, workdir / "stragglers.png", machine))
 
   fig, axes = panels("train reward (5-step mean)")
   for name, runs in by_arm.items():
@@ -291,7 +292,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
   for ax in axes.values():
     outside_legend(ax, fontsize=7)
   ax.set_xlabel("wall-clock s (cumulative step time, mean over seeds)")
-  save(fig, "reward_vs_time.png")
+  paths.append(_save(fig, workdir / "reward_vs_time.png", machine))
 
   fig, axes = plt.subplots(max(len(sagc), 1), 1, figsize=(10, 3 * max(len(sagc), 1)),
                            squeeze=False)
@@ -304,7 +305,7 @@ def plot_comparison(arms: Sequence[dict[str, Any]], workdir: Path,
     ax.set_title(arm["name"], fontsize=9)
     ax.set_ylabel("posterior mean p(G)")
     outside_legend(ax)
-  save(fig, "posterior.png")
+  paths.append(_save(fig, workdir / "posterior.png", machine))
   return paths
 
 
@@ -314,8 +315,6 @@ def plot_learning(rows: Sequence[dict[str, Any]], horizon: float, workdir: Path,
   the horizon H marked) and against steps (right), one row of panels per algorithm;
   per arm the mean over seeds of the curves linear between evaluations, with a 95%
   t band (``per_hour.learning_rows``)."""
-  from sagc_jax.control.tables import mean_ci
-
   plt = _pyplot()
   runs: dict[tuple[str, str], dict[int, list[dict[str, Any]]]] = {}
   for row in rows:
@@ -332,14 +331,9 @@ def plot_learning(rows: Sequence[dict[str, Any]], horizon: float, workdir: Path,
       curves = [sorted(points, key=lambda r: r[key]) for points in seeds.values()]
       end = min(c[-1][key] for c in curves)
       grid = np.linspace(0.0, end, 100)
-      ys = np.array([np.interp(grid, [r[key] for r in c], [r["sampled_accuracy"] for r in c])
-                     for c in curves])
-      stats = [mean_ci(ys[:, i]) for i in range(grid.size)]
-      mean = np.array([m for m, _, _ in stats])
-      ax.plot(grid, mean, color=f"C{k}", label=f"{arm} (n={len(curves)})", **line_style(k))
-      if len(curves) > 1:
-        lower, upper = rate_band(mean, np.array([h for _, h, _ in stats]))
-        ax.fill_between(grid, lower, upper, color=f"C{k}", alpha=0.15, lw=0)
+      ys = [np.interp(grid, [r[key] for r in c], [r["sampled_accuracy"] for r in c])
+            for c in curves]
+      _mean_band(ax, grid, ys, k, arm, 0.0, 1.0)
     row_axes[0].set_title(f"{algorithm}: against step time", fontsize=9)
     row_axes[1].set_title(f"{algorithm}: against steps", fontsize=9)
     row_axes[0].set_ylabel("held-out sampled accuracy")
@@ -349,11 +343,7 @@ def plot_learning(rows: Sequence[dict[str, Any]], horizon: float, workdir: Path,
     outside_legend(ax, fontsize=7)
   axes[-1, 0].set_xlabel("cumulative step time s")
   axes[-1, 1].set_xlabel("step")
-  path = workdir / "learning.png"
-  stamp(fig, machine)
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save(fig, workdir / "learning.png", machine)
 
 
 def plot_calibration(report: dict[str, Any], path: str | os.PathLike) -> None:
@@ -386,6 +376,4 @@ def plot_calibration(report: dict[str, Any], path: str | os.PathLike) -> None:
   right.set_xlabel(f"step time / {replay['reference']}'s "
                    f"({report['cost_model']}, {report['algorithm']})")
   fig.tight_layout()
-  stamp(fig)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path, dpi=110)

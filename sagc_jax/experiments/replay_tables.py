@@ -1,4 +1,4 @@
-"""Multi-seed tables of the replay engine (``control.replay``): ``simulate
+"""Multi-seed tables of the replay engine (``replay.entry_points``): ``simulate
 --claims_seeds N`` (the paper's claims in the synthetic world; every arm's
 measurements and the contextual controllers against SAGC in the prompt pool) and
 ``simulate --trace`` (every arm replaying real rollouts, per algorithm and tau,
@@ -7,7 +7,7 @@ against the largest static G).
 Seed k of a simulation runs with ``config.seed + k`` (lengths, pool, loader order) and
 ``controller.seed + k``; replicate k of a trace replay reseeds the replay and the
 controllers and resamples the trace's prompts (bootstrap by prompt), so its intervals
-hold the trace's own sampling error too. Tables: ``control.tables`` (mean ± 95%
+hold the trace's own sampling error too. Tables: ``base.stats`` (mean ± 95%
 Student-t half-width, seed-paired comparisons). Nothing here is tuned: the verdicts
 are a fixed function of the rows.
 """
@@ -19,15 +19,17 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from sagc_jax.control.engine import MEASURES
-from sagc_jax.control.replay import CONTEXTUAL, replay, simulate
-from sagc_jax.control.tables import Paired, arm_comparison
-from sagc_jax.control.trace import Trace
+from sagc_jax.replay.engine import MEASURES
+from sagc_jax.control.controller import arm_name, kind_needs
+from sagc_jax.replay.entry_points import default_kinds, replay_replicates, simulate
+from sagc_jax.base.stats import Paired, arm_comparison
+from sagc_jax.replay.trace import Trace
 from sagc_jax.experiments.claims import claims_markdown
-from sagc_jax.control.signals import (agree, measure_values, predictions, ranking_markdown,
+from sagc_jax.experiments.signals import (agree, measure_values, predictions, ranking_markdown,
                                       signals)
 
-__all__ = ["arm_rows", "claim_rows", "simulate_tables", "trace_tables"]
+__all__ = ["arm_rows", "claim_rows", "format_prompt_table", "format_table", "simulate_tables",
+           "trace_tables"]
 
 # The per-arm tables' columns, one a line: row key, format, title. Each table picks its keys.
 _TITLES = {key: (title, fmt) for key, fmt, title in (
@@ -129,35 +131,37 @@ def _seeded(config: Any, section: dict[str, Any], seeds: int
     yield k, seeded, dict(section, seed=section["seed"] + k)
 
 
-def simulate_tables(config: Any, section: dict[str, Any], seeds: int
-                    ) -> tuple[str, list[dict[str, Any]]]:
-  """The markdown over ``seeds`` simulations and its rows: the claims table
-  (``experiments.claims``) in the synthetic world; in the prompt pool, the per-arm
-  table and the contextual kinds against SAGC."""
+def simulate_tables(config: Any, section: dict[str, Any], seeds: int,
+                    kinds: Sequence[str] | None = None) -> tuple[str, list[dict[str, Any]]]:
+  """The markdown over ``seeds`` simulations of the static sizes and ``kinds`` (default:
+  ``default_kinds``) and its rows: the claims table (``experiments.claims``) in the
+  synthetic world; in the prompt pool, the per-arm table and the other kinds against
+  SAGC."""
   if "pool" not in config:
     rows = [r for k, seeded, sec in _seeded(config, section, seeds)
-            for r in claim_rows(simulate(seeded, sec), k)]
+            for r in claim_rows(simulate(seeded, sec, kinds), k)]
     return claims_markdown(rows), rows
   rows = [r for k, seeded, sec in _seeded(config, section, seeds)
-          for r in arm_rows(simulate(seeded, sec), k)]
-  arms = list(dict.fromkeys(r["arm"] for r in rows))
+          for r in arm_rows(simulate(seeded, sec, kinds), k)]
+  kinds = default_kinds(True) if kinds is None else kinds
   table = arm_comparison(
       rows, _POOL_COLUMNS, _POOL_PAIRED, reference="sagc",
-      others=[a for a in CONTEXTUAL if a != "sagc" and a in arms],
+      others=[arm_name(k) for k in kinds if k not in ("sagc", "static")],
       intro=f"Per arm, mean ± 95% CI over {len({r['seed'] for r in rows})} seeds:",
       against="Against SAGC, per seed then mean ± 95% CI:")
   return table, rows
 
 
-def _refused(arm: str, refill: bool) -> str:
-  """What the trainer says of an arm the replay runs anyway."""
-  if arm == "per_prompt":
-    why = ["one process only (sizes per prompt)"]
-    if refill:
-      why.append("refused with the refill sampler (rollout.refill_slots > 0); priced here "
-                 "as refill rows all the same")
-    return "; ".join(why)
-  return ""
+def _refused(kind: str | None, refill: bool) -> str:
+  """What the trainer says of a kind's arm the replay runs anyway (its ``needs``)."""
+  needs = kind_needs(kind) if kind else None
+  if needs is None or not (needs.one_process or needs.no_refill):
+    return ""
+  why = ["one process only (sizes per prompt)"] if needs.one_process else []
+  if needs.no_refill and refill:
+    why.append("refused with the refill sampler (rollout.refill_slots > 0); priced here "
+               "as refill rows all the same")
+  return "; ".join(why)
 
 
 def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
@@ -165,13 +169,17 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
                  steps: int, rollout: dict[str, Any], candidates: Sequence[int],
                  max_rounds: int, length_scale: float = 1.0, length_cap: int | None = None,
                  refill: bool = False, horizon_s: float | None = None,
-                 measures: Sequence[str] = tuple(MEASURES), log: Callable[[str], None] = print
+                 measures: Sequence[str] = tuple(MEASURES), kinds: Sequence[str] | None = None,
+                 log: Callable[[str], None] = print
                  ) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
   """The markdown tables and their rows of replaying ``traces`` (module docstring):
-  per algorithm and tau, the controller ``section`` with ``candidates`` and that tau,
-  for ``steps`` steps or until ``horizon_s`` of priced time. Also, per measure and
-  table (``<algorithm> tau <tau>``), the arms' values and ranking (``signals``) and the
-  predicted order of every pair of the static and SAGC arms (``predictions``)."""
+  per algorithm and tau, every static G and ``kinds`` (default ``default_kinds``) from
+  the controller ``section`` with ``candidates`` and that tau (also the measurement
+  tau), for ``steps`` steps or until ``horizon_s`` of priced time. Also, per measure
+  and table (``<algorithm> tau <tau>``), the arms' values and ranking (``signals``) and
+  the predicted order of every pair of arms (``predictions``)."""
+  kinds = default_kinds(True) if kinds is None else tuple(kinds)
+  kind_of = {arm_name(k): k for k in kinds}
   section = dict(section, candidates=tuple(candidates))
   rows: list[dict[str, Any]] = []
   sections = []
@@ -180,12 +188,12 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
   for algorithm in algorithms:
     for tau in taus:
       mine = []
-      for rep in range(replicates):
-        log(f"replay: {algorithm}, tau {tau:g}, replicate {rep + 1}/{replicates}")
-        result = replay(traces, dict(section, tau=float(tau), seed=int(section["seed"]) + rep),
-                        cost, rollout=rollout, steps=steps, dapo=algorithm == "dapo",
-                        max_rounds=max_rounds, seed=rep, bootstrap=True,
-                        length_scale=length_scale, length_cap=length_cap, horizon_s=horizon_s)
+      for rep, result in replay_replicates(
+          traces, dict(section, tau=float(tau)), cost, replicates=replicates, kinds=kinds,
+          log=log, progress=f"replay: {algorithm}, tau {tau:g}, replicate {{k}}/{replicates}",
+          rollout=rollout, steps=steps,
+          dapo=algorithm == "dapo", max_rounds=max_rounds, length_scale=length_scale,
+          length_cap=length_cap, horizon_s=horizon_s):
         for row in arm_rows(result, rep):
           s = result["summary"][row["arm"]]
           col = result["traces"][row["arm"]]
@@ -212,7 +220,48 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
           intro=f"**{algorithm.upper()}, tau {tau:g}**: per arm, mean ± 95% CI over "
                 f"{len({r['seed'] for r in mine})} replicates",
           against=f"Against {reference}, per replicate then mean ± 95% CI:",
-          extra=("trainer", lambda arm: _refused(arm, refill)))
-          + "\n\nThe arms under each learning measure (control.signals):\n\n"
+          extra=("trainer", lambda arm: _refused(kind_of.get(arm), refill)))
+          + "\n\nThe arms under each learning measure (experiments.signals):\n\n"
           + ranking_markdown(ranked))
   return "\n\n".join(sections), rows, found
+
+
+def format_table(result: dict[str, Any], section: dict[str, Any]) -> str:
+  """The synthetic world's comparison table (one line per arm) of the arms of the
+  controller ``section``."""
+  header = (f"{'arm':<12} {'groups':>7} {'steps':>7} {'wall_s':>10} {'rollout_s':>10} "
+            f"{'speedup':>8} {'mean_G':>7} {'log2_G':>7} {'pad_eff':>8}")
+  event = section["event"]
+  lines = [f"straggler rates: 'groups' = fraction of groups, 'steps' = fraction of steps "
+           f"with a straggler; the constraint uses {event!r}", header, "-" * len(header)]
+  for name, row in result["summary"].items():
+    lines.append(
+        f"{name:<12} {row['group_straggler_rate']:>7.3f} {row['step_straggler_rate']:>7.3f} "
+        f"{row['wall_clock_s']:>10.1f} "
+        f"{row['rollout_s']:>10.1f} {row['speedup_vs_largest_static']:>8.2f} "
+        f"{row['mean_g']:>7.2f} {row['mean_log2_g']:>7.3f} {row['padding_efficiency']:>8.3f}")
+  best = result["best_fixed_mixture_log2_g"]
+  delta = section["delta"]
+  lines.append(f"best fixed randomised G with {event} straggler rate <= {delta}: mean log2 G = "
+               + ("infeasible" if best is None else f"{best:.3f}"))
+  return "\n".join(lines)
+
+
+def format_prompt_table(result: dict[str, Any]) -> str:
+  """The prompt pool's table, one line per arm: rates, wall-clock, signal proxies, mean
+  G, controller cost."""
+  header = (f"{'arm':<13} {'groups':>6} {'steps':>6} {'wall_h':>7} {'signal':>8} "
+            f"{'informative':>11} {'mean_G':>6} {'t_target_h':>10} {'sig@equal_t':>11} "
+            f"{'ctrl_us':>8}")
+  lines = [header, "-" * len(header)]
+  for name, row in result["summary"].items():
+    lines.append(
+        f"{name:<13} {row['group_straggler_rate']:>6.3f} {row['step_straggler_rate']:>6.3f} "
+        f"{row['wall_clock_s'] / 3600:>7.2f} {row['signal']:>8.0f} "
+        f"{row['informative_groups']:>11.0f} {row['mean_g']:>6.2f} "
+        f"{row['time_to_target_s'] / 3600:>10.2f} {row['signal_at_equal_time']:>11.0f} "
+        f"{row['controller_us']:>8.1f}")
+  first = next(iter(result["summary"].values()))
+  lines.append(f"target signal {first['target_signal']:.0f} (smallest final signal of any arm); "
+               f"equal wall-clock {first['equal_time_s'] / 3600:.2f} h (shortest run)")
+  return "\n".join(lines)

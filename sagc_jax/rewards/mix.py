@@ -66,11 +66,11 @@ class RewardTerm(NamedTuple):
 
 
 class _CallFailed(Exception):
-  pass
+  """A user term's call raised, crashed its worker or returned something malformed."""
 
 
 class _CallTimedOut(_CallFailed):
-  pass
+  """A user term's call overran ``reward.timeout_s`` (its worker was killed)."""
 
 
 # Largest |value| a user term may return. The learner's advantages are float32 group

@@ -36,7 +36,6 @@ import orbax.checkpoint as ocp
 from sagc_jax.runtime.distributed import barrier, to_host
 from sagc_jax.runtime.storage import run_path
 
-_ITEMS = ("params", "opt_state", "meta")
 _QUARANTINE_PREFIX = "corrupt-"
 
 
@@ -163,6 +162,17 @@ def checksum_mismatch(tree: Any, saved: list[list[int]], item: str) -> str | Non
   more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
   return (f"the content checksum of {item}/{', '.join(bad[:3])}{more} differs from the one "
           "written at save")
+
+
+def _verify(restored: Any, sums: dict[str, Any] | None, items: tuple[str, ...]) -> None:
+  """Raises ``ValueError`` naming the damage of a restored step: an item of ``items``
+  whose content checksums (when saved) differ, or weights that are not finite."""
+  for item in items if sums else ():
+    problem = checksum_mismatch(getattr(restored, item), sums[item], item)
+    if problem:
+      raise ValueError(problem)
+  if not all_finite(restored.params):
+    raise ValueError("its weights restored with NaN or inf values")
 
 
 def all_finite(tree: Any) -> bool:
@@ -295,12 +305,7 @@ class Checkpointer:
         # The checksums first: they name the damaged array (garbage in a compressed
         # data file mostly decodes to NaN / inf, which the finiteness check cannot name).
         sums = meta.pop("checksums", None)        # absent in checkpoints from before them
-        for item in ("params", "opt_state") if sums else ():
-          problem = checksum_mismatch(getattr(restored, item), sums[item], item)
-          if problem:
-            raise ValueError(problem)
-        if not all_finite(restored.params):
-          raise ValueError("its weights restored with NaN or inf values")
+        _verify(restored, sums, ("params", "opt_state"))
         if sums:
           self.verified_step = step
       except Exception as err:  # noqa: BLE001 - any failure here means "this step is damaged"
@@ -332,12 +337,7 @@ class Checkpointer:
                            f"{self.directory}")
         restored = self._manager.restore(candidate, args=ocp.args.Composite(
             params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore()))
-        sums = dict(restored.meta).get("checksums")
-        problem = sums and checksum_mismatch(restored.params, sums["params"], "params")
-        if problem:
-          raise ValueError(problem)
-        if not all_finite(restored.params):
-          raise ValueError("its weights restored with NaN or inf values")
+        _verify(restored, dict(restored.meta).get("checksums"), ("params",))
         return candidate, restored.params
       except Exception as err:  # noqa: BLE001 - a damaged step: try the previous one
         why = f"{type(err).__name__}: {str(err)[:300]}"

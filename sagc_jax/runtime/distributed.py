@@ -171,10 +171,6 @@ def assert_same_on_all(value: Any, what: str) -> None:
                        "the replicated controller diverged")
 
 
-def _shard_bounds(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-  return tuple(sl.indices(dim)[:2] for sl, dim in zip(index, shape))
-
-
 def _gather_shards(x: jax.Array) -> np.ndarray:
   """A sharded multi-process array as one host array, through the byte gather.
 
@@ -184,7 +180,7 @@ def _gather_shards(x: jax.Array) -> np.ndarray:
   """
   pieces, seen = [], set()
   for shard in x.addressable_shards:
-    bounds = _shard_bounds(shard.index, x.shape)
+    bounds = tuple(sl.indices(dim)[:2] for sl, dim in zip(shard.index, x.shape))
     if bounds not in seen:
       seen.add(bounds)
       pieces.append((bounds, np.ascontiguousarray(np.asarray(shard.data))))

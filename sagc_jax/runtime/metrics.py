@@ -37,8 +37,8 @@ from sagc_jax.runtime.storage import FolderUpload, is_remote, line_file, run_pat
 __all__ = ["MetricsWriteError", "MetricsWriter", "deterministic_view", "load_evaluation_before_rl",
            "load_history", "parse_jsonl", "read_jsonl", "summarize"]
 
-_TIMING_KEYS = ("time_rollout_s", "time_reward_s", "time_reward_overlapped_s", "time_learner_s",
-                "time_total_s", "learner_seconds", "eval_seconds")
+# Wall-clock fields besides the ``time_*`` ones.
+_TIMING_KEYS = ("learner_seconds", "eval_seconds", "learner/learner_seconds")
 
 KEY_FIGURES = (("G", "g", "{:.0f}"), ("lam", "lambda", "{:.2f}"),
                ("strag", "group_straggler_rate", "{:.2f}"), ("S_t", "step_straggler", "{:.0f}"),
@@ -180,9 +180,8 @@ class MetricsWriter:
     to TensorBoard and W&B: an evaluation of a step that was logged before it ran."""
     if not self.enabled:
       return
-    lines = []
-    for line, row in parse_jsonl(self._jsonl.lines, self._jsonl.path, lambda m: None):
-      lines.append(json.dumps({**row, **values}) if row.get("step") == step else line)
+    lines = [json.dumps({**row, **values}) if row.get("step") == step else line
+             for line, row in parse_jsonl(self._jsonl.lines, self._jsonl.path, lambda m: None)]
     with _writing(self._jsonl.path):
       self._jsonl.replace(lines)
     self._publish(step, values)
@@ -240,14 +239,14 @@ class MetricsWriter:
       self._start = time.perf_counter() - row.get("time_total_s", 0.0)
     done = step - self._first_step
     elapsed = time.perf_counter() - self._start
-    remaining = (self.total_steps - step) * elapsed / max(done, 1)
+    eta = int(max((self.total_steps - step) * elapsed / max(done, 1), 0))
     width = 20
     filled = int(width * step / max(self.total_steps, 1))
     bar = "#" * filled + "." * (width - filled)
     figures = "  ".join(f"{label} {fmt.format(row[key])}" for label, key, fmt in KEY_FIGURES
                         if key in row and row[key] is not None)
-    self.stream.write(f"[{bar}] step {step}/{self.total_steps}  eta {_clock(remaining)}  "
-                      f"{figures}\n")
+    self.stream.write(f"[{bar}] step {step}/{self.total_steps}  eta {eta // 60:d}m"
+                      f"{eta % 60:02d}s  {figures}\n")
     self.stream.flush()
 
   def log(self, message: str) -> None:
@@ -283,11 +282,6 @@ def _completion_markdown(record: dict[str, Any]) -> str:
           f"correct {record['correct']}, {record['length']} tokens, answer "
           f"`{record['answer']}`\n\n    " + record["prompt"].replace("\n", "\n    ")
           + "\n\n    " + record["completion"].replace("\n", "\n    "))
-
-
-def _clock(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  return f"{seconds // 60:d}m{seconds % 60:02d}s"
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -337,8 +331,7 @@ def finished_summary(workdir: Any, train: Any) -> dict | None:
 
 def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:
   """A metrics row without wall-clock fields (what exact resume must reproduce)."""
-  return {k: v for k, v in row.items() if k not in _TIMING_KEYS
-          and not k.startswith("time_") and k != "learner/learner_seconds"}
+  return {k: v for k, v in row.items() if k not in _TIMING_KEYS and not k.startswith("time_")}
 
 
 def load_history(workdir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -141,10 +141,6 @@ def _mount_point(path: Path) -> Path:
   return path
 
 
-def _folder_bytes(folder: Path) -> int:
-  return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
 class DiskFullError(OSError):
   """ENOSPC, told as one sentence (its ``str`` is the message, without "[Errno 28]")."""
 
@@ -170,9 +166,10 @@ def copy_folder(source: Path, dest: Path) -> None:
       raise
     disk = _mount_point(dest.parent)
     free = shutil.disk_usage(dest.parent).free
+    needed = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
     raise DiskFullError(errno.ENOSPC, (
         f"the disk at {disk} is full: copying {source} to {dest.parent} needs "
-        f"{_folder_bytes(source) / 2**20:.1f} MiB and {free / 2**20:.1f} MiB are free "
+        f"{needed / 2**20:.1f} MiB and {free / 2**20:.1f} MiB are free "
         "(the partial copy was removed); free space there or choose another folder, "
         "then rerun")) from None
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from sagc_jax.config import RunConfig, base_config, run_config
-from sagc_jax.control.controller import straggler_flags
+from sagc_jax.control.stragglers import chunk_groups, random_step_rate, straggler_flags
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.runtime.storage import cache_root, local_mirror
@@ -119,8 +119,7 @@ class Evaluator:
       out.update(length_stats(f"eval_k{k}_response_len", k_lengths))
       out[f"eval_k{k}_response_len_p99"] = float(np.percentile(k_lengths, 99))
       out.update(straggler_profile(k_lengths, config.controller.tau,
-                                   config.rollout.rollouts_per_step,
-                                   config.group_sizes()))
+                                   config.rollout.prompts_for, config.group_sizes()))
     out["eval_seconds"] = time.perf_counter() - start
     return out
 
@@ -133,39 +132,31 @@ def length_stats(prefix: str, lengths: np.ndarray) -> dict[str, float]:
           f"{prefix}_p90": float(np.percentile(lengths, 90)), f"{prefix}_max": float(lengths.max())}
 
 
-def straggler_profile(lengths: np.ndarray, tau: float, rollouts_per_step: int,
+def straggler_profile(lengths: np.ndarray, tau: float, groups_per_step: Callable[[int], int],
                       sizes: tuple[int, ...]) -> dict[str, float]:
   """The policy's natural straggler statistics from k samples per example, at each
-  group size G in ``sizes`` with G <= k.
-
-  The k samples of a prompt are independent draws, so its k // G disjoint chunks
-  of G are k // G groups of size G. Per G: the max/median ratio's p50 / p90 / max
-  over all groups, the group straggler rate (share of groups with max > tau *
-  median, SAGC's event, ``control.controller.straggler_flags``) and the step
-  straggler rate (the seed paper's S_t: share of steps in which any group
-  straggles). A step holds ``rollouts_per_step // G`` groups of different prompts
-  (chunk c of every prompt, then chunk c + 1, ...); a last partial step is dropped.
-  """
+  group size G in ``sizes`` with G <= k, measured by ``control.stragglers`` as a
+  trace's are: groups are the disjoint chunks of G of each example's k draws; per G the
+  max/median ratio's p50 / p90 / max over all groups, the group straggler rate and the
+  step straggler rate (the seed paper's S_t) of steps of ``groups_per_step(G)``
+  groups of different examples (the run's P(G))."""
   lengths = np.asarray(lengths, np.float64)
-  n, k = lengths.shape
   out: dict[str, float] = {"eval_straggler_tau": float(tau)}
   for g in sizes:
-    if g > k:
+    if g > lengths.shape[1]:
       continue
-    chunks = lengths[:, :k // g * g].reshape(n, k // g, g).transpose(1, 0, 2).reshape(-1, g)
-    gmax, gmed = chunks.max(axis=1), np.median(chunks, axis=1)
+    gmax, gmed = chunk_groups(lengths, g)
     flags = straggler_flags(gmax, gmed, tau)
     ratio = gmax / np.maximum(gmed, 1.0)
-    per_step = max(rollouts_per_step // g, 1)
-    steps = flags[:len(flags) // per_step * per_step].reshape(-1, per_step)
+    per_step = groups_per_step(g)
+    rng = np.random.Generator(np.random.PCG64([0, 17, g]))
     out.update({f"eval_g{g}_ratio_p50": float(np.percentile(ratio, 50)),
                 f"eval_g{g}_ratio_p90": float(np.percentile(ratio, 90)),
                 f"eval_g{g}_ratio_max": float(ratio.max()),
                 f"eval_g{g}_group_straggler_rate": float(flags.mean()),
-                f"eval_g{g}_groups": float(len(flags)),
-                f"eval_g{g}_step_straggler_rate": (float(steps.any(axis=1).mean())
-                                                   if len(steps) else float("nan")),
-                f"eval_g{g}_steps": float(len(steps))})
+                f"eval_g{g}_groups": float(flags.size),
+                f"eval_g{g}_step_straggler_rate": random_step_rate(flags, per_step, rng),
+                f"eval_g{g}_groups_per_step": float(per_step)})
   return out
 
 

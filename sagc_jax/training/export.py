@@ -26,8 +26,9 @@ from sagc_jax.training.evaluation import load_run_config, reader_config
 from sagc_jax.training.inputs import load_checkpoint_weights, policy_source
 from sagc_jax.training.warm_start import SFT_MARKER
 
-# Files of the base folder that the export replaces (weights and the model config).
-_REPLACED = ("config.json", "model.safetensors", "model.safetensors.index.json")
+# Files of the base folder the export leaves out besides weights (``*.safetensors``,
+# ``*.bin``) and hidden ones: what it writes anew, and the warm start's marker.
+_REPLACED = ("config.json", "model.safetensors.index.json", SFT_MARKER)
 
 
 def base_folder(config: Any, workdir: str, base: str | None = None) -> Path:
@@ -112,7 +113,7 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
       local.mkdir(parents=True)
       for path in sorted(folder.iterdir()):
         if path.is_file() and path.name not in _REPLACED and not path.name.startswith(".") \
-            and not path.name.endswith((".safetensors", ".bin")) and path.name != "sft_done.json":
+            and not path.name.endswith((".safetensors", ".bin")):
           shutil.copy2(path, local / path.name)
     save_pretrained(model, cfg, local)
     if not writer:
@@ -130,8 +131,7 @@ def write_hf_folder(model: Any, cfg: Any, folder: Path | None, out: str, *,
     else:
       target = Path(out).absolute()
       if target.exists() and replace:
-        old = Path(tmp) / "replaced"
-        target.rename(old)             # removed with the temporary directory
+        target.rename(Path(tmp) / "replaced")    # removed with the temporary directory
       local.rename(target)
   return files
 

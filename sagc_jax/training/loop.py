@@ -41,7 +41,7 @@ from sagc_jax.training.build import build_components, largest_host_gather
 from sagc_jax.training.evaluation import Evaluator
 from sagc_jax.training.export import prepare_export_root
 from sagc_jax.training.inputs import build_run_inputs, configure_compilation_cache
-from sagc_jax.training.run_state import RunState, evaluation_due, write_run_config
+from sagc_jax.training.run_state import RunState, budget_spent, evaluation_due, write_run_config
 from sagc_jax.training.step import RLStep, StepResult
 from sagc_jax.training.supervisor import Supervisor
 
@@ -102,7 +102,10 @@ class Trainer:
                                shard_index=jax.process_index(), num_shards=jax.process_count())
     self.controller = config.build_controller()
     processes = jax.process_count()
-    self.controller.check_process_count(processes)
+    if config.controller.needs.one_process and processes > 1:
+      raise ValueError(f"controller.kind={config.controller.kind!r} runs on one process (this "
+                       f"run has {processes}); use 'prompt_aware' or 'sagc' on several "
+                       "processes")
     uneven = [g for g in config.group_sizes() if config.rollout.prompts_for(g) % processes]
     if uneven:
       raise ValueError(f"prompts per step for G={uneven} do not split over {processes} "
@@ -214,11 +217,12 @@ class Trainer:
     # on its own, maybe during warm-up): one leaving alone would wait forever in a
     # collective the others never enter.
     stop = self.supervisor.agree_on_stop(self.log)
-    if self.state.budget_spent(c.train):
+    spent = budget_spent(c.train, self.state.step_seconds())   # then from each step's row
+    if spent:
       self.log(f"the time budget is spent: {self.state.step_seconds():.1f} s of step time "
                f"by step {self.step} (train.time_budget_s={c.train.time_budget_s:g}); "
                "raise it to train on")
-    while self.step < end and not stop and not self.state.budget_spent(c.train):
+    while self.step < end and not stop and not spent:
       before_s = self.state.step_seconds()
       try:
         result = self.train_step()
@@ -230,7 +234,7 @@ class Trainer:
         break
       row, interrupted = result.row, False
       row["time_cumulative_s"] = before_s + row["time_total_s"]
-      spent = bool(c.train.time_budget_s) and row["time_cumulative_s"] >= c.train.time_budget_s
+      spent = budget_spent(c.train, row["time_cumulative_s"])
       if spent:
         self.log(f"step {self.step}: the time budget is spent ({row['time_cumulative_s']:.1f} "
                  f"s of step time, train.time_budget_s={c.train.time_budget_s:g}); this is "

@@ -24,7 +24,7 @@ from sagc_jax.runtime import distributed
 from sagc_jax.training.evaluation import paired_gain
 from sagc_jax.runtime.metrics import summarize
 
-__all__ = ["RunState", "config_changes", "evaluation_due", "write_run_config"]
+__all__ = ["RunState", "budget_spent", "config_changes", "evaluation_due", "write_run_config"]
 
 
 def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -58,6 +58,13 @@ def write_run_config(config: Any, workdir: Any, *, resuming: bool,
   path.write_text(new)
 
 
+def budget_spent(train: Any, seconds: float) -> bool:
+  """Whether ``seconds`` of cumulative step time have used ``train.time_budget_s``
+  (never, without a budget): the one rule for where a time-boxed run ends, read by
+  the loop, the evaluation schedule and the summary alike."""
+  return bool(train.time_budget_s) and seconds >= train.time_budget_s
+
+
 def evaluation_due(train: Any, step: int, before_s: float, after_s: float) -> bool:
   """Whether step ``step``, which took the run's cumulative step time from
   ``before_s`` to ``after_s``, is followed by an evaluation: every
@@ -67,10 +74,10 @@ def evaluation_due(train: Any, step: int, before_s: float, after_s: float) -> bo
   if step % train.eval_every == 0 or step == train.steps:
     return True
   budget, points = train.time_budget_s, train.eval_points
+  if budget_spent(train, after_s):
+    return True
   if not budget:
     return False
-  if after_s >= budget:
-    return True
 
   def passed(seconds: float) -> int:          # points j * budget / points <= seconds
     return min(points, math.floor(seconds * points / budget))
@@ -127,10 +134,6 @@ class RunState:
   def step_seconds(self) -> float:
     """The run's cumulative step time: what ``train.time_budget_s`` is spent on."""
     return float(sum(row["time_total_s"] for row in self.history))
-
-  def budget_spent(self, train: Any) -> bool:
-    """The run has used its ``train.time_budget_s`` (never, without a budget)."""
-    return bool(train.time_budget_s) and self.step_seconds() >= train.time_budget_s
 
   def evaluation_missing(self, train: Any) -> bool:
     """The restored step was due an evaluation (``evaluation_due``) that the history
@@ -221,7 +224,8 @@ class RunState:
     out: dict[str, Any] = {**summarize(self.history), "steps": self.step,
                            "preempted": preempted}
     if train.time_budget_s:
-      out.update(time_budget_s=train.time_budget_s, budget_spent=self.budget_spent(train))
+      out.update(time_budget_s=train.time_budget_s,
+                 budget_spent=budget_spent(train, self.step_seconds()))
     if self.eval_history:
       first, last = self.eval_history[0], self.eval_history[-1]
       after = last["step"] > first["step"]        # an evaluation after RL exists

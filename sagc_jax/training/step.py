@@ -8,7 +8,8 @@
                                                             #   the tail's decoding)
     batch = rollout_batch(samples, rewards)                 # DAPO: rounds of informative groups
     learner.update(batch)                                   # advantages, loss, optax
-    controller.observe_step(max, median of every round's groups)   # + prompt ids, pass rates
+    controller.observe_step(max, median of every round's groups)   # + prompt ids, rewards,
+                                                            #   the step's seconds
 
 Every controller kind is called through one protocol (``control.protocol``). The
 contextual kinds (docs/controllers.md) read the step's upcoming prompts when they
@@ -40,7 +41,8 @@ from sagc_jax.runtime.stop import StopRequested
 from sagc_jax.training.build import RLComponents, rollout_batch
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import Controller
-from sagc_jax.control.protocol import StepGroups
+from sagc_jax.control.protocol import StepGroups, StepTime
+from sagc_jax.control.stragglers import step_straggler_stats
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.rl.dynamic_sampling import collect_informative_groups
@@ -191,20 +193,24 @@ class RLStep:
       with phase("update"):
         learner_metrics = self.components.learner.update(batch, seed=self.config.seed)
     time_learner = time.perf_counter() - t_learn
-    groups = step_groups(rounds)
-    controller_metrics = self.controller.observe_step(groups)   # the one place it observes
+    # Process 0's seconds on every process: every process's controller decides alike,
+    # and a time budget (train.time_budget_s) ends every process at the same step.
+    rollout_s, time_learner, time_total = (float(x) for x in distributed.allgather_rows(
+        np.array([[sum(r.rollout_s + r.reward_s for r in rounds), time_learner,
+                   time.perf_counter() - start]]))[0])
+    groups = step_groups(rounds, StepTime(rollout_s, time_learner, time_total))
+    controller = self.config.controller
+    measured = step_straggler_stats(groups.group_max, groups.group_median, groups.group_sizes,
+                                    tau=controller.tau, event=controller.event)
+    diagnostics = self.controller.observe_step(groups)   # the one place it observes
     compiled = collections.Counter(compilation.counts_by_function()) - compiles_before
     if compiled:     # after warm-up every program should exist: name what did not
       log(f"step {step + 1}: {sum(compiled.values())} new compilation(s): "
           + ", ".join(f"{name} x{n}" for name, n in sorted(compiled.items())))
-    row = metrics_row(step + 1, controller_metrics, groups, rounds,
+    row = metrics_row(step + 1, {**measured, **diagnostics}, groups, rounds,
                       prompts=self.config.rollout.prompts_for(g), rows=rows,
                       learner_metrics=learner_metrics, update_skipped=batch is None,
-                      time_learner=time_learner,
-                      # Process 0's step time on every process: a time budget
-                      # (train.time_budget_s) must end every process at the same step.
-                      time_total=float(distributed.allgather_rows(
-                          np.array([time.perf_counter() - start]))[0]),
+                      time_learner=time_learner, time_total=time_total,
                       compiled=compiled, term_names=self.inputs.reward_fn.term_names)
     # The first round's sampled completions, for the run's completion log.
     return StepResult(row, rounds[0].records)
@@ -216,7 +222,7 @@ class RLStep:
     g, sizes = plan.group_size, plan.sizes
     if sizes is not None:
       # Sizes per prompt of the context (in the step's prompt order; such a plan runs
-      # on one process, ``check_process_count``).
+      # on one process: its kind's ``needs.one_process``).
       distributed.assert_same_on_all(int(sizes @ np.arange(1, sizes.size + 1)),
                                      f"the group sizes of step {step + 1}")
     distributed.assert_same_on_all(g, f"the group size of step {step + 1}")
@@ -252,15 +258,18 @@ class RLStep:
     return BatchContext(interleave(ids), interleave(lengths))
 
 
-def step_groups(rounds: list[RoundStats]) -> StepGroups:
-  """What the controller observes of a step: every round's groups, in order."""
+def step_groups(rounds: list[RoundStats], seconds: StepTime | None = None) -> StepGroups:
+  """What the controller observes of a step: every round's groups, in order, with their
+  rewards, and the step's ``seconds``."""
   sizes = np.concatenate([r.group_sizes for r in rounds])
   correct = np.concatenate([r.rewards.correct for r in rounds]).astype(np.float64)
+  scores = np.concatenate([r.rewards.scores for r in rounds]).astype(np.float64)
   return StepGroups(np.concatenate([r.group_max for r in rounds]),
                     np.concatenate([r.group_median for r in rounds]),
                     prompt_ids=np.concatenate([r.prompt_ids for r in rounds]),
                     pass_rates=np.add.reduceat(correct, np.cumsum(sizes) - sizes) / sizes,
-                    group_sizes=sizes)
+                    group_sizes=sizes, rewards=np.split(scores, np.cumsum(sizes)[:-1]),
+                    time=seconds)
 
 
 def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGroups,

@@ -1,4 +1,4 @@
-"""Records a rollout trace of a run's policy (``control.trace``): what calibrate samples.
+"""Records a rollout trace of a run's policy (``replay.trace``): what calibrate samples.
 
 K responses for each of N prompts of the held-out split, drawn with the run's own
 sampling settings (temperature, top-p/k, response cap, stop tokens) through the
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sagc_jax.control.trace import trace_record, write_trace
+from sagc_jax.replay.trace import trace_record, write_trace
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime.seeding import seed_for
 from sagc_jax.training.build import build_eval_samplers
@@ -46,10 +46,6 @@ __all__ = ["fit_decode_cost", "fit_learner_cost", "record_trace", "time_step",
 STEP_REPEATS = 3              # timed sampler calls and updates per G, after a warm-up one
 
 PROGRESS_SECONDS = 10.0
-
-
-def _largest_divisor_at_most(n: int, limit: int) -> int:
-  return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -69,6 +65,12 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def _machine() -> str:
   return " ".join(filter(None, (platform.machine(), platform.processor(),
                                 f"{os.cpu_count()} cores")))
+
+
+def _call_cost(samples) -> dict[str, Any]:
+  """What the decode-cost fit reads of one sampler call."""
+  return {"rows": int(samples.num_rows), "decode_steps": int(samples.decode_steps),
+          "decode_slots": int(samples.decode_slots), "seconds": float(samples.seconds)}
 
 
 def fit_decode_cost(calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -116,10 +118,7 @@ def time_step(config: Any, inputs: Any, log: Callable[[str], None] = print
       samples = parts.sampler.generate(inputs.model, encoded, g,
                                        seed=seed_for(config.seed, 7927, g, repeat))
       if repeat:
-        calls.append({"g": int(g), "rows": int(samples.num_rows),
-                      "decode_steps": int(samples.decode_steps),
-                      "decode_slots": int(samples.decode_slots),
-                      "seconds": float(samples.seconds)})
+        calls.append({"g": int(g), **_call_cost(samples)})
     answers = [ex["answer"] for ex in examples for _ in range(g)]
     batch = rollout_batch(samples, inputs.reward_fn(inputs.decode(samples), answers).scores)
     rows = samples.num_rows
@@ -191,7 +190,9 @@ def record_trace(config: Any, out: Path, *, workdir: Any = None, prompts: int = 
   """Samples the trace of ``config``'s policy (``workdir``'s newest checkpoint when
   given) into ``out/trace.jsonl`` and returns its path (module docstring)."""
   values = config.to_dict()
-  chunk = _largest_divisor_at_most(responses, values["rollout"]["eval_batch"])
+  # Responses per prompt in one call: the largest divisor of ``responses`` the batch holds.
+  chunk = max(d for d in range(1, min(responses, values["rollout"]["eval_batch"]) + 1)
+              if responses % d == 0)
   values["train"]["eval_k"] = max(chunk, 2)       # the sampled sampler's group size
   config = reader_config(values)
   out.mkdir(parents=True, exist_ok=True)
@@ -247,8 +248,8 @@ def _sample_batch(inputs, sampler, config, lo: int, hi: int, responses: int,
   examples = [inputs.eval_source[i] for i in range(lo, hi)]
   encoded = inputs.encode(examples)
   cap, stops = config.rollout.max_new_tokens, np.asarray(inputs.stop_ids)
-  per_prompt = {key: [[] for _ in examples] for key in ("lengths", "rewards", "correct",
-                                                        "truncated")}
+  keys = ("lengths", "rewards", "correct", "truncated")
+  columns = {key: [] for key in keys}       # per call: [prompts, chunk]
   calls = []
   for rep in range(responses // chunk):
     samples = sampler.generate(inputs.model, encoded, chunk,
@@ -260,14 +261,10 @@ def _sample_batch(inputs, sampler, config, lo: int, hi: int, responses: int,
     texts = inputs.decode(samples)
     answers = [ex["answer"] for ex in examples for _ in range(chunk)]
     reward = inputs.reward_fn(texts, answers)
-    for key, value in (("lengths", lengths), ("rewards", reward.scores),
-                       ("correct", reward.correct), ("truncated", truncated)):
-      for i, row in enumerate(np.asarray(value).reshape(len(examples), chunk)):
-        per_prompt[key][i].extend(row.tolist())
-    calls.append({"rows": rows, "decode_steps": int(samples.decode_steps),
-                  "decode_slots": int(samples.decode_slots), "seconds": float(samples.seconds)})
-  records = [trace_record(lo + i, len(encoded[i]), *(per_prompt[key][i] for key in
-                                                     ("lengths", "rewards", "correct",
-                                                      "truncated")))
+    for key, value in zip(keys, (lengths, reward.scores, reward.correct, truncated)):
+      columns[key].append(np.asarray(value).reshape(len(examples), chunk))
+    calls.append(_call_cost(samples))
+  per_prompt = [np.concatenate(columns[key], axis=1) for key in keys]
+  records = [trace_record(lo + i, len(encoded[i]), *(column[i] for column in per_prompt))
              for i in range(len(examples))]
   return {"records": records, "calls": calls}

@@ -1,14 +1,14 @@
 """Calibration of SAGC on a policy's own rollouts: ``python -m sagc_jax.calibrate``'s report.
 
-From a trace (``control.trace``) it measures the length distribution, the group and
+From a trace (``replay.trace``) it measures the length distribution, the group and
 step straggler probabilities per candidate G at the run's ``tau`` (bootstrap
 intervals by prompt) and how they move with ``tau``; then it recommends a setting.
 
 The rule (docs/calibrate.md): a setting is judged by what it costs, not by how far
 apart the candidates' rates are. Every SAGC setting of a ``tau`` x ``delta`` grid and
-every static G replay the trace (the replay engine's trace world, ``control.replay``:
+every static G replay the trace (the replay engine's trace world, ``replay.entry_points``:
 the run's rollout budget and algorithm, the chosen cost model, bootstrap replicates).
-The report ranks them under every learning measure (``control.signals``), and
+The report ranks them under every learning measure (``experiments.signals``), and
 recommends the setting that gathers the most of a measure per hour of priced time
 only under a measure that passed its check against measured learning on two
 workloads (``validated``; docs/results.md holds the checks). Otherwise it withholds
@@ -30,11 +30,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sagc_jax.control.budget import ROLLOUT_MODES, prompts_for
-from sagc_jax.control.engine import sagc_arm_name
-from sagc_jax.control.signals import agree, chosen, measure_values, signals
-from sagc_jax.control.replay import replay
-from sagc_jax.control.tables import arm_intervals
-from sagc_jax.control.trace import Trace, length_summary, straggler_rates, tau_curve
+from sagc_jax.replay.engine import sagc_arm_name
+from sagc_jax.experiments.signals import agree, chosen, measure_values, signals
+from sagc_jax.replay.entry_points import replay_replicates
+from sagc_jax.base.stats import arm_intervals
+from sagc_jax.replay.trace import Trace, length_summary, straggler_rates, tau_curve
 
 __all__ = ["DELTAS", "TAUS", "calibration_report", "format_report", "observed_rates",
            "prediction_check"]
@@ -50,7 +50,8 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
                        length_cap: int | None = None, steps: int = 200, replicates: int = 10,
                        taus: Sequence[float] = TAUS, deltas: Sequence[float] = DELTAS,
                        validated: Sequence[str] = (), measures: Sequence[str] = (),
-                       log: Callable[[str], None] = print) -> dict[str, Any]:
+                       kinds: Sequence[str] = (), log: Callable[[str], None] = print
+                       ) -> dict[str, Any]:
   """The calibration report of ``trace`` (module docstring): the controllers are the
   complete controller ``section`` of the traced run (``ControllerSection.to_dict()``),
   replayed under ``rollout`` (the budget P(G) the replay and the step rates use),
@@ -71,14 +72,14 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
   dapo = bool(header.get("learner", {}).get("dynamic_sampling", False))
   taus = sorted({*map(float, taus), tau})
   rows = []
-  for rep in range(replicates):
-    log(f"calibrate: replaying {len(taus) * len(deltas)} SAGC settings and "
-        f"{len(candidates)} static G, replicate {rep + 1}/{replicates} ({steps} steps)")
-    reseeded = dict(controller, seed=int(controller["seed"]) + rep,
-                    candidates=tuple(candidates))
-    result = replay([trace], reseeded, cost, rollout=rollout, steps=steps, dapo=dapo,
-                    max_rounds=max_rounds, kinds=(), grid=[(t, d) for t in taus for d in deltas],
-                    seed=rep, bootstrap=True, length_scale=length_scale, length_cap=length_cap)
+  for rep, result in replay_replicates(
+      [trace], dict(controller, candidates=tuple(candidates)), cost, replicates=replicates,
+      log=log, progress=f"calibrate: replaying {len(taus) * len(deltas)} SAGC settings and "
+      f"{len(candidates)} static G{' and ' + ', '.join(kinds) if kinds else ''}, replicate "
+      f"{{k}}/{replicates} ({steps} steps)",
+      rollout=rollout, steps=steps, dapo=dapo, max_rounds=max_rounds, kinds=kinds,
+      grid=[(t, d) for t in taus for d in deltas], length_scale=length_scale,
+      length_cap=length_cap):
     rows += [dict(s, **measure_values(s), arm=arm, seed=rep, step_s=s["wall_clock_s"] / steps)
              for arm, s in result["summary"].items()]
   reference = f"static_G{max(candidates)}"
@@ -128,7 +129,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
       "straggler_rates": rates,
       "tau_curve": tau_curve(trace, candidates, CURVE_TAUS),
       "rule": "the most of a validated learning measure per hour of priced time "
-              "(control.signals); withheld when no measure is validated",
+              "(experiments.signals); withheld when no measure is validated",
       "replay": {"steps": steps, "replicates": replicates, "taus": taus,
                  "deltas": list(deltas), "arms": table, "reference": reference},
       "signals": found, "measures_agree": agree(found), "validated": list(validated),
@@ -147,12 +148,10 @@ def straggler_savings(trace: Trace, cost: Callable, section: dict[str, Any], *,
   out = {}
   reference = f"static_G{max(section['candidates'])}"
   for mode in ROLLOUT_MODES:
-    rows = []
-    for rep in range(replicates):
-      result = replay([trace], section, cost, rollout=dict(rollout, mode=mode), steps=steps,
-                      dapo=dapo, max_rounds=max_rounds, kinds=(), seed=rep, bootstrap=True,
-                      length_scale=length_scale, length_cap=length_cap)
-      rows += [dict(s, arm=arm, seed=rep) for arm, s in result["summary"].items()]
+    rows = [dict(s, arm=arm, seed=rep) for rep, result in replay_replicates(
+        [trace], section, cost, replicates=replicates, rollout=dict(rollout, mode=mode),
+        steps=steps, dapo=dapo, max_rounds=max_rounds, kinds=(), length_scale=length_scale,
+        length_cap=length_cap) for arm, s in result["summary"].items()]
     table = arm_intervals(rows, ("straggler_share", "straggler_step_share"), reference,
                           ratios=("rollout_cut_s",))
     out[mode] = {"cost_model": getattr(cost, "name", "custom"),

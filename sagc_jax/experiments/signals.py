@@ -1,4 +1,4 @@
-"""The replay's learning measures (``control.engine.MEASURES``) as rankings of arms, as
+"""The replay's learning measures (``replay.engine.MEASURES``) as rankings of arms, as
 predicted orders of pairs of arms, and checked against measured learning.
 
 The replay cannot train a model: it ranks arms by how much of a learning measure
@@ -23,12 +23,11 @@ import math
 import operator
 from typing import Any, Sequence
 
-from sagc_jax.control.engine import MEASURES
-from sagc_jax.control.tables import by_seed, mean_ci, per_seed
+from sagc_jax.replay.engine import MEASURES
+from sagc_jax.base.stats import by_seed, mean_ci, per_seed
 
 __all__ = ["MIN_RESOLVED", "agree", "check_learning", "chosen", "learning_markdown",
-           "measure_values",
-           "predictions", "ranking_markdown", "signals", "validated_measures"]
+           "measure_values", "predictions", "ranking_markdown", "signals", "validated_measures"]
 
 MIN_RESOLVED = 3
 # The summary key of each measure's total over a run.
@@ -109,10 +108,10 @@ def ranking_markdown(found: dict[str, dict[str, Any]]) -> str:
 
 def predictions(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(MEASURES)
                 ) -> dict[str, list[dict[str, Any]]]:
-  """Per measure of ``measures``, for every pair of the static and SAGC arms: the
-  replicate-paired difference of the measure (first minus second) and the predicted
-  order."""
-  arms = [a for a in dict.fromkeys(r["arm"] for r in rows) if a == "sagc" or a.startswith("static")]
+  """Per measure of ``measures``, for every pair of the rows' arms (any controller kind,
+  so that every pair a comparison resolves can be checked): the replicate-paired
+  difference of the measure (first minus second) and the predicted order."""
+  arms = list(dict.fromkeys(r["arm"] for r in rows))
   seeded = {arm: by_seed(rows, lambda r, arm=arm: r["arm"] == arm) for arm in arms}
   out = {}
   for measure in measures:
@@ -129,9 +128,11 @@ def predictions(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(
 
 
 def _replay_name(arm: str, algorithm: str) -> str:
-  """A comparison's arm (``grpo_static4``, ``dapo_sagc``) as the replay names it."""
+  """A comparison's arm (``grpo_static4``, ``dapo_sagc``, ``grpo_mymod.MyKind``) as the
+  replay names it (``static_G4``, ``sagc``, ``mymod.MyKind``: ``arm_name`` of the kind)."""
   kind = arm.removeprefix(f"{algorithm}_")
-  return f"static_G{kind.removeprefix('static')}" if kind.startswith("static") else kind
+  g = kind.removeprefix("static")
+  return f"static_G{g}" if kind.startswith("static") and g.isdigit() else kind
 
 
 def check_learning(predicted: dict[str, dict[str, list[dict[str, Any]]]],

@@ -12,10 +12,9 @@ decode cost), then one object per prompt::
 Every prompt holds the same K responses. The schema is documented in
 docs/calibrate.md. Reading checks every line and names the first bad one.
 
-The straggler statistics follow the controller's own event
-(``risk.straggler_flags``): a group of G straggles when its max length exceeds
-``tau`` times its median. The K responses of a prompt are independent draws, so
-its ``K // G`` disjoint chunks of G are that many groups of size G. Intervals are
+The straggler statistics are ``control.stragglers``': a group of G straggles when its
+max length exceeds ``tau`` times its median, and a prompt's ``K // G`` disjoint chunks
+of G are that many groups of size G. Intervals are
 bootstrap percentiles over prompts (a cluster bootstrap: the responses of one
 prompt are not independent of each other, the prompts are).
 """
@@ -29,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from sagc_jax.control.risk import straggler_flags
+from sagc_jax.control.stragglers import chunk_groups, random_step_rate, straggler_flags
 
 __all__ = ["SCHEMA", "Trace", "read_trace", "write_trace", "trace_record", "straggler_rates",
            "length_summary", "tau_curve", "bootstrap_interval"]
@@ -183,24 +182,7 @@ def bootstrap_interval(statistic, prompts: int, seed: int = 0, samples: int = 10
 
 def _group_flags(lengths: np.ndarray, g: int, tau: float) -> np.ndarray:
   """Straggler flags [N, K // g] of each prompt's disjoint chunks of ``g`` responses."""
-  n, k = lengths.shape
-  chunks = lengths[:, :k // g * g].reshape(n, k // g, g).astype(np.float64)
-  return straggler_flags(chunks.max(axis=2), np.median(chunks, axis=2), tau)
-
-
-def _step_rate(flags: np.ndarray, groups_per_step: int, rng: np.random.Generator,
-               steps: int = 2000) -> float:
-  """P(a step straggles): the share of ``steps`` random steps, each of
-  ``groups_per_step`` groups (distinct prompts while the trace has enough, else drawn
-  with replacement, as a loader's epochs wrap), one random chunk each, that hold a
-  straggler."""
-  n, chunks = flags.shape
-  if groups_per_step <= n:
-    prompts = np.argsort(rng.random((steps, n)), axis=1)[:, :groups_per_step]
-  else:
-    prompts = rng.integers(0, n, (steps, groups_per_step))
-  chunk = rng.integers(0, chunks, prompts.shape)
-  return float(flags[prompts, chunk].any(axis=1).mean())
+  return straggler_flags(*chunk_groups(lengths, g), tau)
 
 
 def straggler_rates(trace: Trace, g: int, tau: float, groups_per_step: int, *,
@@ -212,12 +194,12 @@ def straggler_rates(trace: Trace, g: int, tau: float, groups_per_step: int, *,
                      f"holds {trace.responses}")
   flags = _group_flags(trace.lengths, g, tau)
   rng = np.random.Generator(np.random.PCG64([seed, 17, g]))
-  step = lambda rows: _step_rate(flags[rows], groups_per_step, rng, steps=500)
+  step = lambda rows: random_step_rate(flags[rows], groups_per_step, rng, steps=500)
   group_low, group_high = bootstrap_interval(lambda rows: flags[rows].mean(), trace.prompts,
                                              seed, samples)
   step_low, step_high = bootstrap_interval(step, trace.prompts, seed, samples)
   return {"group_rate": float(flags.mean()), "group_low": group_low, "group_high": group_high,
-          "step_rate": _step_rate(flags, groups_per_step, rng), "step_low": step_low,
+          "step_rate": random_step_rate(flags, groups_per_step, rng), "step_low": step_low,
           "step_high": step_high, "groups": int(flags.size),
           "groups_per_step": int(groups_per_step)}
 

@@ -1,4 +1,4 @@
-"""The three worlds the replay engine (``control.engine``) runs the controllers in.
+"""The three worlds the replay engine (``replay.engine``) runs the controllers in.
 
 A world answers one question: which prompts, responses and lengths does a sampling
 round see. ``block(start, count, step, progress)`` gives the prompts at loader positions
@@ -15,7 +15,7 @@ them, ``pass_rate`` [count] and ``passed`` / ``rewards`` [count, max_g] (else No
 * ``PromptPool``: a fixed pool of heterogeneous prompts that recurs epoch after
   epoch, each with its own drifting length distribution, tail weight, pass rate and
   token length, all tied to a latent difficulty (equations below).
-* ``TraceWorld``: a policy's recorded rollouts (``control.trace``), resampled.
+* ``TraceWorld``: a policy's recorded rollouts (``replay.trace``), resampled.
 
 Every world draws from numbers fixed by its seed and the position (or the step), so
 arms that read the same positions see the same rollouts (common random numbers), and
@@ -59,7 +59,7 @@ import numpy as np
 
 from sagc_jax.base import checks
 from sagc_jax.control.budget import ROLLOUT_MODES
-from sagc_jax.control.trace import Trace
+from sagc_jax.replay.trace import Trace
 
 __all__ = ["LengthProcess", "Loader", "PromptPool", "SyntheticWorld", "TraceWorld",
            "validate_world"]

@@ -1,5 +1,5 @@
 """The replay engine: every group-size controller, in lock-step, on one world
-(``control.worlds``: synthetic lengths, a prompt pool or recorded traces), priced by
+(``replay.worlds``: synthetic lengths, a prompt pool or recorded traces), priced by
 one cost interface.
 
 It answers the question ``simulate``, ``simulate --trace`` and ``calibrate`` ask
@@ -17,12 +17,9 @@ accelerator hours:
   is priced and observed, as in the trainer.
 * Two ways of changing G: ``hold_rollouts`` (rows per step fixed, prompts = rollouts /
   G) and ``hold_prompts`` (prompts fixed, rows = prompts * G), ``budget.prompts_for``.
-* Cost: any callable ``cost(rounds, trained) -> {"rollout_s", "learner_s",
-  "total_s"}``: ``rounds`` are the step's sampling rounds, each ``(lengths of its rows,
-  its prompts' token lengths)``; ``trained`` the rows the learner trains (``(response
-  lengths, prompt token lengths)``, one entry per row). ``CostModel`` (a synthetic
-  step cost) and ``DecodeCost`` (a trace's measured CPU decode cost) are here; the TPU
-  pod's compiled cost is ``sagc_jax.aot.trace_cost`` (it needs JAX) and is passed in.
+* Cost: any ``replay.costs.CostFn`` (``cost(rounds, trained) -> {"rollout_s",
+  "learner_s", "total_s"}``): the synthetic ``CostModel``, a trace's measured CPU cost
+  ``DecodeCost`` or a preset's compiled programs ``CompiledStepCost``.
 
 Learning-signal measures (``MEASURES``), per step over the trained groups, where the
 world knows the prompts' pass rates ``p`` and the drawn rewards ``r``:
@@ -57,106 +54,17 @@ import numpy as np
 
 from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.context import BatchContext
-from sagc_jax.control.controller import controller_from_config
+from sagc_jax.control.controller import arm_name, controller_from_config
 from sagc_jax.control.dapo import keep_informative
-from sagc_jax.control.protocol import StepGroups
+from sagc_jax.control.protocol import StepGroups, StepTime
+from sagc_jax.control.stragglers import step_straggler_stats
 
-__all__ = ["CostModel", "DecodeCost", "best_fixed_mixture", "build_arms", "play_step",
-           "replay_settings", "run", "sagc_arm_name", "summarise"]
+__all__ = ["MEASURES", "best_fixed_mixture", "build_arms", "play_step", "run", "sagc_arm_name",
+           "summarise"]
 
-Rounds = Sequence[tuple[np.ndarray, np.ndarray]]
 # Measure name -> its per-step column.
 MEASURES = {"utility": "signal", "informative_groups": "informative",
             "informative_rows": "informative_rows", "advantage_mass": "advantage_mass"}
-
-
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-  """Wall-clock of one synchronous RL step (seconds), per round of ``rows`` rows whose
-  longest response is ``longest`` tokens and longest prompt ``prompt`` tokens:
-
-  * prefill: ``prefill_s_per_token * rows * prompt``;
-  * decode: every row advances in lock-step until the longest response of the round
-    is done, each iteration costing ``decode_s_per_iter + decode_s_per_row_iter *
-    rows`` (memory-bound: a fixed weight-streaming cost plus a per-row KV-cache cost);
-  * learner: ``learner_s_per_token * rows * (prompt + longest)`` over the trained rows,
-    padded to the longest;
-  * ``step_overhead_s`` for rewards, host work and the optimizer update.
-  """
-
-  prefill_s_per_token: float
-  decode_s_per_iter: float
-  decode_s_per_row_iter: float
-  learner_s_per_token: float
-  step_overhead_s: float
-
-  @classmethod
-  def of(cls, config: Any) -> "CostModel":
-    return cls(**{f.name: float(config.cost[f.name]) for f in dataclasses.fields(cls)})
-
-  def __call__(self, rounds: Rounds, trained: tuple[np.ndarray, np.ndarray]
-               ) -> dict[str, float]:
-    rollout = sum(self.prefill_s_per_token * lengths.size * int(prompts.max())
-                  + int(lengths.max()) * (self.decode_s_per_iter
-                                          + self.decode_s_per_row_iter * lengths.size)
-                  for lengths, prompts in rounds)
-    lengths, prompts = trained
-    learner = (self.learner_s_per_token * lengths.size
-               * (int(prompts.max()) + int(lengths.max())) if lengths.size else 0.0)
-    return {"rollout_s": rollout, "learner_s": learner,
-            "total_s": rollout + learner + self.step_overhead_s}
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeCost:
-  """A trace's measured CPU cost (``training.trace_sampling``): a sampling round runs
-  until its longest row is done, each decode step costing ``step_s`` plus ``slot_s``
-  per row still decoding (finished rows are compacted away), so a round costs ``step_s
-  x longest + slot_s x sum(lengths)``; the learner's update costs ``learner_step_s +
-  learner_token_s x`` the trained rows' prompt and response tokens (0 for a trace
-  recorded without the learner's timing)."""
-
-  step_s: float
-  slot_s: float
-  learner_step_s: float = 0.0
-  learner_token_s: float = 0.0
-  name: str = "cpu"
-
-  @classmethod
-  def of(cls, trace: Any) -> "DecodeCost":
-    fit = trace.header.get("decode_cost") or {}
-    if "step_s" not in fit:
-      raise ValueError("the trace's header holds no decode_cost with step_s and slot_s: the "
-                       "'cpu' cost model needs a trace written by python -m sagc_jax.calibrate")
-    learner = trace.header.get("learner_cost") or {}
-    return cls(float(fit["step_s"]), float(fit["slot_s"]), float(learner.get("step_s", 0.0)),
-               float(learner.get("token_s", 0.0)))
-
-  def settings(self, trace: Any) -> dict[str, Any]:
-    """What a replay under this cost takes from the trace's run: its rollout budget,
-    candidate sizes and DAPO rounds limit, lengths as recorded."""
-    return replay_settings(trace)
-
-  def __call__(self, rounds: Rounds, trained: Any = None) -> dict[str, float]:
-    rollout = sum(self.step_s * int(lengths.max()) + self.slot_s * float(lengths.sum())
-                  for lengths, _ in rounds)
-    learner = 0.0
-    if trained is not None and trained[0].size and (self.learner_step_s or self.learner_token_s):
-      tokens = float(trained[0].sum() + trained[1].sum())
-      learner = self.learner_step_s + self.learner_token_s * tokens
-    return {"rollout_s": rollout, "learner_s": learner, "total_s": rollout + learner}
-
-
-def replay_settings(trace: Any, **changes: Any) -> dict[str, Any]:
-  """The replay settings of a trace's run (``rollout``, ``candidates``, ``max_rounds``,
-  ``length_scale``, ``length_cap``), with ``changes`` (a cost model's own budget)."""
-  header = trace.header
-  out = dict(rollout=dict(header["rollout"]),
-             candidates=sorted(header["controller"]["candidates"]),
-             max_rounds=int(header.get("learner", {}).get("dynamic_max_rounds", 3)),
-             length_scale=1.0, length_cap=trace.max_new_tokens)
-  out.update(changes)
-  return out
 
 
 def sagc_arm_name(tau: float, delta: float) -> str:
@@ -167,15 +75,16 @@ def build_arms(section: Mapping[str, Any], kinds: Sequence[str] = ("sagc",), *,
                prompts_for: Callable[[int], int] | None = None,
                grid: Sequence[tuple[float, float]] = ()) -> list[tuple[str, Any]]:
   """Every static G of ``section["candidates"]`` (``static_G<g>``), then one arm per
-  controller kind of ``kinds``, then SAGC at each ``(tau, delta)`` of ``grid``
+  controller kind of ``kinds`` (a registry name or ``module:Class``, the arm named by
+  ``control.controller.arm_name``), then SAGC at each ``(tau, delta)`` of ``grid``
   (``sagc_tau<t>_delta<d>``), all from the one complete controller ``section``
   (``ControllerSection.to_dict()``); ``prompts_for`` is P(G) for the contextual kinds."""
   section = dict(section)
   arms = [(f"static_G{g}", controller_from_config(dict(section, kind="static", static_g=g,
                                                        candidates=(g,))))
           for g in sorted(section["candidates"])]
-  arms += [(kind, controller_from_config(dict(section, kind=kind), prompts_for=prompts_for))
-           for kind in kinds]
+  arms += [(arm_name(kind), controller_from_config(dict(section, kind=kind),
+                                                   prompts_for=prompts_for)) for kind in kinds]
   arms += [(sagc_arm_name(tau, delta), controller_from_config(
       dict(section, kind="sagc", tau=float(tau), delta=float(delta)))) for tau, delta in grid]
   return arms
@@ -205,10 +114,13 @@ def _drawn_signal(rewards: np.ndarray) -> tuple[int, float]:
 
 
 def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per_step: int,
-              cost: Callable, dapo: bool = False, max_rounds: int = 1,
-              progress: float | None = None) -> tuple[dict[str, float], int]:
+              cost: Callable, measure: tuple[float, str], dapo: bool = False,
+              max_rounds: int = 1, progress: float | None = None
+              ) -> tuple[dict[str, float], int]:
   """One step of ``ctrl`` with its loader at ``cursor`` (module docstring), at training
-  ``progress`` in [0, 1] (None: the world's own, from the step). Returns the step's
+  ``progress`` in [0, 1] (None: the world's own, from the step), its stragglers
+  measured at ``measure = (tau, event)``. The step is priced first, then observed with
+  its priced seconds, as the trainer observes a step it has timed. Returns the step's
   metrics and the loader's new position."""
   first = world.block(cursor, per_step, step, progress)
   started = time.perf_counter()
@@ -216,7 +128,7 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
   seconds = time.perf_counter() - started
   g = plan.group_size
   target = prompts_for(budget, g)
-  seen = {key: [] for key in ("max", "median", "pass", "ids", "sizes")}
+  seen = {key: [] for key in ("max", "median", "pass", "ids", "sizes", "rewards")}
   priced, trained, kept, signal, informative = [], [], 0, 0.0, 0.0
   drawn = np.zeros(2)                                  # informative rows, advantage mass
   rounds_rows = []                                     # per round: its groups' rows
@@ -230,6 +142,8 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
       seen[key].append(groups[key])
     seen["ids"].append(block["ids"][:k])
     seen["sizes"].append(sizes)
+    if block["rewards"] is not None:
+      seen["rewards"] += [block["rewards"][j, :s] for j, s in enumerate(sizes)]
     rows = groups["rows"]
     priced.append((np.concatenate(rows), block["prompt_tokens"][:k]))
     rounds_rows.append((rows, block["prompt_tokens"][:k]))
@@ -251,13 +165,7 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
     if kept >= target:
       break
   join = lambda key: np.concatenate(seen[key])
-  started = time.perf_counter()
-  metrics = ctrl.observe_step(StepGroups(
-      join("max"), join("median"), prompt_ids=join("ids"),
-      pass_rates=join("pass") if first["passed"] is not None else None,
-      group_sizes=join("sizes")))
-  metrics["controller_s"] = seconds + time.perf_counter() - started
-  tau = ctrl.params.tau
+  tau, event = measure
   cut = lambda rows: [np.minimum(r, tau * np.median(r)) for r in rows]   # no stragglers
   priced_cut = [(np.concatenate(cut(rows)), prompts) for rows, prompts in rounds_rows]
   trained_rows, trained_cut = (
@@ -265,8 +173,18 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
        np.concatenate([np.full(r.size, t) for r, t in rows]) if rows else np.zeros(0, int))
       for rows in (trained, [(cut([r])[0], t) for r, t in trained]))
   without = cost(priced_cut, trained_cut)
+  priced_s = cost(priced, trained_rows)
+  metrics = step_straggler_stats(join("max"), join("median"), join("sizes"), tau=tau,
+                                 event=event)
+  started = time.perf_counter()
+  metrics.update(ctrl.observe_step(StepGroups(
+      join("max"), join("median"), prompt_ids=join("ids"),
+      pass_rates=join("pass") if first["passed"] is not None else None,
+      group_sizes=join("sizes"), rewards=seen["rewards"] if first["rewards"] is not None
+      else None, time=StepTime(**priced_s))))
+  metrics["controller_s"] = seconds + time.perf_counter() - started
   metrics.update(rollout_cut_s=without["rollout_s"], total_cut_s=without["total_s"])
-  metrics.update(cost(priced, trained_rows),
+  metrics.update(priced_s,
                  rows=float(sum(lengths.size for lengths, _ in priced)),
                  rounds=float(len(priced)),
                  capped=float(max(lengths.max() for lengths, _ in priced) >= world.cap),
@@ -280,11 +198,14 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
 
 
 def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
-        candidates: Sequence[int], cost: Callable, dapo: bool = False, max_rounds: int = 1,
+        candidates: Sequence[int], cost: Callable, measure: tuple[float, str],
+        dapo: bool = False, max_rounds: int = 1,
         horizon_s: float | None = None) -> dict[str, Any]:
-  """Every arm on every step of ``world`` (common random numbers): per arm its per-step
-  columns and ``summary`` (``summarise``), and the seconds it all took. DAPO's further
-  rounds need a world with rewards whose arms have their own loaders (a trace).
+  """Every arm on every step of ``world`` (common random numbers), its stragglers
+  measured at ``measure = (tau, event)`` whatever the arm's own tau: per arm its
+  per-step columns and ``summary`` (``summarise``), and the seconds it all took.
+  DAPO's further rounds need a world with rewards whose arms have their own loaders (a
+  trace).
 
   With ``horizon_s`` every arm runs until its priced time reaches it (at most
   ``steps`` steps), training progress is the fraction of the horizon spent (the
@@ -306,8 +227,8 @@ def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
       cursor = step * per_step if world.shared_loader else cursors[name]
       progress = None if horizon_s is None else elapsed[name] / horizon_s
       metrics, cursors[name] = play_step(ctrl, world, step, cursor, budget=budget,
-                                         per_step=per_step, cost=cost, dapo=dapo,
-                                         max_rounds=max_rounds, progress=progress)
+                                         per_step=per_step, cost=cost, measure=measure,
+                                         dapo=dapo, max_rounds=max_rounds, progress=progress)
       elapsed[name] += metrics["total_s"]
       traces[name].append(metrics)
   seconds = time.perf_counter() - started
@@ -337,8 +258,8 @@ def summarise(col: dict[str, list[float]]) -> dict[str, float]:
       "wall_clock_s": total("total_s"),
       "rollout_s": total("rollout_s"),
       "learner_s": total("learner_s"),
-      "mean_g": total("rows") / total("n_groups"),            # over groups
-      "mean_step_g": mean("g"),                               # over steps
+      "mean_g": mean("g"),                                    # over steps
+      "mean_group_g": total("rows") / total("n_groups"),      # over groups
       "mean_log2_g": mean("log2_g"),
       "padding_efficiency": total("real_tokens") / total("padded_tokens"),
       "rows": total("rows"),

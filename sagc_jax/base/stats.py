@@ -7,6 +7,9 @@ Paired comparisons match the rows of two arms by ``seed`` (a replicate of a repl
 a seed): the per-seed ratio arm / reference or difference arm - reference, then its
 mean ± half-width, read as ``better`` / ``worse`` when the interval excludes "no
 change" on that side and ``no difference`` when it does not (at this many seeds).
+That reading, ``interval_side``, is the package's one verdict rule (the claims table's
+too). Where many pairs are tested at once (``per_hour``), ``paired_test`` adds the
+paired t p-value and ``holm`` corrects it for the family.
 """
 
 from __future__ import annotations
@@ -18,25 +21,49 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Paired", "arm_intervals", "by_seed", "finite", "format_ci", "mean_ci",
-           "paired_markdown", "paired_verdict", "per_arm_markdown", "per_seed", "too_few"]
-
-# Two-sided 95% Student-t quantiles t_{0.975, df}, df = 1..30 (beyond: the normal 1.96).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
-         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
-         2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+__all__ = ["Paired", "arm_intervals", "by_seed", "finite", "format_ci", "holm",
+           "interval_side", "mean_ci", "paired_markdown", "paired_test", "paired_verdict",
+           "per_arm_markdown", "per_seed", "too_few"]
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
   """(mean, 95% confidence half-width, n) of the finite ``values``: Student's t with
-  n - 1 degrees of freedom (half-width nan for a single value)."""
+  n - 1 degrees of freedom (half-width nan for a single value), its quantile rounded
+  to 3 decimals as printed tables give it, so reports do not move with scipy."""
+  from scipy.stats import t as student_t
+
   x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
   if not x.size:
     return float("nan"), float("nan"), 0
   if x.size == 1:
     return float(x[0]), float("nan"), 1
-  t = _T975[x.size - 2] if x.size - 1 <= len(_T975) else 1.96
+  t = round(float(student_t.ppf(0.975, x.size - 1)), 3)
   return float(x.mean()), float(t * x.std(ddof=1) / math.sqrt(x.size)), int(x.size)
+
+
+def paired_test(differences: Sequence[float]) -> dict[str, Any]:
+  """Mean, 95% Student-t half-width, n and the two-sided paired t p-value of the
+  per-seed differences (p nan with fewer than two; 0 or 1 for zero spread)."""
+  from scipy.stats import t as student_t
+
+  x = np.asarray([d for d in differences if math.isfinite(d)], float)
+  mean, half, n = mean_ci(x)
+  sd = float(x.std(ddof=1)) if n >= 2 else float("nan")
+  p = (float("nan") if n < 2 else float(mean == 0.0) if sd == 0.0
+       else float(2 * student_t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1)))
+  return {"mean": mean, "half_width": half, "n": n, "p": p}
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+  """Holm's step-down adjusted p-values (nan stays nan and is not counted)."""
+  order = sorted((i for i, p in enumerate(p_values) if math.isfinite(p)),
+                 key=lambda i: p_values[i])
+  adjusted = [float("nan")] * len(p_values)
+  running = 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (len(order) - rank) * p_values[i]))
+    adjusted[i] = running
+  return adjusted
 
 
 def format_ci(stat: tuple[float, float, int], fmt: str) -> str:
@@ -45,7 +72,6 @@ def format_ci(stat: tuple[float, float, int], fmt: str) -> str:
   if not n:
     return "–"
   return f"{mean:{fmt}}" if n == 1 else f"{mean:{fmt}} ± {half:{fmt.lstrip('+')}}"
-
 
 
 def finite(x: Any) -> bool:
@@ -69,6 +95,12 @@ def too_few(stat: tuple[float, float, int]) -> str | None:
   return "n/a" if stat[2] == 0 else "?" if stat[2] < 2 else None
 
 
+def interval_side(stat: tuple[float, float, int], null: float) -> str | None:
+  """``"above"`` / ``"below"`` when the 95% interval of a ``mean_ci`` result excludes
+  ``null`` on that side; None when it contains it or there is none (see ``too_few``)."""
+  mean, half, _ = stat
+  return "above" if mean - half > null else "below" if mean + half < null else None
+
 
 @dataclasses.dataclass(frozen=True)
 class Paired:
@@ -86,12 +118,9 @@ def paired_verdict(stat: tuple[float, float, int], null: float, better: str | No
   """``better`` / ``worse`` when the 95% interval excludes ``null`` on that side
   (``higher`` / ``lower`` when no side is better), ``no difference`` when it does not,
   ``?`` with one seed and ``n/a`` with none."""
-  if too_few(stat):
-    return too_few(stat)
-  mean, half, _ = stat
-  side = "above" if mean - half > null else "below" if mean + half < null else None
-  if side is None:
-    return "no difference"
+  side = interval_side(stat, null)
+  if too_few(stat) or side is None:
+    return too_few(stat) or "no difference"
   if better is None:
     return "higher" if side == "above" else "lower"
   return "better" if side == better else "worse"
@@ -157,8 +186,7 @@ def arm_intervals(rows: Sequence[dict[str, Any]], keys: Sequence[str], reference
       series[f"{key}_vs_{reference}"] = per_seed(mine, arms[reference], key, operator.truediv)
     row: dict[str, float] = {}
     for key, values in series.items():
-      mean, half, n = mean_ci(values)
-      half = half if n > 1 else float("nan")
+      mean, half, _ = mean_ci(values)
       row[key], row[f"{key}_low"], row[f"{key}_high"] = mean, mean - half, mean + half
     out[arm] = row
   return out

@@ -1,0 +1,111 @@
+"""The ``compare`` config section: the matrix of a comparison (``python -m
+sagc_jax.compare``; the runs are ``experiments.arms``), checked when built like every
+other section.
+
+Why typed: the arms, the comparison's record (``compare.json``) and its report all read
+these keys; one frozen section states each default once and names a bad key before any
+arm trains. A training run never sees it: the arms drop it (``RunConfig`` has no
+compare section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterable
+
+from sagc_jax.config.section import Section
+from sagc_jax.control.controller import arm_name, kind_class
+from sagc_jax.rl.config import ALGORITHM_PRESETS
+
+__all__ = ["CompareSection"]
+
+# Every comparison runs these kinds (SAGC, and a static arm per ``static_sizes``), so
+# neither can be an extra arm.
+_ALWAYS = ("sagc", "static")
+# Keys a config may set to None for "the default" (read as ``value or default`` before
+# the section was typed).
+_NONE_IS_DEFAULT = ("static_sizes", "contextual", "kinds", "time_budget_s", "targets")
+
+
+def _number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareSection(Section):
+  """A comparison: ``algorithms`` x {a static-G arm per ``static_sizes`` (empty: every
+  candidate G), SAGC, then the kinds of ``contextual`` and ``kinds``} x ``seeds`` seeds.
+
+  ``contextual`` and ``kinds`` both add controller kinds as arms beside SAGC, by a
+  built-in name or a user's ``"module:Class"`` (``control.controller``);
+  ``contextual`` is the older key, kept for the configs that set it. ``time_budget_s``
+  (0: none): every arm's ``train.time_budget_s``, with ``eval_points`` evaluations
+  evenly spaced along it; ``train.steps`` is then a cap. ``targets``: held-out sampled
+  accuracies whose time to reach is reported (docs/claims.md)."""
+
+  NAME = "compare"
+  algorithms: tuple = tuple(ALGORITHM_PRESETS)
+  seeds: int = 1
+  static_sizes: tuple = ()
+  contextual: tuple = ()
+  kinds: tuple = ()
+  time_budget_s: float = 0.0
+  eval_points: int = 8
+  targets: tuple = ()
+
+  def __post_init__(self):
+    for field in _NONE_IS_DEFAULT:
+      if getattr(self, field) is None:
+        self._set(field, CompareSection.__dataclass_fields__[field].default)
+    self._items("algorithms", ALGORITHM_PRESETS.__contains__,
+                f"distinct algorithms of {tuple(ALGORITHM_PRESETS)}")
+    self._positive_int("seeds")
+    self._items("static_sizes", lambda g: isinstance(g, int) and not isinstance(g, bool)
+                and g >= 2, "distinct ints >= 2 (() = every controller.candidates size)")
+    for field in ("contextual", "kinds"):
+      self._kinds(field)
+    budget = self.time_budget_s
+    if not _number(budget) or not 0 <= budget < math.inf:     # also refuses nan
+      raise ValueError(f"compare.time_budget_s={budget!r} must be a number of seconds >= 0 "
+                       "(0 = no budget: every arm runs train.steps)")
+    self._set("time_budget_s", float(budget))
+    self._positive_int("eval_points")
+    targets = self._items("targets", lambda t: _number(t) and 0 < t <= 1,
+                          "accuracies in (0, 1]", repeated="repeats a target (each is "
+                          "reported once)")
+    self._set("targets", tuple(float(t) for t in targets))
+
+  def _items(self, field: str, ok: Callable[[Any], bool], wanted: str,
+             repeated: str = "") -> tuple:
+    """``field`` as a tuple of distinct items that pass ``ok``; the error says what is
+    ``wanted`` (a repeat: ``repeated`` where given)."""
+    items = self._tuple(field)
+    if not isinstance(items, tuple) or not all(ok(v) for v in items):
+      raise ValueError(f"{self._key(field)}={items!r} must be {wanted}")
+    if len(set(items)) < len(items):
+      raise ValueError(f"{self._key(field)}={items!r} {repeated or f'must be {wanted}'}")
+    return items
+
+  def _positive_int(self, field: str) -> None:
+    value = getattr(self, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"{self._key(field)}={value!r} must be a positive int")
+
+  def _kinds(self, field: str) -> None:
+    kinds = self._items(field, lambda k: k not in _ALWAYS, "distinct kinds other than "
+                        "'sagc' and 'static' (every comparison has those arms)")
+    for kind in kinds:
+      try:
+        kind_class(kind)
+      except ValueError as err:
+        raise ValueError(f"{self._key(field)}={kinds!r}: {err}") from None
+
+  def variants(self, candidates: Iterable[int]) -> list[tuple[str, str, int | None]]:
+    """``(arm name after the algorithm, controller.kind, static G or None)`` of each arm
+    of one algorithm; ``candidates``: the controller's, the static sizes by default.
+    A kind in both ``contextual`` and ``kinds`` is one arm."""
+    sizes = self.static_sizes or tuple(candidates)
+    extra = dict.fromkeys(self.contextual + self.kinds)
+    return ([(f"static{g}", "static", g) for g in sizes] + [("sagc", "sagc", None)]
+            + [(arm_name(kind), kind, None) for kind in extra])
