@@ -58,8 +58,7 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.replay.trace import read_trace
   from sagc_jax.runtime.storage import run_path
   from sagc_jax.replay.costs import cost_from_flag
-
-  from sagc_jax.experiments.signals import chosen
+  from sagc_jax.experiments.signals import chosen, validated_measures
 
   out = Path(flags.out)
   chosen(flags.signal)                 # an unknown measure fails before any sampling
@@ -89,8 +88,6 @@ def main(argv: Sequence[str], flags) -> None:
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = cost_from_flag(flags.cost, trace)
-  from sagc_jax.experiments.signals import validated_measures
-
   checks = Path(flags.signal_checks)
   validated = validated_measures(json.loads(checks.read_text())) if checks.is_file() else []
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),

@@ -26,10 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = list(csv.DictReader(f))
     except OSError as err:
       parser.error(f"{path}: {err.strerror} (run or --merge_only the comparison first)")
-    for row in rows:
-      for key in ("seed", "group_straggler_rate", "mean_g"):
-        row[key] = float(row[key])
-      row["seed"] = int(row["seed"])
+    for row in rows:                   # a seed may be written as a float ("0.0")
+      row.update({key: float(row[key]) for key in ("group_straggler_rate", "mean_g")},
+                 seed=int(float(row["seed"])))
     comparisons[folder.rstrip("/").split("/")[-1]] = rows
   from sagc_jax.experiments.claims import adaptation_table
 

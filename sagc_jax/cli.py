@@ -112,17 +112,13 @@ def _override_message(raw: str, argv: Sequence[str]) -> str:
     raw = raw[1:-1].replace("\\n", "\n").replace("\\'", "'")
   first = raw.splitlines()[0].strip().strip("'\"") if raw else ""
   suggestion = re.search(r'Did you mean "([^"]+)"', raw)
-  for arg in argv[1:]:
-    m = re.match(r"--(config(?:\.[\w]+)+)(?:=(.*))?$", arg)
-    if not m:
-      continue
-    parts = m.group(1).split(".")
+  for key, _ in _config_flags(argv[1:]):
+    parts = key.split(".")
     if first in parts[1:]:
-      flag = "--" + m.group(1)
       if suggestion:
         fixed = ".".join(suggestion.group(1) if p == first else p for p in parts)
-        return f"{flag}: no such config key (did you mean --{fixed}?)"
-      return f"{flag}: no such config key"
+        return f"--{key}: no such config key (did you mean --{fixed}?)"
+      return f"--{key}: no such config key"
   return " ".join(raw.split())
 
 
@@ -157,19 +153,24 @@ def reject_repeated_overrides(args: Sequence[str]) -> None:
   and keep the last of any other: neither is what a user who repeated a flag by
   mistake, or to change it, means. ``--config.KEY=()`` clears a tuple."""
   seen: dict[str, str] = {}
-  for i, arg in enumerate(args):
-    m = re.match(r"--(config(?:\.\w+)+)(?:=(.*))?$", arg)
-    if not m:
-      continue
-    value = m.group(2) if m.group(2) is not None else (args[i + 1] if i + 1 < len(args)
-                                                        else "")
-    if m.group(1) in seen:
-      tuple_like = any(v.strip().startswith(("(", "[")) for v in (seen[m.group(1)], value))
-      hint = (f" (a tuple whole, e.g. --{m.group(1)}='(4, 8)'; '()' clears it)"
-              if tuple_like else "")
-      raise ValueError(f"--{m.group(1)} is given twice ({seen[m.group(1)]!r} and {value!r}): "
+  for key, value in _config_flags(args):
+    if key in seen:
+      tuple_like = any(v.strip().startswith(("(", "[")) for v in (seen[key], value))
+      hint = f" (a tuple whole, e.g. --{key}='(4, 8)'; '()' clears it)" if tuple_like else ""
+      raise ValueError(f"--{key} is given twice ({seen[key]!r} and {value!r}): "
                        f"give it once{hint}")
-    seen[m.group(1)] = value
+    seen[key] = value
+
+
+_CONFIG_FLAG = re.compile(r"--(config(?:\.\w+)+)(?:=(.*))?$")
+
+
+def _config_flags(args: Sequence[str]) -> list[tuple[str, str]]:
+  """``(key, value)`` of every ``--config.KEY=VALUE`` or ``--config.KEY VALUE`` in
+  ``args`` (the value of a last flag without one: '')."""
+  return [(m.group(1), m.group(2) if m.group(2) is not None
+           else args[i + 1] if i + 1 < len(args) else "")
+          for i, m in enumerate(map(_CONFIG_FLAG.match, args)) if m]
 
 
 def reject_positional(argv: Sequence[str]) -> None:

@@ -86,8 +86,8 @@ def format_result(result: dict[str, Any]) -> str:
     lines.append(f"  G={g[1:]}: max/median p50 {result[f'eval_{g}_ratio_p50']:.2f}  p90 "
                  f"{result[f'eval_{g}_ratio_p90']:.2f}  max {result[f'eval_{g}_ratio_max']:.2f}"
                  f"; straggler rate (tau {result['eval_straggler_tau']}) {result[key]:.3f} of {result[f'eval_{g}_groups']:.0f} "
-                 f"groups, {result[f'eval_{g}_step_straggler_rate']:.3f} of "
-                 f"{result[f'eval_{g}_steps']:.0f} steps")
+                 f"groups, {result[f'eval_{g}_step_straggler_rate']:.3f} of steps of "
+                 f"{result[f'eval_{g}_groups_per_step']:.0f} groups")
   return "\n".join(lines)
 
 

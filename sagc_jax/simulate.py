@@ -76,8 +76,7 @@ def replay_traces(flags) -> None:
 
   if len(flags.trace) > 2:
     raise ValueError(f"--trace takes one trace or two (before,after RL), got {len(flags.trace)}")
-  unknown = sorted(set(flags.algorithms) - {"grpo", "dapo"})
-  if unknown or not flags.algorithms:
+  if not flags.algorithms or set(flags.algorithms) - {"grpo", "dapo"}:
     raise ValueError(f"--algorithms={','.join(flags.algorithms)}: each must be grpo or dapo")
   if flags.replicates < 3 or flags.steps < 10:
     raise ValueError(f"--replicates={flags.replicates} must be >= 3 and --steps={flags.steps} "
@@ -120,13 +119,11 @@ def replay_traces(flags) -> None:
     table += (f"\n\nEach measure's predicted order of every pair resolved by "
               f"{flags.learning} (mean held-out accuracy over [0, H], Holm):\n\n"
               + learning_markdown(found["learning"]))
-  truncated = [float(t.truncated.mean()) for t in traces]
   drift = "drifting from the first trace to the second" if len(traces) == 2 else \
       "one stationary trace: an upper bound for the contextual kinds"
-  delta = flags.delta if flags.delta is not None else traces[0].header["controller"]["delta"]
-  notes = [f"cost {cost.name}", f"delta {delta:g}", f"rollout budget {settings['rollout']}",
-           f"candidates {settings['candidates']}",
-           f"truncated share {', '.join(f'{t:.3f}' for t in truncated)}"]
+  notes = [f"cost {cost.name}", f"delta {section['delta']:g}",
+           f"rollout budget {settings['rollout']}", f"candidates {settings['candidates']}",
+           f"truncated share {', '.join(f'{t.truncated.mean():.3f}' for t in traces)}"]
   if settings["length_scale"] != 1.0:
     notes.append(f"lengths scaled x{settings['length_scale']:g} to the "
                  f"{settings['length_cap']}-token cap")
@@ -153,9 +150,9 @@ def main(argv: Sequence[str], flags) -> None:
     return
   from sagc_jax.config import controller_settings
   from sagc_jax.replay.entry_points import simulate
-  from sagc_jax.experiments.replay_tables import format_prompt_table, format_table
+  from sagc_jax.experiments.replay_tables import (format_prompt_table, format_table,
+                                                   simulate_tables)
   from sagc_jax.experiments.plots import plot_simulation
-  from sagc_jax.experiments.replay_tables import simulate_tables
 
   config = flags.config
 

@@ -147,3 +147,16 @@ def test_evaluation_reports_pass_at_k_without_new_compilations(shared, tmp_path,
   assert 0.0 <= with_k["eval_mean@4"] <= with_k["eval_pass@2"] <= with_k["eval_pass@4"] <= 1.0
   assert (with_k["eval_response_len"] <= with_k["eval_response_len_max"]
           and with_k["eval_response_len_p50"] <= with_k["eval_response_len_p90"])
+
+
+def test_the_eval_report_prints_each_g_s_straggler_profile():
+  """``python -m sagc_jax.eval`` with ``train.eval_k`` > 1 prints a line per G from the
+  profile's own keys."""
+  from sagc_jax.eval import format_result
+
+  lengths = np.array([[10, 10, 10, 40, 10, 10, 10, 10], [5, 5, 5, 5, 5, 5, 9, 9]])
+  result = {"eval_sampled_accuracy": 0.5, "eval_examples": 2.0, "source": "step 3",
+            **straggler_profile(lengths, 1.8, lambda g: 2, sizes=(4, 8))}
+  lines = format_result(result).splitlines()
+  assert lines[1].startswith("  G=4: max/median p50") and "0.250 of 4 groups" in lines[1]
+  assert "of steps of 2 groups" in lines[2] and lines[2].startswith("  G=8:")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Paired", "arm_intervals", "by_seed", "finite", "format_ci", "holm",
+__all__ = ["Paired", "arm_intervals", "by_arm", "by_seed", "finite", "format_ci", "holm",
            "interval_side", "mean_ci", "paired_markdown", "paired_test", "paired_verdict",
            "per_arm_markdown", "per_seed", "too_few"]
 
@@ -82,6 +82,12 @@ def by_seed(rows: Sequence[dict[str, Any]], match: Callable[[dict], bool]) -> di
   return {int(r["seed"]): r for r in rows if match(r)}
 
 
+def by_arm(rows: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict]]:
+  """Per arm (first-seen order), its rows by seed (``by_seed``)."""
+  return {arm: by_seed(rows, lambda r, arm=arm: r["arm"] == arm)
+          for arm in dict.fromkeys(r["arm"] for r in rows)}
+
+
 def per_seed(ours: dict[int, dict], base: dict[int, dict], key: str,
               op: Callable[[float, float], float]) -> list[float]:
   """``op(ours, base)`` of ``key`` for each seed of ``ours`` (in its order) that ``base``
@@ -133,9 +139,7 @@ def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, s
   seeds that both arms ran (rows keyed by ``arm`` and ``seed``; non-finite values
   are left out, and a cell says when fewer seeds remain) and its verdict
   (``paired_verdict``)."""
-  by_arm: dict[str, dict[int, dict]] = {}
-  for r in sorted(rows, key=lambda r: int(r["seed"])):
-    by_arm.setdefault(r["arm"], {})[int(r["seed"])] = r
+  arms = by_arm(sorted(rows, key=lambda r: int(r["seed"])))
   seeds = sorted({int(r["seed"]) for r in rows})
   lines = ["| quantity | " + " | ".join(f"{title} | verdict" for title, _, _ in pairs) + " |",
            "|---|" + "---|---|" * len(pairs)]
@@ -145,7 +149,7 @@ def paired_markdown(rows: Sequence[dict[str, Any]], pairs: Sequence[tuple[str, s
     op = operator.truediv if q.kind == "ratio" else operator.sub
     cells = []
     for _, arm, base in pairs:
-      stat = mean_ci(per_seed(by_arm.get(arm, {}), by_arm.get(base, {}), q.key, op))
+      stat = mean_ci(per_seed(arms.get(arm, {}), arms.get(base, {}), q.key, op))
       n = stat[2]
       fewer = f" ({n} of {len(seeds)} seeds)" if 0 < n < len(seeds) else ""
       cells.append(f"{format_ci(stat, fmt)}{fewer} | {paired_verdict(stat, null, q.better)}")
@@ -177,9 +181,7 @@ def arm_intervals(rows: Sequence[dict[str, Any]], keys: Sequence[str], reference
   ``key_high``), and for each of ``ratios`` the seed-paired ratio to ``reference``
   (``key_vs_<reference>``), the same way."""
   out: dict[str, dict[str, float]] = {}
-  arms: dict[str, dict[int, dict]] = {}
-  for r in rows:
-    arms.setdefault(r["arm"], {})[int(r["seed"])] = r
+  arms = by_arm(rows)
   for arm, mine in arms.items():
     series = {key: [r[key] for r in mine.values()] for key in keys}
     for key in ratios:

@@ -95,11 +95,9 @@ class CompareSection(Section):
   def _kinds(self, field: str) -> None:
     kinds = self._items(field, lambda k: k not in _ALWAYS, "distinct kinds other than "
                         "'sagc' and 'static' (every comparison has those arms)")
-    for kind in kinds:
-      try:
+    with self._errors_as(f"{self._key(field)}={kinds!r}: "):
+      for kind in kinds:
         kind_class(kind)
-      except ValueError as err:
-        raise ValueError(f"{self._key(field)}={kinds!r}: {err}") from None
 
   def variants(self, candidates: Iterable[int]) -> list[tuple[str, str, int | None]]:
     """``(arm name after the algorithm, controller.kind, static G or None)`` of each arm

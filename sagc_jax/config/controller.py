@@ -15,15 +15,17 @@ import dataclasses
 from typing import Any, Mapping
 
 from sagc_jax.config.section import Section
-from sagc_jax.control.controller import (KINDS, controller_from_config, group_sizes,
-                                         kind_needs)
+from sagc_jax.control.controller import KINDS, controller_from_config, group_sizes, kind_class
 from sagc_jax.control.protocol import Needs
 
 __all__ = ["ControllerSection"]
 
 
 class _ControllerChecks(Section):
-  """The section's checks and what it answers (the fields are the kinds')."""
+  """The group-size controller (``sagc_jax.control``, docs/controllers.md): ``kind``, a
+  built-in kind's name or a user's ``module:Class``, every registered kind's settings,
+  and ``options`` (module docstring). This base holds the section's checks and what it
+  answers; the fields are the kinds' (``ControllerSection``)."""
 
   NAME = "controller"
 
@@ -44,7 +46,7 @@ class _ControllerChecks(Section):
   @property
   def needs(self) -> Needs:
     """What the kind needs from the run (``control.protocol.Needs``)."""
-    return kind_needs(self.kind)
+    return kind_class(self.kind).needs
 
   def group_sizes(self) -> tuple[int, ...]:
     """The sizes this controller may pick (one for a static G; per-prompt sizes
@@ -67,7 +69,4 @@ ControllerSection = dataclasses.make_dataclass(
      ("options", "Mapping[str, Any]", dataclasses.field(default_factory=dict))],
     bases=(_ControllerChecks,), frozen=True)
 ControllerSection.__module__ = __name__
-ControllerSection.__doc__ = (
-    "The group-size controller (``sagc_jax.control``, docs/controllers.md): ``kind``, a "
-    "built-in kind's name or a user's ``module:Class``, every registered kind's "
-    "settings, and ``options`` (module docstring).")
+ControllerSection.__doc__ = _ControllerChecks.__doc__

@@ -46,11 +46,8 @@ class RunConfig:
 
   def to_dict(self) -> dict[str, Any]:
     """The config as the user's ConfigDict would write it (config.json)."""
-    out = {"seed": self.seed}
-    for section in SECTIONS:
-      out[section.NAME] = getattr(self, section.NAME).to_dict()
-    out["learner"] = dict(self.learner_settings)
-    return out
+    sections = {s.NAME: getattr(self, s.NAME).to_dict() for s in SECTIONS}
+    return {"seed": self.seed, **sections, "learner": dict(self.learner_settings)}
 
   @property
   def label(self) -> str:

@@ -7,8 +7,9 @@ dataclass normalises its fields (lists to tuples) through ``object.__setattr__``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 from sagc_jax.runtime.storage import is_remote
 
@@ -50,6 +51,15 @@ class Section:
     value = getattr(self, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
       raise ValueError(f"{self._key(field)}={value!r} must be an int >= {low} ({meaning})")
+
+  @contextlib.contextmanager
+  def _errors_as(self, prefix: str, errors: Any = ValueError) -> Iterator[None]:
+    """A check another module runs for this section: its error, as a ``ValueError``
+    whose message starts with ``prefix`` (the key it concerns)."""
+    try:
+      yield
+    except errors as err:
+      raise ValueError(f"{prefix}{err}") from None
 
   def _bool(self, field: str) -> None:
     if not isinstance(getattr(self, field), bool):

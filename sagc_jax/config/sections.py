@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from typing import Any, Mapping
 
 from sagc_jax.control import budget
@@ -61,10 +62,8 @@ class ModelSection(Section):
     if isinstance(self.path, str) and self.path:
       from sagc_jax.models.gguf_import import is_gguf_source, resolve_source
       if is_gguf_source(self.path):
-        try:
+        with self._errors_as(f"model.path={self.path!r}: "):
           resolve_source(self.path)
-        except ValueError as err:
-          raise ValueError(f"model.path={self.path!r}: {err}") from None
     checks.number_in(self._root(), "model.init_std", 0.0, low_open=True)
     self._string("path")
 
@@ -88,11 +87,8 @@ class MeshSection(Section):
 
   def data_ways(self, device_count: int) -> int:
     """Size of the 'data' axis on ``device_count`` devices."""
-    known = 1
-    for s in self.shape:
-      known *= s if s != -1 else 1
-    sizes = [device_count // known if s == -1 else s for s in self.shape]
-    return sizes[self.axes.index("data")]
+    data = self.shape[self.axes.index("data")]
+    return device_count // math.prod(s for s in self.shape if s != -1) if data == -1 else data
 
 
 _SYNTHETIC_DEFAULTS = dict(max_operand=9, min_ops=1, max_ops=3, allow_mul=False,
@@ -135,10 +131,8 @@ class DataSection(Section):
                        "local GSM8K/MATH files from it")
     if self.name in FILE_DATASETS:
       from sagc_jax.data.prompt_files import FilesSpec
-      try:
+      with self._errors_as("data."):
         FilesSpec(format=self.name, **self.file_options())
-      except ValueError as err:
-        raise ValueError(f"data.{err}") from None
       if not self.eval_files and not self.eval_split.startswith("train"):
         raise ValueError(f"data.eval_split={self.eval_split!r}: data.eval_files is "
                          "empty, so the dataset has only a train split; set data.eval_files "
@@ -154,10 +148,8 @@ class DataSection(Section):
     self._set("synthetic", dict(self.synthetic))
     if self.name == "synthetic":
       from sagc_jax.data.synthetic import SyntheticConfig
-      try:
+      with self._errors_as("data.synthetic: ", (TypeError, ValueError)):
         SyntheticConfig(**self.synthetic)
-      except (TypeError, ValueError) as err:
-        raise ValueError(f"data.synthetic: {err}") from None
     self._string("manual_dir")
     self._string("data_dir")
     self._local_folder("data_dir", "TFDS builds and the staging cache need a real filesystem")
@@ -235,11 +227,9 @@ class RolloutSection(Section):
   def __post_init__(self):
     checks.one_of(self._root(), "rollout.mode", budget.ROLLOUT_MODES)
     from sagc_jax.sampling.params import SamplingParams
-    try:
+    with self._errors_as("rollout."):
       SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                      top_p=self.top_p, top_k=self.top_k, stop_ids=(0,))
-    except ValueError as err:
-      raise ValueError(f"rollout.{err}") from None
     self._positive_ints("prompt_buckets")
     responses = self._positive_ints("response_buckets")
     if max(responses) != self.max_new_tokens:
@@ -255,9 +245,7 @@ class RolloutSection(Section):
     for field in ("refill_slots", "kv_pages", "refill_segment"):
       checks.non_negative_int(self._root(), f"rollout.{field}")
     checks.positive_int(self._root(), "rollout.page_size")
-    if self.paged_kernel not in PAGED_KERNEL_CHOICES:
-      raise ValueError(f"rollout.paged_kernel={self.paged_kernel!r} is not one of "
-                       f"{PAGED_KERNEL_CHOICES}")
+    checks.one_of(self._root(), "rollout.paged_kernel", PAGED_KERNEL_CHOICES)
 
   def _positive_ints(self, field: str) -> tuple[int, ...]:
     value = getattr(self, field)

@@ -221,10 +221,9 @@ class PromptHistory:
     }
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    records = collections.OrderedDict()
-    for row in state["records"]:
-      records[int(row[0])] = [float(v) for v in row[1:5]] + [
-          math.nan if row[5] is None else float(row[5])]
+    records = collections.OrderedDict(
+        (int(row[0]), [float(v) for v in row[1:5]]
+         + [math.nan if row[5] is None else float(row[5])]) for row in state["records"])
     if len(records) > self.capacity:
       raise ValueError(f"state remembers {len(records)} prompts, more than "
                        f"history_size={self.capacity}")

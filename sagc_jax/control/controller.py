@@ -32,34 +32,19 @@ from typing import Any, Callable, Mapping
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.per_prompt import PerPromptController
 from sagc_jax.control.prompt_aware import PromptAwareController
-from sagc_jax.control.protocol import GroupController, Needs
+from sagc_jax.control.protocol import Needs
 from sagc_jax.control.sagc import SAGCController, StaticController
 from sagc_jax.control.stragglers import EVENTS, straggler_flags
 
-__all__ = [
-    "CONTROLLER_KINDS",
-    "EVENTS",
-    "KINDS",
-    "BatchContext",
-    "Controller",
-    "PerPromptController",
-    "PromptAwareController",
-    "SAGCController",
-    "StaticController",
-    "arm_name",
-    "controller_from_config",
-    "group_sizes",
-    "kind_class",
-    "kind_settings",
-    "kind_needs",
-    "straggler_flags",
-]
+__all__ = ["CONTROLLER_KINDS", "EVENTS", "KINDS", "BatchContext",
+           "PerPromptController", "PromptAwareController", "SAGCController",
+           "StaticController", "arm_name", "controller_from_config", "group_sizes",
+           "kind_class", "kind_settings", "straggler_flags"]
 
 KINDS: dict[str, type] = {cls.kind: cls for cls in (
     SAGCController, StaticController, PromptAwareController, PerPromptController)}
 CONTROLLER_KINDS = tuple(KINDS)
 
-Controller = GroupController
 
 
 def kind_class(kind: str) -> type:
@@ -87,11 +72,6 @@ def kind_class(kind: str) -> type:
                      f"{', '.join(missing) or 'a dataclass Settings'} "
                      "(control.protocol.GroupController)")
   return cls
-
-
-def kind_needs(kind: str) -> Needs:
-  """What a kind needs from the run (``control.protocol.Needs``)."""
-  return kind_class(kind).needs
 
 
 def arm_name(kind: str) -> str:

@@ -243,8 +243,7 @@ class PromptAwareController(SAGCController):
     proposal = self._proposal
     predicted = (float(self.posterior_mean()[self._index]) if proposal is None
                  else proposal.predicted)
-    uniform = bool((size_index == self._index).all())
-    metrics = self._record_step(flags, None if uniform else size_index)
+    metrics = self._record_step(flags, size_index)
     self._update_cells(size_index, buckets, flags)
     scores = self._relative_tail_scores(tail_scores(gmax, gmed, self.params.tau), size_index)
     if known.any():

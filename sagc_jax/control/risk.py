@@ -175,7 +175,8 @@ class GroupSizeController:
     """The step's groups, which must come from a step that used ``self.g``; returns the
     controller's diagnostics (``_record_step``)."""
     gmax, gmed = validated_lengths(groups.group_max, groups.group_median)
-    return self._record_step(straggler_flags(gmax, gmed, self.params.tau))
+    return self._record_step(straggler_flags(gmax, gmed, self.params.tau),
+                             self._observed_sizes(groups.group_sizes, gmax.size))
 
   def observe(self, group_max: Any, group_median: Any, **fields: Any) -> dict[str, float]:
     """Feeds back the per-group max/median response lengths of the step (the
@@ -197,26 +198,21 @@ class GroupSizeController:
     del group_sizes
     return np.full(n, self._index)
 
-  def _record_step(self, flags: np.ndarray,
-                   size_index: np.ndarray | None = None) -> dict[str, float]:
+  def _record_step(self, flags: np.ndarray, size_index: np.ndarray) -> dict[str, float]:
     """Posterior and dual updates of one step; returns the diagnostics: ``lambda``
     (after the update) and ``p_mean/G<g>``, the posterior mean straggler probability
     of every candidate.
 
     ``flags`` are the step's per-group straggler events at this controller's tau;
-    ``size_index`` the index (in ``candidates``) of each group's size, None when every
-    group used the current size. With the group event each size is a Bernoulli
-    observation per group of that size; with the step event the step's S_t is one
-    observation of the current size.
+    ``size_index`` the index (in ``candidates``) of each group's size. With the group
+    event each size is a Bernoulli observation per group of that size; with the step
+    event the step's S_t is one observation of the current size.
     """
-    n_groups = flags.size
     n_straggle = float(np.count_nonzero(flags))
     step_straggler = 1.0 if n_straggle else 0.0
     step_event = self.params.event == "step"
     if step_event:
       evidence = {self._index: (step_straggler, 1.0)}
-    elif size_index is None:
-      evidence = {self._index: (n_straggle, float(n_groups))}
     else:
       evidence = {int(k): (float(np.count_nonzero(flags[size_index == k])),
                            float(np.count_nonzero(size_index == k)))
@@ -228,12 +224,11 @@ class GroupSizeController:
       hits, trials = evidence.get(k, (0.0, 0.0))
       self._straggle_counts[k] = gamma * self._straggle_counts[k] + hits
       self._ok_counts[k] = gamma * self._ok_counts[k] + (trials - hits)
-    self._update_dual(step_straggler if step_event else n_straggle / n_groups)
+    self._update_dual(step_straggler if step_event else n_straggle / flags.size)
     self._pending = False
-    metrics = {"lambda": self._lambda}
-    for cand, (a, b) in zip(self.candidates, self.posterior_params()):
-      metrics[f"p_mean/G{cand}"] = a / (a + b)
-    return metrics
+    means = {f"p_mean/G{cand}": a / (a + b)
+             for cand, (a, b) in zip(self.candidates, self.posterior_params())}
+    return {"lambda": self._lambda, **means}
 
   def state_dict(self) -> dict[str, Any]:
     """JSON-serialisable state (posteriors, lambda, current G, RNG, counters).

@@ -42,14 +42,8 @@ from typing import Any
 from sagc_jax.data.record_files import FileRecordsBuilder, Sources, has_pyarrow, text_field
 from sagc_jax.rewards.verifiers import last_boxed_content
 
-__all__ = [
-    "BOXED_INSTRUCTION",
-    "Gsm8kLocal",
-    "MathLocal",
-    "gsm8k_reference_answer",
-    "make_prompt",
-    "math_reference_answer",
-]
+__all__ = ["BOXED_INSTRUCTION", "Gsm8kLocal", "MathLocal", "gsm8k_reference_answer",
+           "make_prompt", "math_reference_answer"]
 
 SPLITS = ("train", "test")
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."

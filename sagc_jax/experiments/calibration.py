@@ -57,7 +57,6 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
   replayed under ``rollout`` (the budget P(G) the replay and the step rates use),
   ``candidates`` and ``max_rounds`` (``cost.settings(trace)`` gives them)."""
   header = trace.header
-  controller = dict(section)
   budget = types.SimpleNamespace(**rollout)
   wanted = sorted(candidates)
   candidates = [g for g in wanted if 2 * g <= trace.responses]
@@ -67,19 +66,21 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
   if candidates != wanted:
     log(f"calibrate: candidates {[g for g in wanted if g not in candidates]} need more than "
         f"{trace.responses // 2} responses per prompt; calibrating {candidates}")
-  tau = float(controller["tau"])
-  rates = {f"G{g}": straggler_rates(trace, g, tau, prompts_for(budget, g)) for g in candidates}
+  section = dict(section, candidates=tuple(candidates))
+  tau = float(section["tau"])
+  rates = lambda at: {f"G{g}": straggler_rates(trace, g, at, prompts_for(budget, g))
+                      for g in candidates}
   dapo = bool(header.get("learner", {}).get("dynamic_sampling", False))
   taus = sorted({*map(float, taus), tau})
+  settings = [(t, d) for t in taus for d in deltas]
   rows = []
   for rep, result in replay_replicates(
-      [trace], dict(controller, candidates=tuple(candidates)), cost, replicates=replicates,
-      log=log, progress=f"calibrate: replaying {len(taus) * len(deltas)} SAGC settings and "
+      [trace], section, cost, replicates=replicates, log=log,
+      progress=f"calibrate: replaying {len(settings)} SAGC settings and "
       f"{len(candidates)} static G{' and ' + ', '.join(kinds) if kinds else ''}, replicate "
       f"{{k}}/{replicates} ({steps} steps)",
       rollout=rollout, steps=steps, dapo=dapo, max_rounds=max_rounds, kinds=kinds,
-      grid=[(t, d) for t in taus for d in deltas], length_scale=length_scale,
-      length_cap=length_cap):
+      grid=settings, length_scale=length_scale, length_cap=length_cap):
     rows += [dict(s, **measure_values(s), arm=arm, seed=rep, step_s=s["wall_clock_s"] / steps)
              for arm, s in result["summary"].items()]
   reference = f"static_G{max(candidates)}"
@@ -87,7 +88,6 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
                                "group_straggler_rate", "step_straggler_rate", "mean_g"),
                         reference, ratios=("time_to_target_s", "seconds_per_signal", "step_s"))
   found = signals(rows, chosen(measures))
-  settings = [(t, d) for t in taus for d in deltas]
   bests = {m: max(settings, key=lambda s, m=m: found[m]["arms"][sagc_arm_name(*s)]["mean"])
            for m in validated if m in found}
   if len(set(bests.values())) != 1:
@@ -109,15 +109,10 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
         "measure": measure, "tau": best_tau, "delta": best_delta, "candidates": candidates,
         "arm": best, "per_hour": value(best), "static_beats_it": value(best_static) > value(best),
         "best_static": best_static,
-        "predicted_rates": {f"G{g}": straggler_rates(trace, g, best_tau, prompts_for(budget, g))
-                            for g in candidates},
+        "predicted_rates": rates(best_tau),
         "overrides": f"--config.controller.tau={best_tau:g} "
                      f"--config.controller.delta={best_delta:g} "
                      f"--config.controller.candidates='({','.join(map(str, candidates))})'"}
-  savings = straggler_savings(trace, cost, dict(controller, candidates=tuple(candidates)),
-                              rollout=rollout, steps=steps, replicates=replicates, dapo=dapo,
-                              max_rounds=max_rounds, length_scale=length_scale,
-                              length_cap=length_cap)
   return {
       "trace": {k: header.get(k) for k in ("model", "config_digest", "date", "split", "prompts",
                                           "responses", "checkpoint_step", "sampling")},
@@ -126,7 +121,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
       "length_scale": length_scale,
       "lengths": length_summary(trace),
       "tau": tau, "candidates": candidates,
-      "straggler_rates": rates,
+      "straggler_rates": rates(tau),
       "tau_curve": tau_curve(trace, candidates, CURVE_TAUS),
       "rule": "the most of a validated learning measure per hour of priced time "
               "(experiments.signals); withheld when no measure is validated",
@@ -134,7 +129,9 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
                  "deltas": list(deltas), "arms": table, "reference": reference},
       "signals": found, "measures_agree": agree(found), "validated": list(validated),
       "recommended": recommended,
-      "straggler_savings": savings,
+      "straggler_savings": straggler_savings(
+          trace, cost, section, rollout=rollout, steps=steps, replicates=replicates, dapo=dapo,
+          max_rounds=max_rounds, length_scale=length_scale, length_cap=length_cap),
   }
 
 
@@ -155,9 +152,8 @@ def straggler_savings(trace: Trace, cost: Callable, section: dict[str, Any], *,
     table = arm_intervals(rows, ("straggler_share", "straggler_step_share"), reference,
                           ratios=("rollout_cut_s",))
     out[mode] = {"cost_model": getattr(cost, "name", "custom"),
-                 "straggler_share": {a: _interval(t, "straggler_share") for a, t in table.items()},
-                 "straggler_step_share": {a: _interval(t, "straggler_step_share")
-                                          for a, t in table.items()}}
+                 **{key: {a: _interval(t, key) for a, t in table.items()}
+                    for key in ("straggler_share", "straggler_step_share")}}
     if mode == "hold_prompts":
       out[mode]["rollout_without_stragglers_vs_largest_g"] = {
           a: _interval(t, f"rollout_cut_s_vs_{reference}") for a, t in table.items()}
@@ -242,14 +238,12 @@ def prediction_check(trace: Trace, rows: Sequence[dict[str, Any]], tau: float,
   ``other_tau``) beside the one a run at ``tau`` observed (``observed_rates``)."""
   budget = types.SimpleNamespace(**rollout)
   observed = observed_rates(rows)
-  sizes = sorted({int(g[1:]) for g in observed} | set(trace.header["controller"]["candidates"]))
+  sizes = {int(g[1:]) for g in observed} | set(trace.header["controller"]["candidates"])
   title = f" predicted at tau {other_tau:g} |" if other_tau is not None else ""
   lines = [f"| G | predicted at tau {tau:g} | observed at tau {tau:g} (groups, steps) |{title}",
            "|---|---|---|" + ("---|" if other_tau is not None else "")]
   cell = lambda r: f"{r['group_rate']:.3f} [{r['group_low']:.3f}, {r['group_high']:.3f}]"
-  for g in sizes:
-    if g > trace.responses:
-      continue
+  for g in sorted(g for g in sizes if g <= trace.responses):
     predicted = straggler_rates(trace, g, tau, prompts_for(budget, g))
     seen = observed.get(f"G{g}")
     row = (f"| {g} | {cell(predicted)} | "

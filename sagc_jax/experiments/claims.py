@@ -74,6 +74,10 @@ def _verdict(stat: tuple[float, float, int], side: str, null: float) -> str:
   return too_few(stat) or ("✓" if holds else "✗")
 
 
+def _is_static(row: dict[str, Any], g: int) -> bool:
+  return row["controller"] == "static" and int(row["static_g"]) == g
+
+
 def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
   """``{"stat": (mean, half, n), "verdict", "detail"}`` of one claim on one group."""
   sagc = by_seed(rows, lambda r: r["controller"] == "sagc")
@@ -81,21 +85,18 @@ def _evaluate(claim: Claim, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
   versus = static_gs[-1] if static_gs and claim.against is None else claim.against
   if not sagc or versus not in static_gs:
     return {"stat": (float("nan"), float("nan"), 0), "verdict": "n/a", "detail": ""}
-  largest = by_seed(rows, lambda r: r["controller"] == "static"
-                     and int(r["static_g"]) == versus)
+  largest = by_seed(rows, lambda r: _is_static(r, versus))
   detail = f"vs static G={versus}"
   if claim.kind in ("paired_difference", "paired_speedup"):
     op = operator.sub if claim.kind == "paired_difference" else (
         lambda ours, base: base / ours)                           # the speedup
     stat = mean_ci(per_seed(sagc, largest, claim.key, op))
   elif claim.kind == "posterior":
-    values = [s["p_largest_end"] - s["p_smallest_end"] for s in sagc.values()
-              if finite(s.get("p_largest_end")) and finite(s.get("p_smallest_end"))]
-    stat = mean_ci(values)
+    stat = mean_ci([s["p_largest_end"] - s["p_smallest_end"] for s in sagc.values()
+                    if finite(s.get("p_largest_end")) and finite(s.get("p_smallest_end"))])
     detail = "SAGC's final posterior means"
   else:                                       # competitive
-    arms = {g: mean_ci([r.get(claim.key, float("nan")) for r in rows
-                        if r["controller"] == "static" and int(r["static_g"]) == g])
+    arms = {g: mean_ci([r.get(claim.key, float("nan")) for r in rows if _is_static(r, g)])
             for g in static_gs}
     arms = {g: a for g, a in arms.items() if a[2]}
     ours = mean_ci([s.get(claim.key, float("nan")) for s in sagc.values()])
@@ -125,9 +126,8 @@ def claims_for(rows: Sequence[dict[str, Any]]) -> tuple[Claim, ...]:
 def claims_table(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
   """Per ``algorithm`` group (first-seen order): one evaluated entry per claim of
   ``claims_for``."""
-  groups: dict[str, list[dict[str, Any]]] = {}
-  for row in rows:
-    groups.setdefault(str(row["algorithm"]), []).append(row)
+  groups = {name: [r for r in rows if str(r["algorithm"]) == name]
+            for name in dict.fromkeys(str(r["algorithm"]) for r in rows)}
   claims = claims_for(rows)
   return {name: [{"claim": c, **_evaluate(c, group)} for c in claims]
           for name, group in groups.items()}
@@ -180,8 +180,7 @@ def adaptation_table(comparisons: dict[str, Sequence[dict[str, Any]]]) -> str:
       if not static_gs:
         continue
       largest = max(static_gs)
-      rate = mean_ci([r["group_straggler_rate"] for r in rows if r["controller"] == "static"
-                      and int(r["static_g"]) == largest])
+      rate = mean_ci([r["group_straggler_rate"] for r in rows if _is_static(r, largest)])
       sagc[name] = by_seed(rows, lambda r: r["controller"] == "sagc")
       summary[name] = (rate, mean_ci([r["mean_g"] for r in sagc[name].values()]))
     if len(summary) != 2:

@@ -15,7 +15,6 @@ per G).
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
@@ -27,7 +26,8 @@ from sagc_jax.experiments.arms import split_run_name
 from sagc_jax.base.stats import Paired, paired_markdown, per_arm_markdown
 from sagc_jax.experiments.claims import claims_markdown
 from sagc_jax.experiments.machine import machine_info, machine_line
-from sagc_jax.experiments.per_hour import analyse, per_hour_markdown, write as write_per_hour
+from sagc_jax.experiments.per_hour import (analyse, per_hour_markdown, write as write_per_hour,
+                                           write_csv)
 from sagc_jax.experiments.plots import plot_comparison, plot_learning
 from sagc_jax.runtime.metrics import summarize
 
@@ -175,12 +175,11 @@ def results_table(arms: Sequence[dict[str, Any]],
         row[f"{column}_{end}"] = window_mean(metrics, key, end)
     rows.append(row)
   for row, arm in zip(rows, arms):
-    same_seed = [r for r in rows if r["algorithm"] == row["algorithm"]
-                 and r["seed"] == row["seed"]]
     # Against the same seed's static run at the largest candidate G (nan if that run is
     # not in the comparison, e.g. a partial merge).
     largest_g = max(arm["config"]["controller"]["candidates"])
-    largest = [r for r in same_seed if r["controller"] == "static" and r["static_g"] == largest_g]
+    largest = [r for r in rows if r["algorithm"] == row["algorithm"] and r["seed"] == row["seed"]
+               and r["controller"] == "static" and r["static_g"] == largest_g]
     row["speedup_vs_largest_static"] = (
         largest[0]["seconds_per_step"] / row["seconds_per_step"] if largest else nan)
   return rows
@@ -204,11 +203,6 @@ def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
           + paired_markdown(rows, pairs, CONTEXTUAL_PAIRED))
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  """Per arm: mean ± 95% CI over its seeds (n = seeds) of ``SUMMARY_COLUMNS``."""
-  return per_arm_markdown(rows, SUMMARY_COLUMNS, seeds_column=True)
-
-
 def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   """Writes results.csv, results.md (with the best model per hour), claims.md,
   learning.csv, per_hour.json and the plots of the runs under ``workdir``; returns
@@ -218,20 +212,17 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   settings = json.loads(settings.read_text()) if settings.exists() else {}
   # The machine the arms ran on (recorded when they were launched), not this one.
   machine = settings.get("machine")
-  if machine is None:
-    caption = (f"Measured on: not recorded (the runs predate machine records); report "
-               f"built on {machine_line(machine_info())}.\n\n")
-  else:
-    caption = f"Measured on: {machine_line(machine)}.\n\n"
+  measured_on = (machine_line(machine) if machine is not None else "not recorded (the runs "
+                 f"predate machine records); report built on {machine_line(machine_info())}")
+  caption = f"Measured on: {measured_on}.\n\n"
   per_hour = analyse(arms, settings)
   rows = results_table(arms, per_hour)
-  table = markdown_table(rows) + "\n\n" + per_hour_markdown(per_hour)
+  # Per arm: mean ± 95% CI over its seeds (n = seeds) of SUMMARY_COLUMNS.
+  table = (per_arm_markdown(rows, SUMMARY_COLUMNS, seeds_column=True) + "\n\n"
+           + per_hour_markdown(per_hour))
   claims = claims_markdown(rows) + contextual_markdown(rows)
   write_per_hour(per_hour, workdir)
-  with open(workdir / "results.csv", "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
+  write_csv(workdir / "results.csv", RESULT_COLUMNS, rows)
   (workdir / "results.md").write_text(caption + table + "\n", encoding="utf-8")
   (workdir / "claims.md").write_text(caption + claims + "\n", encoding="utf-8")
   plot_comparison(arms, workdir, machine)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+from collections import Counter
 import json
 import math
 from pathlib import Path
@@ -60,18 +61,16 @@ def learning_rows(arm: dict[str, Any]) -> list[dict[str, Any]]:
   base = {"arm": name, "algorithm": arm["config"]["learner"]["algorithm"], "seed": seed}
   before = arm.get("before_rl") or {}
   nan = float("nan")
-  out = [{**base, "step": 0, "step_time_s": 0.0, "rollouts": 0.0, "slot_steps": 0.0,
-          "learner_tokens": 0.0, "sampled_accuracy": before.get("eval_sampled_accuracy", nan),
-          "greedy_accuracy": before.get("eval_accuracy", nan), "train_reward": nan}]
   totals = dict(step_time_s=0.0, rollouts=0.0, slot_steps=0.0, learner_tokens=0.0)
+  out = [{**base, "step": 0, **totals, "sampled_accuracy": before.get("eval_sampled_accuracy", nan),
+          "greedy_accuracy": before.get("eval_accuracy", nan), "train_reward": nan}]
   rewards: list[float] = []
   for row in arm["rows"]:
     totals["step_time_s"] += row["time_total_s"]
     totals["rollouts"] += row.get("rollouts", nan)
     slots = row.get("decode_slots")
     if slots is None:            # rows from before decode_slots was logged
-      efficiency = row.get("padding_efficiency") or nan
-      slots = row.get("generated_tokens", nan) / efficiency
+      slots = row.get("generated_tokens", nan) / (row.get("padding_efficiency") or nan)
     totals["slot_steps"] += slots
     totals["learner_tokens"] += row.get("learner/padded_tokens", nan)
     rewards.append(row["reward_mean"])
@@ -97,8 +96,8 @@ def curve_measures(times: Sequence[float], accuracy: Sequence[float],
   inside = t < horizon
   xs = np.concatenate([t[inside], [horizon]])
   ys = np.concatenate([a[inside], [at_h]])
-  area = float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2))
-  return at_h, area / horizon
+  # The mean over [0, H]: the area under the curve (trapezoids) divided by H.
+  return at_h, float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2)) / horizon
 
 
 def time_to_target(times: Sequence[float], accuracy: Sequence[float],
@@ -159,21 +158,18 @@ def compare_pairs(measures: Sequence[dict[str, Any]],
       pair["time_ratio"] = {}
       for target in targets:
         key = f"{target:g}"
-        ratios = [a[s]["time_to_target_s"][key][0] / b[s]["time_to_target_s"][key][0]
-                  for s in seeds if a[s]["time_to_target_s"][key][1]
-                  and b[s]["time_to_target_s"][key][1]
-                  and b[s]["time_to_target_s"][key][0] > 0]
+        times = [(a[s]["time_to_target_s"][key], b[s]["time_to_target_s"][key]) for s in seeds]
+        ratios = [x / y for (x, x_reached), (y, y_reached) in times
+                  if x_reached and y_reached and y > 0]
         pair["time_ratio"][key] = dict(zip(("mean", "half_width", "n"), mean_ci(ratios)))
       pairs.append(pair)
     adjusted = holm([p["mean_accuracy_over_h"]["p"] for p in pairs])
     for pair, p in zip(pairs, adjusted):
       pair["p_holm"] = p
       pair["significant"] = bool(math.isfinite(p) and p < ALPHA)
-    better = {arm: 0 for arm in arms}
-    for pair in pairs:
-      if pair["significant"]:
-        loser = pair["second"] if pair["mean_accuracy_over_h"]["mean"] > 0 else pair["first"]
-        better[loser] += 1
+    # Per arm, how many arms are significantly better: the pairs it lost.
+    better = Counter(p["second"] if p["mean_accuracy_over_h"]["mean"] > 0 else p["first"]
+                     for p in pairs if p["significant"])
     measured = {arm: sum(math.isfinite(m["mean_accuracy_over_h"])
                          for m in measures if m["arm"] == arm) for arm in arms}
     # An arm without two measured seeds cannot lose a test: it has no rank.
@@ -289,12 +285,17 @@ def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[st
 
 def write(result: dict[str, Any], workdir: Path) -> None:
   """``learning.csv`` (one row per evaluation of every run) and ``per_hour.json``."""
-  with open(workdir / "learning.csv", "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=LEARNING_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(result["learning"])
+  write_csv(workdir / "learning.csv", LEARNING_COLUMNS, result["learning"])
   body = _json_safe({k: v for k, v in result.items() if k != "learning"})
   (workdir / "per_hour.json").write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+  """``rows`` as a CSV file of ``columns`` (a row's other keys are left out)."""
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
 
 
 def _json_safe(value: Any) -> Any:

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from sagc_jax.replay.engine import MEASURES
-from sagc_jax.control.controller import arm_name, kind_needs
+from sagc_jax.control.controller import arm_name, kind_class
+from sagc_jax.control.protocol import Needs
 from sagc_jax.replay.entry_points import default_kinds, replay_replicates, simulate
 from sagc_jax.base.stats import Paired, arm_comparison
 from sagc_jax.replay.trace import Trace
@@ -79,21 +80,16 @@ _TRACE_PAIRED = (
 
 def arm_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
   """One row per arm of a prompt-pool simulation or a replay, in the tables' units."""
-  rows = []
-  for arm, s in result["summary"].items():
-    rows.append({
-        "arm": arm, "seed": seed,
-        "group_straggler_rate": s["group_straggler_rate"],
-        "step_straggler_rate": s["step_straggler_rate"],
-        "wall_clock_h": s["wall_clock_s"] / 3600.0,
-        "signal_k": s["signal"] / 1e3,
-        "informative_k": s["informative_groups"] / 1e3,
-        "mean_g": s["mean_g"],
-        "time_to_target_h": s["time_to_target_s"] / 3600.0,
-        "signal_at_equal_time_k": s["signal_at_equal_time"] / 1e3,
-        "controller_us": s["controller_us"],
-    })
-  return rows
+  return [{"arm": arm, "seed": seed,
+           "group_straggler_rate": s["group_straggler_rate"],
+           "step_straggler_rate": s["step_straggler_rate"],
+           "wall_clock_h": s["wall_clock_s"] / 3600.0,
+           "signal_k": s["signal"] / 1e3,
+           "informative_k": s["informative_groups"] / 1e3,
+           "mean_g": s["mean_g"],
+           "time_to_target_h": s["time_to_target_s"] / 3600.0,
+           "signal_at_equal_time_k": s["signal_at_equal_time"] / 1e3,
+           "controller_us": s["controller_us"]} for arm, s in result["summary"].items()]
 
 
 def claim_rows(result: dict[str, Any], seed: int) -> list[dict[str, Any]]:
@@ -137,26 +133,22 @@ def simulate_tables(config: Any, section: dict[str, Any], seeds: int,
   ``default_kinds``) and its rows: the claims table (``experiments.claims``) in the
   synthetic world; in the prompt pool, the per-arm table and the other kinds against
   SAGC."""
-  if "pool" not in config:
-    rows = [r for k, seeded, sec in _seeded(config, section, seeds)
-            for r in claim_rows(simulate(seeded, sec, kinds), k)]
-    return claims_markdown(rows), rows
+  pool = "pool" in config
   rows = [r for k, seeded, sec in _seeded(config, section, seeds)
-          for r in arm_rows(simulate(seeded, sec, kinds), k)]
+          for r in (arm_rows if pool else claim_rows)(simulate(seeded, sec, kinds), k)]
+  if not pool:
+    return claims_markdown(rows), rows
   kinds = default_kinds(True) if kinds is None else kinds
-  table = arm_comparison(
+  return arm_comparison(
       rows, _POOL_COLUMNS, _POOL_PAIRED, reference="sagc",
       others=[arm_name(k) for k in kinds if k not in ("sagc", "static")],
       intro=f"Per arm, mean ± 95% CI over {len({r['seed'] for r in rows})} seeds:",
-      against="Against SAGC, per seed then mean ± 95% CI:")
-  return table, rows
+      against="Against SAGC, per seed then mean ± 95% CI:"), rows
 
 
 def _refused(kind: str | None, refill: bool) -> str:
   """What the trainer says of a kind's arm the replay runs anyway (its ``needs``)."""
-  needs = kind_needs(kind) if kind else None
-  if needs is None or not (needs.one_process or needs.no_refill):
-    return ""
+  needs = kind_class(kind).needs if kind else Needs()      # static G and SAGC's grid: none
   why = ["one process only (sizes per prompt)"] if needs.one_process else []
   if needs.no_refill and refill:
     why.append("refused with the refill sampler (rollout.refill_slots > 0); priced here "
@@ -197,8 +189,7 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
         for row in arm_rows(result, rep):
           s = result["summary"][row["arm"]]
           col = result["traces"][row["arm"]]
-          row.update(measure_values(s))
-          row.update(algorithm=algorithm, tau=float(tau),
+          row.update(measure_values(s), algorithm=algorithm, tau=float(tau),
                      step_s=s["wall_clock_s"] / len(col["total_s"]),
                      rollout_s_per_step=s["rollout_s"] / len(col["total_s"]),
                      signal_per_h=s["signal"] / (s["wall_clock_s"] / 3600.0),
@@ -211,12 +202,11 @@ def trace_tables(traces: Sequence[Trace], section: dict[str, Any], cost: Callabl
       for measure, entry in ranked.items():
         found["signals"].setdefault(measure, {})[label] = entry
       found["predictions"][label] = predictions(mine, measures)
-      arms = list(dict.fromkeys(r["arm"] for r in mine))
       ranks = agree(ranked)
       sections.append(arm_comparison(
           mine, _TRACE_COLUMNS if ranks else _TIME_COLUMNS,
           _TRACE_PAIRED if ranks else _TRACE_PAIRED[-1:], reference=reference,
-          others=[a for a in arms if a != reference],
+          others=[a for a in dict.fromkeys(r["arm"] for r in mine) if a != reference],
           intro=f"**{algorithm.upper()}, tau {tau:g}**: per arm, mean ± 95% CI over "
                 f"{len({r['seed'] for r in mine})} replicates",
           against=f"Against {reference}, per replicate then mean ± 95% CI:",

@@ -24,7 +24,7 @@ import operator
 from typing import Any, Sequence
 
 from sagc_jax.replay.engine import MEASURES
-from sagc_jax.base.stats import by_seed, mean_ci, per_seed
+from sagc_jax.base.stats import by_arm, mean_ci, per_seed
 
 __all__ = ["MIN_RESOLVED", "agree", "check_learning", "chosen", "learning_markdown",
            "measure_values", "predictions", "ranking_markdown", "signals", "validated_measures"]
@@ -48,9 +48,11 @@ def measure_values(summary: dict[str, float]) -> dict[str, float]:
   return out
 
 
-def _key(measure: str, rows: Sequence[dict[str, Any]]) -> str:
-  """The value a measure ranks by: at the horizon when the rows have it."""
-  return f"{measure}_at_h" if f"{measure}_at_h" in rows[0] else f"{measure}_per_h"
+def _keys(rows: Sequence[dict[str, Any]], measures: Sequence[str]) -> dict[str, str]:
+  """Per measure of ``measures`` the rows carry, the value it ranks by: at the horizon
+  when the rows have it, else per hour."""
+  return {m: f"{m}_at_h" if f"{m}_at_h" in rows[0] else f"{m}_per_h"
+          for m in measures if f"{m}_per_h" in rows[0]}
 
 
 def chosen(names: Sequence[str] | None) -> tuple[str, ...]:
@@ -70,10 +72,7 @@ def signals(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(MEAS
   first."""
   out = {}
   arms = list(dict.fromkeys(r["arm"] for r in rows))
-  for measure in measures:
-    if f"{measure}_per_h" not in rows[0]:
-      continue
-    key = _key(measure, rows)
+  for measure, key in _keys(rows, measures).items():
     stats = {arm: mean_ci([r[key] for r in rows if r["arm"] == arm]) for arm in arms}
     # An arm with no value (the step cap stopped it short of the horizon) ranks last.
     rank = lambda a: -stats[a][0] if math.isfinite(stats[a][0]) else math.inf
@@ -111,20 +110,15 @@ def predictions(rows: Sequence[dict[str, Any]], measures: Sequence[str] = tuple(
   """Per measure of ``measures``, for every pair of the rows' arms (any controller kind,
   so that every pair a comparison resolves can be checked): the replicate-paired
   difference of the measure (first minus second) and the predicted order."""
-  arms = list(dict.fromkeys(r["arm"] for r in rows))
-  seeded = {arm: by_seed(rows, lambda r, arm=arm: r["arm"] == arm) for arm in arms}
-  out = {}
-  for measure in measures:
-    if f"{measure}_per_h" not in rows[0]:
-      continue
-    key = _key(measure, rows)
-    pairs = []
-    for first, second in itertools.combinations(sorted(arms), 2):
-      mean, half, n = mean_ci(per_seed(seeded[first], seeded[second], key, operator.sub))
-      pairs.append({"first": first, "second": second, "mean": mean, "half_width": half,
-                    "n": n, "order": ">" if mean > 0 else "<" if mean < 0 else "="})
-    out[measure] = pairs
-  return out
+  seeded = by_arm(rows)
+
+  def pair(first: str, second: str, key: str) -> dict[str, Any]:
+    mean, half, n = mean_ci(per_seed(seeded[first], seeded[second], key, operator.sub))
+    return {"first": first, "second": second, "mean": mean, "half_width": half, "n": n,
+            "order": ">" if mean > 0 else "<" if mean < 0 else "="}
+  return {measure: [pair(first, second, key)
+                    for first, second in itertools.combinations(sorted(seeded), 2)]
+          for measure, key in _keys(rows, measures).items()}
 
 
 def _replay_name(arm: str, algorithm: str) -> str:
@@ -161,12 +155,10 @@ def check_learning(predicted: dict[str, dict[str, list[dict[str, Any]]]],
           disagree.append(f"{pair['first']} vs {pair['second']}: learning {learned:+.3f}, "
                           f"{measure} {guess:+.4g}")
       tested = len(resolved) - len(unpredicted)
-      verdict = ("cannot test" if tested < MIN_RESOLVED else
-                 "passes" if not disagree else "fails")
-      out.setdefault(measure, {})[algorithm] = {"resolved": tested, "agree": agreeing,
-                                                "disagreements": disagree,
-                                                "unpredicted": unpredicted,
-                                                "verdict": verdict}
+      out.setdefault(measure, {})[algorithm] = {
+          "resolved": tested, "agree": agreeing, "disagreements": disagree,
+          "unpredicted": unpredicted,
+          "verdict": "cannot test" if tested < MIN_RESOLVED else "fails" if disagree else "passes"}
   return out
 
 

@@ -145,12 +145,10 @@ def replay_settings(trace: Any, **changes: Any) -> dict[str, Any]:
   """The replay settings of a trace's run (``rollout``, ``candidates``, ``max_rounds``,
   ``length_scale``, ``length_cap``), with ``changes`` (a cost model's own budget)."""
   header = trace.header
-  out = dict(rollout=dict(header["rollout"]),
-             candidates=sorted(header["controller"]["candidates"]),
-             max_rounds=int(header.get("learner", {}).get("dynamic_max_rounds", 3)),
-             length_scale=1.0, length_cap=trace.max_new_tokens)
-  out.update(changes)
-  return out
+  return {"rollout": dict(header["rollout"]),
+          "candidates": sorted(header["controller"]["candidates"]),
+          "max_rounds": int(header.get("learner", {}).get("dynamic_max_rounds", 3)),
+          "length_scale": 1.0, "length_cap": trace.max_new_tokens, **changes}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,11 +221,9 @@ class CompiledStepCost:
   def _dense_round_s(self, lengths: np.ndarray) -> float:
     calls = int(self.report.get("sampler_calls_per_round") or 1)
     per_call = math.ceil(lengths.size / calls)
-    seconds = 0.0
-    for lo in range(0, lengths.size, per_call):
-      longest = int(lengths[lo:lo + per_call].max())
-      seconds += (self.report["generate_ms"] + (longest - 1) * self.report["decode_step_ms"])
-    return seconds / 1e3
+    longest = [int(lengths[lo:lo + per_call].max()) for lo in range(0, lengths.size, per_call)]
+    return sum(self.report["generate_ms"] + (n - 1) * self.report["decode_step_ms"]
+               for n in longest) / 1e3
 
   def __call__(self, rounds: Sequence[tuple[np.ndarray, np.ndarray]],
                trained: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:

@@ -79,7 +79,6 @@ def build_arms(section: Mapping[str, Any], kinds: Sequence[str] = ("sagc",), *,
   ``control.controller.arm_name``), then SAGC at each ``(tau, delta)`` of ``grid``
   (``sagc_tau<t>_delta<d>``), all from the one complete controller ``section``
   (``ControllerSection.to_dict()``); ``prompts_for`` is P(G) for the contextual kinds."""
-  section = dict(section)
   arms = [(f"static_G{g}", controller_from_config(dict(section, kind="static", static_g=g,
                                                        candidates=(g,))))
           for g in sorted(section["candidates"])]
@@ -91,8 +90,9 @@ def build_arms(section: Mapping[str, Any], kinds: Sequence[str] = ("sagc",), *,
 
 
 def group_stats(block: dict[str, Any], sizes: np.ndarray) -> dict[str, Any]:
-  """Per-group max / median length (and pass rate) of the block's first len(sizes)
-  prompts, each group its first ``G_i`` responses."""
+  """Per-group max / median length (and pass rate), response lengths (``rows``), prompt
+  id and size of the block's first len(sizes) prompts, each group its first ``G_i``
+  responses."""
   k = sizes.size
   out = {name: np.empty(k) for name in ("max", "median", "pass")}
   for g in np.unique(sizes):
@@ -101,7 +101,8 @@ def group_stats(block: dict[str, Any], sizes: np.ndarray) -> dict[str, Any]:
     out["median"][rows] = np.median(block["lengths"][rows, :g], axis=1)
     if block["passed"] is not None:
       out["pass"][rows] = block["passed"][rows, :g].mean(axis=1)
-  out["rows"] = [block["lengths"][j, :s] for j, s in enumerate(sizes)]
+  out.update(rows=[block["lengths"][j, :s] for j, s in enumerate(sizes)],
+             ids=block["ids"][:k], sizes=sizes)
   return out
 
 
@@ -129,24 +130,19 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
   g = plan.group_size
   target = prompts_for(budget, g)
   seen = {key: [] for key in ("max", "median", "pass", "ids", "sizes", "rewards")}
-  priced, trained, kept, signal, informative = [], [], 0, 0.0, 0.0
+  trained, kept, signal, informative = [], 0, 0.0, 0.0
   drawn = np.zeros(2)                                  # informative rows, advantage mass
-  rounds_rows = []                                     # per round: its groups' rows
+  rounds = []                                # per round: its groups' rows, prompt tokens
   for i in range(max_rounds if dapo else 1):
     sizes = plan.sizes if (i == 0 and plan.sizes is not None) else np.full(target, g)
     k = sizes.size
     block = first if i == 0 else world.block(cursor, k, step, progress)
     cursor += k
     groups = group_stats(block, sizes)
-    for key in ("max", "median", "pass"):
+    for key in ("max", "median", "pass", "ids", "sizes"):
       seen[key].append(groups[key])
-    seen["ids"].append(block["ids"][:k])
-    seen["sizes"].append(sizes)
-    if block["rewards"] is not None:
-      seen["rewards"] += [block["rewards"][j, :s] for j, s in enumerate(sizes)]
     rows = groups["rows"]
-    priced.append((np.concatenate(rows), block["prompt_tokens"][:k]))
-    rounds_rows.append((rows, block["prompt_tokens"][:k]))
+    rounds.append((rows, block["prompt_tokens"][:k]))
     keep = np.ones(k, bool)
     if dapo:
       varied = np.array([np.ptp(block["rewards"][j, :s]) > 0 for j, s in enumerate(sizes)])
@@ -159,6 +155,7 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
           np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
     trained += [(rows[j], int(block["prompt_tokens"][j])) for j in np.flatnonzero(keep)]
     if block["rewards"] is not None:
+      seen["rewards"] += [block["rewards"][j, :s] for j, s in enumerate(sizes)]
       for j in np.flatnonzero(keep):
         drawn += _drawn_signal(block["rewards"][j, :sizes[j]])
     kept += int(keep.sum())
@@ -167,7 +164,8 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
   join = lambda key: np.concatenate(seen[key])
   tau, event = measure
   cut = lambda rows: [np.minimum(r, tau * np.median(r)) for r in rows]   # no stragglers
-  priced_cut = [(np.concatenate(cut(rows)), prompts) for rows, prompts in rounds_rows]
+  priced = [(np.concatenate(rows), prompts) for rows, prompts in rounds]
+  priced_cut = [(np.concatenate(cut(rows)), prompts) for rows, prompts in rounds]
   trained_rows, trained_cut = (
       (np.concatenate([r for r, _ in rows]) if rows else np.zeros(0, int),
        np.concatenate([np.full(r.size, t) for r, t in rows]) if rows else np.zeros(0, int))
@@ -182,9 +180,8 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
       pass_rates=join("pass") if first["passed"] is not None else None,
       group_sizes=join("sizes"), rewards=seen["rewards"] if first["rewards"] is not None
       else None, time=StepTime(**priced_s))))
-  metrics["controller_s"] = seconds + time.perf_counter() - started
-  metrics.update(rollout_cut_s=without["rollout_s"], total_cut_s=without["total_s"])
-  metrics.update(priced_s,
+  metrics.update(controller_s=seconds + time.perf_counter() - started,
+                 rollout_cut_s=without["rollout_s"], total_cut_s=without["total_s"], **priced_s,
                  rows=float(sum(lengths.size for lengths, _ in priced)),
                  rounds=float(len(priced)),
                  capped=float(max(lengths.max() for lengths, _ in priced) >= world.cap),
@@ -290,10 +287,9 @@ def add_equal_budget_metrics(summary: dict[str, dict[str, float]],
   target = min(s[-1] for _, s in curves.values())
   budget = min(w[-1] for w, _ in curves.values())
   for name, (wall, signal) in curves.items():
-    summary[name]["time_to_target_s"] = float(np.interp(target, signal, wall))
-    summary[name]["signal_at_equal_time"] = float(np.interp(budget, wall, signal))
-    summary[name]["target_signal"] = float(target)
-    summary[name]["equal_time_s"] = float(budget)
+    summary[name].update(time_to_target_s=float(np.interp(target, signal, wall)),
+                         signal_at_equal_time=float(np.interp(budget, wall, signal)),
+                         target_signal=float(target), equal_time_s=float(budget))
 
 
 def best_fixed_mixture(candidates: Sequence[int], rates: Sequence[float],

@@ -46,6 +46,7 @@ _POOL_SUMMARY = ("straggler_rate", "group_straggler_rate", "step_straggler_rate"
                  "wall_clock_s", "mean_g", "mean_log2_g", "signal", "informative_groups",
                  "rows", "padding_efficiency", "controller_us", "time_to_target_s",
                  "signal_at_equal_time", "target_signal", "equal_time_s")
+_RENAMED = {"rollouts": "rows"}      # the synthetic world's names of the engine's columns
 _DROPPED_COLUMNS = {"synthetic": ("controller_s", "rows", "rounds", "capped", "rollout_cut_s",
                                   "total_cut_s"),
                     "pool": ("rounds", "capped", "informative_rows", "advantage_mass",
@@ -75,21 +76,18 @@ def simulate(config: Any, section: dict[str, Any],
   dropped = _DROPPED_COLUMNS["pool" if pool else "synthetic"]
   traces = {name: {k: v for k, v in col.items() if k not in dropped}
             for name, col in result["traces"].items()}
-  out = {"config": config.to_dict(), "candidates": candidates}
-  if pool:
-    out["summary"] = {name: {k: s[k] for k in _POOL_SUMMARY}
-                      for name, s in result["summary"].items()}
-    return {**out, "simulator_seconds": result["seconds"], "traces": traces}
-  renamed = {"rollouts": "rows"}      # the synthetic world's names
-  summary = {name: {k: s[renamed.get(k, k)] for k in _SYNTHETIC_SUMMARY}
+  keys = _POOL_SUMMARY if pool else _SYNTHETIC_SUMMARY
+  summary = {name: {k: s[_RENAMED.get(k, k)] for k in keys}
              for name, s in result["summary"].items()}
-  largest = f"static_G{max(candidates)}"
-  for row in summary.values():
-    row["speedup_vs_largest_static"] = summary[largest]["wall_clock_s"] / row["wall_clock_s"]
-  static_rates = [summary[f"static_G{g}"]["straggler_rate"] for g in candidates]
-  mixture = best_fixed_mixture(candidates, static_rates, float(section["delta"]))
-  return {**out, "summary": summary, "best_fixed_mixture_log2_g": mixture,
-          "simulator_seconds": result["seconds"], "traces": traces}
+  out = {"config": config.to_dict(), "candidates": candidates, "summary": summary}
+  if not pool:
+    largest = f"static_G{max(candidates)}"
+    for row in summary.values():
+      row["speedup_vs_largest_static"] = summary[largest]["wall_clock_s"] / row["wall_clock_s"]
+    static_rates = [summary[f"static_G{g}"]["straggler_rate"] for g in candidates]
+    out["best_fixed_mixture_log2_g"] = best_fixed_mixture(candidates, static_rates,
+                                                          float(section["delta"]))
+  return {**out, "simulator_seconds": result["seconds"], "traces": traces}
 
 
 def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,

@@ -207,18 +207,15 @@ def straggler_rates(trace: Trace, g: int, tau: float, groups_per_step: int, *,
 def tau_curve(trace: Trace, sizes: Sequence[int], taus: Sequence[float]
               ) -> dict[str, list[float]]:
   """Group straggler probability per G (``"G4"``...) at each of ``taus``."""
-  out: dict[str, list[float]] = {"tau": [float(t) for t in taus]}
-  for g in sizes:
-    out[f"G{g}"] = [float(_group_flags(trace.lengths, g, t).mean()) for t in taus]
-  return out
+  return {"tau": [float(t) for t in taus],
+          **{f"G{g}": [float(_group_flags(trace.lengths, g, t).mean()) for t in taus]
+             for g in sizes}}
 
 
 def length_summary(trace: Trace) -> dict[str, float]:
   """Response-length quantiles (tokens), mean, and the truncated share."""
   lengths = trace.lengths.reshape(-1).astype(np.float64)
-  out = {f"p{q}": float(np.percentile(lengths, q)) for q in (10, 25, 50, 75, 90, 95, 99)}
-  out.update(mean=float(lengths.mean()), max=float(lengths.max()),
-             truncated_share=float(trace.truncated.mean()),
-             max_new_tokens=float(trace.max_new_tokens),
-             pass_rate=float(trace.correct.mean()))
-  return out
+  quantiles = {f"p{q}": float(np.percentile(lengths, q)) for q in (10, 25, 50, 75, 90, 95, 99)}
+  return dict(quantiles, mean=float(lengths.mean()), max=float(lengths.max()),
+              truncated_share=float(trace.truncated.mean()),
+              max_new_tokens=float(trace.max_new_tokens), pass_rate=float(trace.correct.mean()))

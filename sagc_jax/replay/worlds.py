@@ -94,15 +94,11 @@ class Loader:
     """The prompt indices at positions ``start .. start + count - 1``, then each of
     ``extra``'s arrays at those positions."""
     positions = np.arange(start, start + count)
-    out = None
-    for epoch in np.unique(positions // self.size):
-      here = positions // self.size == epoch
-      arrays = self._epoch(int(epoch))
-      if out is None:
-        out = [np.empty((count, *a.shape[1:]), a.dtype) for a in arrays]
-      for target, a in zip(out, arrays):
-        target[here] = a[positions[here] % self.size]
-    return out
+    epochs = positions // self.size
+    # The positions run up, so each epoch's part follows the one before it.
+    parts = [[a[positions[epochs == epoch] % self.size] for a in self._epoch(int(epoch))]
+             for epoch in np.unique(epochs)]
+    return [np.concatenate(arrays) for arrays in zip(*parts)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,18 +139,31 @@ class LengthProcess:
   def draw(self, step: int, prompts: int, group: int) -> np.ndarray:
     """Lengths of step ``step`` as an int matrix ``[prompts, group]``, deterministic
     in ``(seed, step)``."""
-    x = step / max(self.steps - 1, 1)
-    lerp = lambda a, b: a + (b - a) * x
-    median = lerp(self.median_start, self.median_end)
-    sigma = lerp(self.sigma_start, self.sigma_end)
-    tail_prob = lerp(self.tail_prob_start, self.tail_prob_end)
+    _, median, sigma, tail_prob = _schedule(self, step)
     rng = np.random.Generator(np.random.PCG64([self.seed, step]))
     difficulty = np.exp(self.prompt_sigma * rng.standard_normal((prompts, 1)))
-    body = np.exp(sigma * rng.standard_normal((prompts, group)))
-    tail = rng.random((prompts, group)) < tail_prob
-    factor = rng.uniform(self.tail_factor_min, self.tail_factor_max, (prompts, group))
-    lengths = median * difficulty * body * np.where(tail, factor, 1.0)
-    return np.clip(np.rint(lengths), 1, self.max_len).astype(np.int64)
+    return _heavy_tailed(rng, median * difficulty, sigma, tail_prob, self, (prompts, group))
+
+
+def _schedule(sim: Any, step: int) -> tuple[float, float, float, float]:
+  """The progress ``x`` of ``step`` in ``sim``'s ``steps``, then the median, spread and
+  tail probability there, each moving linearly from its ``*_start`` to its ``*_end``."""
+  x = step / max(sim.steps - 1, 1)
+  ends = [(getattr(sim, f"{key}_start"), getattr(sim, f"{key}_end"))
+          for key in ("median", "sigma", "tail_prob")]
+  return (x, *(start + (end - start) * x for start, end in ends))
+
+
+def _heavy_tailed(rng: np.random.Generator, median: Any, sigma: Any, tail_prob: Any, sim: Any,
+                  shape: tuple[int, int]) -> np.ndarray:
+  """``clip(round(median exp(sigma z) T), 1, max_len)`` of ``shape`` (``T`` a tail
+  factor of ``sim``'s range with probability ``tail_prob``, else 1): both generated
+  worlds draw their lengths so, from ``rng`` in this order."""
+  body = np.exp(sigma * rng.standard_normal(shape))
+  tail = rng.random(shape) < tail_prob
+  factor = rng.uniform(sim.tail_factor_min, sim.tail_factor_max, shape)
+  lengths = median * body * np.where(tail, factor, 1.0)
+  return np.clip(np.rint(lengths), 1, sim.max_len).astype(np.int64)
 
 
 class SyntheticWorld:
@@ -216,26 +225,18 @@ class PromptPool:
     return self._last[1]
 
   def _draw(self, start: int, count: int, step: int) -> dict[str, Any]:
-    sim = self.sim
-    x = step / max(sim.steps - 1, 1)
-    lerp = lambda key: sim[f"{key}_start"] + (sim[f"{key}_end"] - sim[f"{key}_start"]) * x
     ids = self.loader.take(start, count)[0]
     s = {k: v[ids] for k, v in self.static.items()}
-    median = lerp("median") * s["median_factor"]
-    sigma = lerp("sigma") * s["sigma_factor"]
-    q0 = lerp("tail_prob")
+    x, median, sigma, q0 = _schedule(self.sim, step)
     tail_prob = _sigmoid(np.log(q0 / (1.0 - q0)) + s["tail_offset"])
     pass_rate = _sigmoid(s["pass_offset"] + self.pool.pass_logit_gain * x)
     rng = np.random.Generator(np.random.PCG64([self.seed, step]))
-    shape = (count, self.max_g)
-    body = np.exp(sigma[:, None] * rng.standard_normal(shape))
-    tail = rng.random(shape) < tail_prob[:, None]
-    factor = rng.uniform(sim.tail_factor_min, sim.tail_factor_max, shape)
-    lengths = median[:, None] * body * np.where(tail, factor, 1.0)
-    passed = rng.random(shape) < pass_rate[:, None]
+    lengths = _heavy_tailed(rng, (median * s["median_factor"])[:, None],
+                            (sigma * s["sigma_factor"])[:, None], tail_prob[:, None], self.sim,
+                            (count, self.max_g))
+    passed = rng.random((count, self.max_g)) < pass_rate[:, None]
     return {"ids": ids, "prompt_tokens": s["prompt_tokens"], "pass_rate": pass_rate,
-            "tail_prob": tail_prob,
-            "lengths": np.clip(np.rint(lengths), 1, sim.max_len).astype(np.int64),
+            "tail_prob": tail_prob, "lengths": lengths,
             "passed": passed, "rewards": passed.astype(np.float64)}
 
 
@@ -269,10 +270,9 @@ class TraceWorld:
     self.lengths = [np.clip(np.rint(t.lengths * length_scale), 1, cap).astype(np.int64)
                     for t in aligned]
     self.pass_rate = [t.correct.mean(axis=1) for t in aligned]
-    k = first.responses
     # Per position: a uniform draw (which trace) and the order of its responses.
     self.loader = Loader(self.pool.size, seed, lambda rng, size: (
-        rng.random(size), np.argsort(rng.random((size, k)), axis=1)[:, :max_g]))
+        rng.random(size), np.argsort(rng.random((size, first.responses)), axis=1)[:, :max_g]))
 
   def block(self, start: int, count: int, step: int, progress: float | None = None
             ) -> dict[str, Any]:

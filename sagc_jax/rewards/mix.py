@@ -91,26 +91,26 @@ def _as_values(out: Any, n: int) -> list[float]:
                       f"({type(err).__name__}: {err})") from None
   if len(values) != n:
     raise _CallFailed(f"returned {len(values)} values for {n} completions")
-  floats = []
-  for i, v in enumerate(values):
-    if v is None:
-      floats.append(math.nan)
-      continue
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-      raise _CallFailed(f"returned {v!r} ({type(v).__name__}) at position {i}: "
-                        "a float or None is expected")
-    try:
-      value = float(v)
-    except OverflowError:
-      value = math.inf
-    if not math.isfinite(value):
-      raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be finite")
-    if abs(value) > REWARD_LIMIT:
-      raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be within "
-                        f"+-{REWARD_LIMIT:.0e} (the learner works in float32, where the group "
-                        "statistics of larger values overflow)")
-    floats.append(value)
-  return floats
+  return [math.nan if v is None else _as_value(v, i) for i, v in enumerate(values)]
+
+
+def _as_value(v: Any, i: int) -> float:
+  """The value at position ``i`` of a user function's output (not None) as a float;
+  raises ``_CallFailed``."""
+  if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+    raise _CallFailed(f"returned {v!r} ({type(v).__name__}) at position {i}: "
+                      "a float or None is expected")
+  try:
+    value = float(v)
+  except OverflowError:
+    value = math.inf
+  if not math.isfinite(value):
+    raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be finite")
+  if abs(value) > REWARD_LIMIT:
+    raise _CallFailed(f"returned {str(v)[:40]} at position {i}: rewards must be within "
+                      f"+-{REWARD_LIMIT:.0e} (the learner works in float32, where the group "
+                      "statistics of larger values overflow)")
+  return value
 
 
 def _worker_main(conn: Any, specs: Sequence[str]) -> None:

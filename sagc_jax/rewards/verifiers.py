@@ -37,16 +37,9 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-__all__ = [
-    "REWARD_NAMES",
-    "ExactMatchReward",
-    "MathVerifyReward",
-    "RewardFunction",
-    "RewardResult",
-    "extract_synthetic_answer",
-    "last_boxed_content",
-    "make_reward_fn",
-]
+__all__ = ["REWARD_NAMES", "ExactMatchReward", "MathVerifyReward", "RewardFunction",
+           "RewardResult", "extract_synthetic_answer", "last_boxed_content",
+           "make_reward_fn"]
 
 REWARD_NAMES = ("exact_match", "math_verify")
 
@@ -216,8 +209,7 @@ def _math_verify_chunk(pairs: Sequence[tuple[str, str]],
       if answer not in golds:
         golds[answer] = math_verify.parse(_gold_text(answer), **parse_kw)
       gold = golds[answer]
-      pred_text = "\\boxed{" + boxed + "}" if formatted else response
-      pred = math_verify.parse(pred_text, **parse_kw)
+      pred = math_verify.parse("\\boxed{" + boxed + "}" if formatted else response, **parse_kw)
       correct = bool(gold) and bool(pred) and bool(math_verify.verify(gold, pred, **verify_kw))
     except Exception:  # a malformed response must cost its reward, never the step
       correct = False

@@ -190,9 +190,7 @@ def pass_at_k(correct: np.ndarray) -> dict[str, float]:
   examples, k = correct.shape
   c = correct.sum(axis=1)
   out = {f"eval_mean@{k}": float(correct.mean())}
-  for j in sorted({*(2 ** i for i in range(1, k.bit_length()) if 2 ** i <= k), k}):
-    if j < 2:
-      continue
+  for j in sorted(j for j in {*(2 ** i for i in range(1, k.bit_length())), k} if j >= 2):
     # C(n-c, j) / C(n, j) = prod_{i=0}^{j-1} (n-c-i) / (n-i); 0 once c > n - j.
     fail = np.ones(examples)
     for i in range(j):

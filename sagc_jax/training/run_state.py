@@ -71,17 +71,15 @@ def evaluation_due(train: Any, step: int, before_s: float, after_s: float) -> bo
   ``train.eval_every`` steps, at the last step (``train.steps`` or the step that
   spent ``train.time_budget_s``), and at the first step boundary after each of the
   ``train.eval_points`` evenly spaced points ``j * budget / eval_points``."""
-  if step % train.eval_every == 0 or step == train.steps:
+  if step % train.eval_every == 0 or step == train.steps or budget_spent(train, after_s):
     return True
   budget, points = train.time_budget_s, train.eval_points
-  if budget_spent(train, after_s):
-    return True
-  if not budget:
+  if not budget or not points:
     return False
 
   def passed(seconds: float) -> int:          # points j * budget / points <= seconds
     return min(points, math.floor(seconds * points / budget))
-  return bool(points) and passed(after_s) > passed(before_s)
+  return passed(after_s) > passed(before_s)
 
 
 class RunState:

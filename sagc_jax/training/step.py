@@ -40,8 +40,7 @@ from sagc_jax.runtime import distributed
 from sagc_jax.runtime.stop import StopRequested
 from sagc_jax.training.build import RLComponents, rollout_batch
 from sagc_jax.control.context import BatchContext
-from sagc_jax.control.controller import Controller
-from sagc_jax.control.protocol import StepGroups, StepTime
+from sagc_jax.control.protocol import GroupController, StepGroups, StepTime
 from sagc_jax.control.stragglers import step_straggler_stats
 from sagc_jax.data import PromptLoader
 from sagc_jax.runtime.seeding import seed_for
@@ -84,7 +83,7 @@ class RLStep:
   """propose -> sample -> reward -> advantages and update -> observe, as one call."""
 
   def __init__(self, inputs: RunInputs, components: RLComponents,
-               controller: Controller, loader: PromptLoader):
+               controller: GroupController, loader: PromptLoader):
     self.inputs = inputs
     self.config = inputs.config
     self.components = components
