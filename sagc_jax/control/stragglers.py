@@ -23,7 +23,6 @@ out, as a loader's epochs wrap) with one random chunk each, that hold a straggle
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -101,11 +100,8 @@ def chunk_groups(lengths: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
 
 def random_step_rate(flags: np.ndarray, groups_per_step: int, rng: np.random.Generator,
                      steps: int = 2000) -> float:
-  """P(a step straggles) from per-chunk flags ``[N, chunks]`` (module docstring); nan
-  without a chunk."""
+  """P(a step straggles) from per-chunk flags ``[N, chunks]`` (module docstring)."""
   n, chunks = flags.shape
-  if not n or not chunks:
-    return math.nan
   if groups_per_step <= n:
     prompts = np.argsort(rng.random((steps, n)), axis=1)[:, :groups_per_step]
   else:

@@ -203,6 +203,11 @@ def contextual_markdown(rows: Sequence[dict[str, Any]]) -> str:
           + paired_markdown(rows, pairs, CONTEXTUAL_PAIRED))
 
 
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+  """Per arm: mean ± 95% CI over its seeds (n = seeds) of ``SUMMARY_COLUMNS``."""
+  return per_arm_markdown(rows, SUMMARY_COLUMNS, seeds_column=True)
+
+
 def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   """Writes results.csv, results.md (with the best model per hour), claims.md,
   learning.csv, per_hour.json and the plots of the runs under ``workdir``; returns
@@ -218,7 +223,7 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   per_hour = analyse(arms, settings)
   rows = results_table(arms, per_hour)
   # Per arm: mean ± 95% CI over its seeds (n = seeds) of SUMMARY_COLUMNS.
-  table = (per_arm_markdown(rows, SUMMARY_COLUMNS, seeds_column=True) + "\n\n"
+  table = (markdown_table(rows) + "\n\n"
            + per_hour_markdown(per_hour))
   claims = claims_markdown(rows) + contextual_markdown(rows)
   write_per_hour(per_hour, workdir)
