@@ -67,6 +67,7 @@ class LargestUnderTime:
     self.g = int(state["g"])
 
 
+@pytest.mark.slow
 def test_the_kind_trains_two_steps_of_the_tiny_config(shared, tmp_path, monkeypatch):
   """Its settings come from the section (``candidates``) and ``options``; it sees the
   step's rewards and process 0's seconds, measured before it observes; the run's

@@ -175,8 +175,7 @@ class GroupSizeController:
     """The step's groups, which must come from a step that used ``self.g``; returns the
     controller's diagnostics (``_record_step``)."""
     gmax, gmed = validated_lengths(groups.group_max, groups.group_median)
-    return self._record_step(straggler_flags(gmax, gmed, self.params.tau),
-                             self._observed_sizes(groups.group_sizes, gmax.size))
+    return self._record_step(straggler_flags(gmax, gmed, self.params.tau))
 
   def observe(self, group_max: Any, group_median: Any, **fields: Any) -> dict[str, float]:
     """Feeds back the per-group max/median response lengths of the step (the
@@ -188,9 +187,9 @@ class GroupSizeController:
     groups = StepGroups(group_max, group_median, **fields)
     sizes = np.asarray(self.candidates)[self._observed_sizes(groups.group_sizes,
                                                              np.size(group_max))]
-    measured = step_straggler_stats(group_max, group_median, sizes, tau=self.params.tau,
-                                    event=self.params.event)
-    return {**measured, **self.observe_step(groups)}
+    diagnostics = self.observe_step(groups)          # checks the lengths first
+    return {**step_straggler_stats(group_max, group_median, sizes, tau=self.params.tau,
+                                   event=self.params.event), **diagnostics}
 
   def _observed_sizes(self, group_sizes: Any, n: int) -> np.ndarray:
     """Index in ``candidates`` of every group's size: a size-per-step kind's step uses
@@ -198,21 +197,25 @@ class GroupSizeController:
     del group_sizes
     return np.full(n, self._index)
 
-  def _record_step(self, flags: np.ndarray, size_index: np.ndarray) -> dict[str, float]:
+  def _record_step(self, flags: np.ndarray,
+                   size_index: np.ndarray | None = None) -> dict[str, float]:
     """Posterior and dual updates of one step; returns the diagnostics: ``lambda``
     (after the update) and ``p_mean/G<g>``, the posterior mean straggler probability
     of every candidate.
 
     ``flags`` are the step's per-group straggler events at this controller's tau;
-    ``size_index`` the index (in ``candidates``) of each group's size. With the group
-    event each size is a Bernoulli observation per group of that size; with the step
-    event the step's S_t is one observation of the current size.
+    ``size_index`` the index (in ``candidates``) of each group's size (None: every
+    group used the current size, the common case, counted without a pass per size).
+    With the group event each size is a Bernoulli observation per group of that size;
+    with the step event the step's S_t is one observation of the current size.
     """
     n_straggle = float(np.count_nonzero(flags))
     step_straggler = 1.0 if n_straggle else 0.0
     step_event = self.params.event == "step"
     if step_event:
       evidence = {self._index: (step_straggler, 1.0)}
+    elif size_index is None:
+      evidence = {self._index: (n_straggle, float(flags.size))}
     else:
       evidence = {int(k): (float(np.count_nonzero(flags[size_index == k])),
                            float(np.count_nonzero(size_index == k)))

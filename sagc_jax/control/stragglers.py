@@ -77,8 +77,9 @@ def step_straggler_stats(group_max: Any, group_median: Any, group_sizes: Any, *,
   """A step's measured straggler statistics at the measurement ``tau``: ``g`` and
   ``log2_g`` (means over the step's groups), ``n_groups``, ``n_stragglers``,
   ``group_straggler_rate``, ``step_straggler`` (S_t) and ``straggler_rate`` (the one
-  of the two that ``event`` names)."""
-  gmax, gmed = validated_lengths(group_max, group_median)
+  of the two that ``event`` names). The lengths are the sampler's or a world's, or
+  ones a controller has checked (``validated_lengths``)."""
+  gmax, gmed = np.asarray(group_max, np.float64), np.asarray(group_median, np.float64)
   sizes = np.asarray(group_sizes, np.float64)
   stragglers = float(np.count_nonzero(straggler_flags(gmax, gmed, tau)))
   group_rate = stragglers / gmax.size
