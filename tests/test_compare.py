@@ -276,6 +276,13 @@ def test_compare_runs_arms_skips_finished_ones_and_reports(tmp_path, shared):
   assert len({row["eval_sampled_accuracy"] for row in before}) == 1
   arms_lib.run_arms(config, tmp_path, arms, log=messages.append)
   assert sum("finished earlier, skipped" in m for m in messages) == 3
+  # compare.json records each run once (the skipped ones add nothing): its place in
+  # the order, its start and end, and the load average at both.
+  runs = json.loads((tmp_path / "compare.json").read_text())["runs"]
+  assert sorted(runs) == sorted(arms)
+  for name, (stretch,) in runs.items():
+    assert stretch["order"] == list(arms).index(name)
+    assert stretch["ended"] >= stretch["started"] and stretch["load_end"] >= 0
   rows = compare.report(tmp_path, log=messages.append)
   by_arm = {r["arm"]: r for r in rows}
   assert by_arm["grpo_static4"]["speedup_vs_largest_static"] == pytest.approx(1.0)

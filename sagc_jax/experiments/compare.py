@@ -29,6 +29,7 @@ from sagc_jax.experiments.machine import machine_info, machine_line
 from sagc_jax.experiments.per_hour import (analyse, per_hour_markdown, write as write_per_hour,
                                            write_csv)
 from sagc_jax.experiments.plots import plot_comparison, plot_learning
+from sagc_jax.experiments.record import load_record, order_markdown
 from sagc_jax.runtime.metrics import summarize
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
@@ -213,13 +214,14 @@ def report(workdir: Path, log=print) -> list[dict[str, Any]]:
   learning.csv, per_hour.json and the plots of the runs under ``workdir``; returns
   the result rows."""
   arms = load_comparison(workdir)
-  settings = workdir / "compare.json"
-  settings = json.loads(settings.read_text()) if settings.exists() else {}
+  settings = load_record(workdir)
   # The machine the arms ran on (recorded when they were launched), not this one.
   machine = settings.get("machine")
   measured_on = (machine_line(machine) if machine is not None else "not recorded (the runs "
                  f"predate machine records); report built on {machine_line(machine_info())}")
   caption = f"Measured on: {measured_on}.\n\n"
+  if order_markdown(settings):
+    caption += order_markdown(settings) + "\n\n"
   per_hour = analyse(arms, settings)
   rows = results_table(arms, per_hour)
   # Per arm: mean ± 95% CI over its seeds (n = seeds) of SUMMARY_COLUMNS.

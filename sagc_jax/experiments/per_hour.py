@@ -4,9 +4,9 @@ A comparison with ``compare.time_budget_s`` gives every arm the same budget H of
 step time (``train.time_budget_s``) and evaluates it on the same held-out examples
 at the first step boundary after each of ``compare.eval_points`` evenly spaced
 points of H (``train.eval_points``). Each evaluation is a point of the arm's
-learning curve, recorded (``learning.csv``) with the arm's cumulative step time and
-two deterministic measures of its work, decoded slot-steps and learner tokens,
-which the machine's noise does not move.
+learning curve, recorded (``learning.csv``) with the arm's cumulative step time, its
+priced time, and deterministic measures of its work (decoded slot-steps, learner
+tokens, informative groups), which the machine's noise does not move.
 
 The rule, fixed before any result (docs/claims.md, "The best model per hour"):
 
@@ -16,14 +16,24 @@ The rule, fixed before any result (docs/claims.md, "The best model per hour"):
   curve up to H divided by H; the accuracy at H is read off the same curve. A run
   whose last evaluation falls before H (it hit ``train.steps``) has neither;
 * the time to a target accuracy (``compare.targets``) is where the curve first
-  reaches it; a run that never does is censored at its last evaluation ("> that
-  time");
+  reaches it within [0, H]; a run that does not is censored at H (or at its last
+  evaluation, if that came first);
 * arms are compared in pairs, seed-paired, within an algorithm: the mean of the
   per-seed differences with a 95% Student-t interval and a two-sided paired t
-  p-value (zero spread: 0 for a nonzero mean), Holm-corrected over that algorithm's pairs (the Holm family: every pair
-  of its arms, on the primary measure; everything else is descriptive);
+  p-value (zero spread: 0 for a nonzero mean), Holm-corrected over that algorithm's
+  pairs (the Holm family: every pair of its arms, on the primary measure; everything
+  else is descriptive). A pair is worded by ``stats.pair_verdict``: resolved,
+  borderline (Holm p in [0.01, 0.05)), equivalent within ``compare.equivalence_margin``
+  (two one-sided tests), or not resolved;
+* a pair's time to each target is the geometric mean of the per-seed ratios, with n,
+  marked censored when a seed of either arm did not reach the target by H;
 * an arm's rank is 1 + the number of arms Holm-significantly better than it on the
   primary measure.
+
+Everything is computed twice: on the wall-clock, and on a priced clock
+(``experiments.priced_clock``: each step priced from the work it logged by one fixed
+cost), which the machine's drift does not move; the report lists the arms whose rank
+differs between the two.
 
 Without a budget (an older comparison) H is the shortest run's total step time,
 so that every run covers [0, H]. The GRPO step-size question this answers is the
@@ -43,30 +53,39 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sagc_jax.base.stats import (ALPHA, by_seed, equivalence_test, format_ci,
+                                 geometric_ratio, holm, mean_ci, pair_verdict, paired_test)
+from sagc_jax.config.compare import CompareSection
 from sagc_jax.experiments.arms import split_run_name
-from sagc_jax.base.stats import by_seed, format_ci, holm, mean_ci, paired_test
+from sagc_jax.experiments.priced_clock import Price, price_from_setting
 
-LEARNING_COLUMNS = ("arm", "algorithm", "seed", "step", "step_time_s", "rollouts",
-                    "slot_steps", "learner_tokens", "sampled_accuracy", "greedy_accuracy",
-                    "train_reward")
-ALPHA = 0.05
+LEARNING_COLUMNS = ("arm", "algorithm", "seed", "step", "step_time_s", "priced_s", "rollouts",
+                    "slot_steps", "learner_tokens", "informative_groups", "sampled_accuracy",
+                    "greedy_accuracy", "train_reward")
+CLOCKS = {"wall": "step_time_s", "priced": "priced_s"}
+# compare.equivalence_margin of a comparison whose record predates it.
+DEFAULT_MARGIN = CompareSection.equivalence_margin
 
 
-def learning_rows(arm: dict[str, Any]) -> list[dict[str, Any]]:
+def learning_rows(arm: dict[str, Any], price: Price | None = None) -> list[dict[str, Any]]:
   """One ``LEARNING_COLUMNS`` row per evaluation of a run (``compare.load_arm``):
   the evaluation before RL at step 0, then every step row with an evaluation, with
-  the run's cumulative step time, rollouts, decoded slot-steps and learner tokens at
-  that step, and the mean train reward of the steps since the previous evaluation."""
+  the run's cumulative step time, priced time (``price``; nan without one), rollouts,
+  decoded slot-steps, learner tokens and informative groups at that step, and the mean
+  train reward of the steps since the previous evaluation."""
   name, seed = split_run_name(arm["name"])
   base = {"arm": name, "algorithm": arm["config"]["learner"]["algorithm"], "seed": seed}
   before = arm.get("before_rl") or {}
   nan = float("nan")
-  totals = dict(step_time_s=0.0, rollouts=0.0, slot_steps=0.0, learner_tokens=0.0)
+  totals = dict(step_time_s=0.0, priced_s=0.0 if price else nan, rollouts=0.0,
+                slot_steps=0.0, learner_tokens=0.0, informative_groups=0.0)
   out = [{**base, "step": 0, **totals, "sampled_accuracy": before.get("eval_sampled_accuracy", nan),
           "greedy_accuracy": before.get("eval_accuracy", nan), "train_reward": nan}]
   rewards: list[float] = []
   for row in arm["rows"]:
     totals["step_time_s"] += row["time_total_s"]
+    totals["priced_s"] += price(row) if price else nan
+    totals["informative_groups"] += row.get("informative_groups", nan)
     totals["rollouts"] += row.get("rollouts", nan)
     slots = row.get("decode_slots")
     if slots is None:            # rows from before decode_slots was logged
@@ -100,38 +119,40 @@ def curve_measures(times: Sequence[float], accuracy: Sequence[float],
   return at_h, float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2)) / horizon
 
 
-def time_to_target(times: Sequence[float], accuracy: Sequence[float],
-                   target: float) -> tuple[float, bool]:
-  """``(t, True)``: where the linear curve first reaches ``target``; ``(last, False)``
-  when it never does (censored at the run's last evaluation). Points without a
-  value (an evaluation that did not measure sampled accuracy) are left out."""
+def time_to_target(times: Sequence[float], accuracy: Sequence[float], target: float,
+                   horizon: float = math.inf) -> tuple[float, bool]:
+  """``(t, True)``: where the linear curve first reaches ``target``, at or before
+  ``horizon``; else ``(censored, False)``, censored at ``horizon`` or at the run's last
+  evaluation if that came first. Points without a value (an evaluation that did not
+  measure sampled accuracy) are left out."""
   t, a = np.asarray(times, float), np.asarray(accuracy, float)
+  censored = (float(min(horizon, times[-1])), False)
   t, a = t[np.isfinite(a)], a[np.isfinite(a)]
-  if not a.size:
-    return float(times[-1]), False
-  if a[0] >= target:
-    return float(t[0]), True
-  for j in range(1, t.size):
-    if a[j] >= target:
-      share = (target - a[j - 1]) / (a[j] - a[j - 1])
-      return float(t[j - 1] + share * (t[j] - t[j - 1])), True
-  return float(t[-1]), False
+  hits = np.flatnonzero(a >= target)
+  if not hits.size:
+    return censored
+  j = int(hits[0])
+  reached = float(t[0]) if j == 0 else float(
+      t[j - 1] + (target - a[j - 1]) / (a[j] - a[j - 1]) * (t[j] - t[j - 1]))
+  return (reached, True) if reached <= horizon else censored
 
 
-def run_measures(rows: Sequence[dict[str, Any]], horizon: float,
-                 targets: Sequence[float]) -> list[dict[str, Any]]:
-  """Per run (arm and seed) of ``learning_rows``: accuracy at H, mean accuracy over
-  [0, H], the time to each target and whether it was reached, its last evaluation."""
+def run_measures(rows: Sequence[dict[str, Any]], horizon: float, targets: Sequence[float],
+                 clock: str = "step_time_s") -> list[dict[str, Any]]:
+  """Per run (arm and seed) of ``learning_rows``, on the time axis ``clock``: accuracy
+  at H, mean accuracy over [0, H], the time to each target and whether it was reached
+  by H, its last evaluation."""
   runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
   for row in rows:
     runs.setdefault((row["arm"], int(row["seed"])), []).append(row)
   out = []
   for (arm, seed), points in runs.items():
-    points = sorted(points, key=lambda r: r["step_time_s"])
-    times = [p["step_time_s"] for p in points]
+    points = sorted(points, key=lambda r: r[clock])
+    times = [p[clock] for p in points]
     accuracy = [p["sampled_accuracy"] for p in points]
     at_h, mean_h = curve_measures(times, accuracy, horizon)
-    reached = {f"{target:g}": time_to_target(times, accuracy, target) for target in targets}
+    reached = {f"{target:g}": time_to_target(times, accuracy, target, horizon)
+               for target in targets}
     out.append({"arm": arm, "algorithm": points[0]["algorithm"], "seed": seed,
                 "accuracy_at_h": at_h, "mean_accuracy_over_h": mean_h,
                 "time_to_target_s": reached, "last_eval_s": times[-1],
@@ -139,12 +160,12 @@ def run_measures(rows: Sequence[dict[str, Any]], horizon: float,
   return out
 
 
-def compare_pairs(measures: Sequence[dict[str, Any]],
-                  targets: Sequence[float]) -> dict[str, Any]:
+def compare_pairs(measures: Sequence[dict[str, Any]], targets: Sequence[float],
+                  margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
   """Per algorithm: every pair of its arms, seed-paired (difference first - second of
   the primary measure and of accuracy at H, Holm-adjusted p on the primary, the
-  ratio of times to each target over the seeds where both reached it) and each arm's
-  rank."""
+  equivalence test at ``margin``, the verdict, and the geometric mean ratio of times to
+  each target) and each arm's rank."""
   out: dict[str, Any] = {}
   for algorithm in dict.fromkeys(m["algorithm"] for m in measures):
     arms = list(dict.fromkeys(m["arm"] for m in measures if m["algorithm"] == algorithm))
@@ -153,20 +174,24 @@ def compare_pairs(measures: Sequence[dict[str, Any]],
       a, b = (by_seed(measures, lambda m, arm=arm: m["arm"] == arm) for arm in (first, second))
       seeds = sorted(set(a) & set(b))
       pair = {"first": first, "second": second}
-      for key in ("mean_accuracy_over_h", "accuracy_at_h"):
-        pair[key] = paired_test([a[s][key] - b[s][key] for s in seeds])
+      differences = {key: [a[s][key] - b[s][key] for s in seeds]
+                     for key in ("mean_accuracy_over_h", "accuracy_at_h")}
+      pair.update({key: paired_test(d) for key, d in differences.items()})
+      pair["equivalence"] = equivalence_test(differences["mean_accuracy_over_h"], margin)
       pair["time_ratio"] = {}
       for target in targets:
         key = f"{target:g}"
         times = [(a[s]["time_to_target_s"][key], b[s]["time_to_target_s"][key]) for s in seeds]
-        ratios = [x / y for (x, x_reached), (y, y_reached) in times
-                  if x_reached and y_reached and y > 0]
-        pair["time_ratio"][key] = dict(zip(("mean", "half_width", "n"), mean_ci(ratios)))
+        used = [(x, y) for x, y in times if x[0] > 0 and y[0] > 0]
+        pair["time_ratio"][key] = {
+            **geometric_ratio([x[0] / y[0] for x, y in used]),
+            "censored": sum(not (x[1] and y[1]) for x, y in used)}
       pairs.append(pair)
     adjusted = holm([p["mean_accuracy_over_h"]["p"] for p in pairs])
     for pair, p in zip(pairs, adjusted):
       pair["p_holm"] = p
       pair["significant"] = bool(math.isfinite(p) and p < ALPHA)
+      pair["verdict"] = pair_verdict(p, pair["equivalence"])
     # Per arm, how many arms are significantly better: the pairs it lost.
     better = Counter(p["second"] if p["mean_accuracy_over_h"]["mean"] > 0 else p["first"]
                      for p in pairs if p["significant"])
@@ -209,56 +234,156 @@ def _ci(stat: dict[str, Any] | tuple, fmt: str) -> str:
 def _target_cell(entry: dict[str, Any]) -> str:
   reached, of = entry["reached"], entry["of"]
   if not reached:
-    return f"0/{of} (> {min(entry['censored_at_s']):.0f} s)"
+    return f"0/{of} (> {min(entry['censored_at_s']):.1f} s)"
   cell = f"{reached}/{of}: {_ci(entry['time_s'], '.1f')} s"
   if entry["censored_at_s"]:
-    cell += f"; others > {min(entry['censored_at_s']):.0f} s"
+    cell += f"; others > {min(entry['censored_at_s']):.1f} s"
   return cell
 
 
-def per_hour_markdown(result: dict[str, Any]) -> str:
-  """The per-arm table, the all-pairs table and the ranking, as markdown."""
-  horizon, targets = result["horizon_s"], result["targets"]
+def _ratio_cell(ratio: dict[str, Any]) -> str:
+  """A geometric mean time ratio, its 95% interval, n and how many seeds are censored."""
+  if not ratio["n"]:
+    return "–"
+  interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio["n"] > 1 else ""
+  censored = f", censored {ratio['censored']}" if ratio["censored"] else ""
+  return f"{ratio['ratio']:.2f}{interval} (n {ratio['n']}{censored})"
 
-  def row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+
+def _verdict_cell(pair: dict[str, Any]) -> str:
+  verdict, eq = pair["verdict"], pair["equivalence"]
+  if verdict in ("resolved", "borderline"):
+    return verdict
+  interval = (f"90% CI [{eq['low']:+.3f}, {eq['high']:+.3f}]" if eq["n"] >= 2
+              else "no interval")
+  return f"{verdict}: {interval} vs ±{eq['margin']:g}"
+
+
+def _row(cells: Sequence[str]) -> str:
+  return "| " + " | ".join(cells) + " |"
+
+
+def _ranks(part: dict[str, Any]) -> dict[str, int | None]:
+  return {arm: rank for group in part["pairs"].values() for arm, rank in group["rank"].items()}
+
+
+def clock_markdown(part: dict[str, Any], targets: Sequence[float]) -> list[str]:
+  """The per-arm table and the all-pairs table of one clock's analysis."""
+  head = (["arm", "seeds", "rank", "mean acc over [0, H]", "acc at H"]
+          + [f"time to {t:g}" for t in targets])
+  lines = [_row(head), "|" + "---|" * len(head)]
+  ranks = _ranks(part)
+  for arm in part["arms"]:
+    rank = ranks[arm["arm"]]
+    lines.append(_row([arm["arm"], str(arm["seeds"]), "–" if rank is None else str(rank),
+                       _ci(arm["mean_accuracy_over_h"], ".3f"), _ci(arm["accuracy_at_h"], ".3f")]
+                      + [_target_cell(arm["targets"][f"{t:g}"]) for t in targets]))
+  head = (["pair", "mean acc over [0, H]", "p (Holm)", "verdict", "acc at H"]
+          + [f"time to {t:g}, first / second" for t in targets])
+  lines += ["", "Pairs, seed-paired (first - second); p Holm-adjusted over each algorithm's "
+            "pairs on the mean over [0, H]; verdict: resolved (p < 0.01), borderline "
+            "(0.01 <= p < 0.05), equivalent (two one-sided tests inside the margin) or not "
+            "resolved; time ratios: geometric mean of the per-seed ratios [95% CI], censored "
+            "= seeds where either arm did not reach the target by H:\n", _row(head),
+            "|" + "---|" * len(head)]
+  for group in part["pairs"].values():
+    for pair in group["pairs"]:
+      lines.append(_row([f"{pair['first']} - {pair['second']}",
+                         _ci(pair["mean_accuracy_over_h"], "+.3f"), f"{pair['p_holm']:.3g}",
+                         _verdict_cell(pair), _ci(pair["accuracy_at_h"], "+.3f")]
+                        + [_ratio_cell(pair["time_ratio"][f"{t:g}"]) for t in targets]))
+  return lines
+
+
+def per_hour_markdown(result: dict[str, Any]) -> str:
+  """Both clocks' tables, where their ranks differ, and the runs without a value at H."""
+  horizon, targets = result["horizon_s"], result["targets"]
   lines = [f"## The best model per hour\n\nHorizon H = {horizon:.1f} s of step time "
            f"({result['horizon_source']}). Held-out sampled accuracy against cumulative "
            "step time, linear between evaluations; mean ± 95% t-interval over seeds. "
            "Rank: 1 + the arms Holm-significantly better on the mean over [0, H].\n"]
-  head = (["arm", "seeds", "rank", "mean acc over [0, H]", "acc at H"]
-          + [f"time to {t:g}" for t in targets])
-  lines += [row(head), "|" + "---|" * len(head)]
-  ranks = {arm: rank for group in result["pairs"].values() for arm, rank in group["rank"].items()}
-  for arm in result["arms"]:
-    rank = ranks[arm["arm"]]
-    lines.append(row([arm["arm"], str(arm["seeds"]), "–" if rank is None else str(rank),
-                      _ci(arm["mean_accuracy_over_h"], ".3f"), _ci(arm["accuracy_at_h"], ".3f")]
-                     + [_target_cell(arm["targets"][f"{t:g}"]) for t in targets]))
-  head = (["pair", "mean acc over [0, H]", "p (Holm)", "acc at H"]
-          + [f"time to {t:g}, first / second" for t in targets])
-  lines += ["", "Pairs, seed-paired (first - second); p Holm-adjusted over each algorithm's "
-            "pairs on the mean over [0, H] (* below 0.05); time ratios over the seeds where "
-            "both reached the target:\n", row(head), "|" + "---|" * len(head)]
-  for group in result["pairs"].values():
-    for pair in group["pairs"]:
-      star = " *" if pair["significant"] else ""
-      lines.append(row([f"{pair['first']} - {pair['second']}",
-                        _ci(pair["mean_accuracy_over_h"], "+.3f") + star,
-                        f"{pair['p_holm']:.3g}", _ci(pair["accuracy_at_h"], "+.3f")]
-                       + [_ci(pair["time_ratio"][f"{t:g}"], ".2f") for t in targets]))
-  if result["short"]:
+  lines += clock_markdown(result, targets)
+  priced = result.get("priced")
+  if priced:
+    price = priced["price"]
+    lines += ["", f"### On the priced clock\n\nEach step priced from its logged work "
+              f"(docs/claims.md): {price['step_s']:.3g} s per decode iteration, "
+              f"{price['slot_s']:.3g} s per generated token, {price['learner_step_s']:.3g} s "
+              f"per update, {price['learner_token_s']:.3g} s per trained token "
+              f"({price['source']}). H = {priced['horizon_s']:.1f} priced s "
+              f"({priced['horizon_source']}).\n"]
+    lines += clock_markdown(priced, targets)
+    differ = priced["rank_differs"]
+    lines.append("\nRanks that differ between the wall-clock and the priced clock: "
+                 + ("; ".join(f"{arm} {wall} -> {cost}" for arm, (wall, cost) in differ.items())
+                    or "none") + ".")
+  elif result.get("priced_error"):
+    lines.append(f"\nNo priced clock: {result['priced_error']}.")
+  if result.get("short"):
     lines.append("\nRuns without a value at H (their last evaluation came before it): "
                  + "; ".join(f"{name} ({why})" for name, why in result["short"].items()) + ".")
   return "\n".join(lines)
 
 
+def clock_analysis(rows: Sequence[dict[str, Any]], horizon: float, targets: Sequence[float],
+                   clock: str, margin: float) -> dict[str, Any]:
+  """Per-run measures, per-arm summary and all pairs on the time axis ``clock``."""
+  measures = run_measures(rows, horizon, targets, clock)
+  return {"horizon_s": horizon, "runs": measures, "arms": arm_summary(measures, targets),
+          "pairs": compare_pairs(measures, targets, margin)}
+
+
+def priced_analysis(rows: Sequence[dict[str, Any]], wall: dict[str, Any],
+                    targets: Sequence[float], margin: float) -> dict[str, Any] | None:
+  """The analysis on the priced clock (None when the rows have no priced time): H is
+  the least priced time at which a run with a value at the wall-clock H was last
+  evaluated, so that every such run covers it."""
+  covered = {(m["arm"], m["seed"]) for m in wall["runs"]
+             if math.isfinite(m["mean_accuracy_over_h"])}
+  last: dict[tuple[str, int], float] = {}
+  for r in rows:
+    key = (r["arm"], int(r["seed"]))
+    if key in covered:
+      last[key] = max(last.get(key, 0.0), float(r["priced_s"]))
+  if not last or not all(math.isfinite(v) and v > 0 for v in last.values()):
+    return None
+  priced = clock_analysis(rows, min(last.values()), targets, CLOCKS["priced"], margin)
+  wall_ranks, priced_ranks = _ranks(wall), _ranks(priced)
+  priced["rank_differs"] = {arm: (rank, priced_ranks.get(arm))
+                            for arm, rank in wall_ranks.items() if rank != priced_ranks.get(arm)}
+  priced["horizon_source"] = "the least priced time of a run's last evaluation"
+  return priced
+
+
+def analyse_rows(rows: Sequence[dict[str, Any]], settings: dict[str, Any], horizon: float,
+                 price: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Both clocks' analyses of a comparison's learning rows (``learning.csv``, as
+  ``learning_rows`` makes them) at wall-clock ``horizon``, with ``settings``' targets
+  and equivalence margin (``compare.json``); ``price`` describes the priced clock
+  (None: no priced analysis)."""
+  targets = [float(t) for t in settings.get("targets") or ()]
+  margin = float(settings.get("equivalence_margin") or DEFAULT_MARGIN)
+  result = {"targets": targets, "equivalence_margin": margin,
+            **clock_analysis(rows, horizon, targets, CLOCKS["wall"], margin)}
+  priced = priced_analysis(rows, result, targets, margin) if price else None
+  if priced:
+    priced["price"] = price
+  result["priced"] = priced
+  return result
+
+
 def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[str, Any]:
-  """Learning rows, per-run measures, per-arm summary and all pairs of a comparison's
-  runs (``compare.load_comparison``), at the budget (``settings["time_budget_s"]``,
-  else the runs' own ``train.time_budget_s``; without one, the shortest finished
-  run's step time) and ``settings["targets"]``."""
-  rows = [r for arm in arms for r in learning_rows(arm)]
+  """Learning rows and both clocks' analyses (``analyse_rows``) of a comparison's runs
+  (``compare.load_comparison``), at the budget (``settings["time_budget_s"]``, else the
+  runs' own ``train.time_budget_s``; without one, the shortest finished run's step
+  time), priced by ``settings["priced_cost"]`` (``priced_clock``; default ``fit``)."""
+  price, priced_error = None, ""
+  try:
+    price = price_from_setting(settings.get("priced_cost") or "fit",
+                               [r for arm in arms for r in arm["rows"]])
+  except ValueError as err:
+    priced_error = str(err)
+  rows = [r for arm in arms for r in learning_rows(arm, price)]
   budgets = {float(arm["config"]["train"].get("time_budget_s") or 0.0) for arm in arms}
   budget = float(settings.get("time_budget_s") or 0.0)
   if not budget and len(budgets) == 1:
@@ -267,9 +392,8 @@ def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[st
   totals = [sum(r["time_total_s"] for r in arm["rows"]) for arm in finished or arms]
   horizon, source = ((budget, "the time budget") if budget
                      else (float(min(totals)), "no budget: the shortest run's step time"))
-  targets = [float(t) for t in settings.get("targets") or ()]
-  measures = run_measures(rows, horizon, targets)
-  by_run = {(m["arm"], m["seed"]): m for m in measures}
+  result = analyse_rows(rows, settings, horizon, price.describe() if price else None)
+  by_run = {(m["arm"], m["seed"]): m for m in result["runs"]}
   short = {}
   for arm in arms:
     if not math.isfinite(by_run[split_run_name(arm["name"])]["mean_accuracy_over_h"]):
@@ -278,9 +402,29 @@ def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[st
           "no summary: not finished" if not summary else "stopped by a signal"
           if summary.get("preempted") else "hit train.steps"
           if summary.get("steps") == arm["config"]["train"]["steps"] else "no evaluation")
-  return {"horizon_s": horizon, "horizon_source": source, "targets": targets,
-          "learning": rows, "runs": measures, "arms": arm_summary(measures, targets),
-          "pairs": compare_pairs(measures, targets), "short": short}
+  return {"horizon_s": horizon, "horizon_source": source, "learning": rows, **result,
+          "priced_error": priced_error, "short": short}
+
+
+def rebuild_markdown(folder: str | Path) -> str:
+  """The tables of a comparison's report from its raw files alone (``learning.csv``,
+  ``compare.json``, and ``per_hour.json`` for H, its source, the price and the runs
+  without a value at H): what ``docs/data/<section>`` holds for results.md."""
+  from sagc_jax.experiments.record import load_record
+
+  folder = Path(folder)
+  path = folder / "per_hour.json"
+  try:
+    saved = json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, ValueError) as err:
+    raise ValueError(f"{path}: {err}") from None
+  with open(folder / "learning.csv", newline="", encoding="utf-8") as f:
+    rows = [{k: v if k in ("arm", "algorithm") else float(v) if v else math.nan
+             for k, v in row.items()} for row in csv.DictReader(f)]
+  price = (saved.get("priced") or {}).get("price")
+  result = analyse_rows(rows, load_record(folder), float(saved["horizon_s"]), price)
+  return per_hour_markdown({**result, "horizon_source": saved["horizon_source"],
+                            "short": saved.get("short", {})})
 
 
 def write(result: dict[str, Any], workdir: Path) -> None:
@@ -307,3 +451,9 @@ def _json_safe(value: Any) -> Any:
   if isinstance(value, (float, np.floating)):
     return float(value) if math.isfinite(value) else None
   return value
+
+
+if __name__ == "__main__":      # python -m sagc_jax.experiments.per_hour FOLDER
+  import sys
+
+  print(rebuild_markdown(sys.argv[1]))

@@ -281,6 +281,9 @@ def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGro
   rewards = MixedReward(*map(np.concatenate, zip(*(r.rewards for r in rounds))))
   generated = float(lengths.sum())
   decode_slots = float(sum(r.decode_slots for r in rounds))
+  # Groups whose rewards vary carry a gradient (GRPO's advantages are zero elsewhere;
+  # DAPO keeps up to ``prompts`` of them): the learning signal a second buys.
+  varied = sum(float(np.ptp(r) > 0) for r in groups.rewards if r.size)
   row = {"step": step, **controller_metrics}
   row.update(
       time_rollout_s=sum(r.rollout_s for r in rounds),
@@ -288,6 +291,9 @@ def metrics_row(step: int, controller_metrics: dict[str, float], groups: StepGro
       time_reward_overlapped_s=sum(r.reward_overlapped_s for r in rounds),
       time_learner_s=time_learner, time_total_s=time_total,
       generated_tokens=generated, decode_slots=decode_slots,
+      # Decode iterations: each round decodes until its longest row is done.
+      decode_longest=float(sum(r.lengths.max() for r in rounds if r.lengths.size)),
+      informative_groups=min(varied, float(prompts)),
       padding_efficiency=generated / decode_slots if decode_slots else 0.0,
       reward_mean=float(rewards.scores.mean()), accuracy=float(rewards.correct.mean()),
       format_rate=float(rewards.formatted.mean()),
