@@ -26,7 +26,8 @@ The rule, fixed before any result (docs/claims.md, "The best model per hour"):
   borderline (Holm p in [0.01, 0.05)), equivalent within ``compare.equivalence_margin``
   (two one-sided tests), or not resolved;
 * a pair's time to each target is the geometric mean of the per-seed ratios, with n,
-  marked censored when a seed of either arm did not reach the target by H;
+  marked censored when a seed of one arm did not reach the target by H (a seed where
+  neither did is left out, and counted);
 * an arm's rank is 1 + the number of arms Holm-significantly better than it on the
   primary measure.
 
@@ -182,10 +183,12 @@ def compare_pairs(measures: Sequence[dict[str, Any]], targets: Sequence[float],
       for target in targets:
         key = f"{target:g}"
         times = [(a[s]["time_to_target_s"][key], b[s]["time_to_target_s"][key]) for s in seeds]
-        used = [(x, y) for x, y in times if x[0] > 0 and y[0] > 0]
+        # A seed where neither arm reached the target says nothing of their ratio.
+        used = [(x, y) for x, y in times if x[0] > 0 and y[0] > 0 and (x[1] or y[1])]
         pair["time_ratio"][key] = {
             **geometric_ratio([x[0] / y[0] for x, y in used]),
-            "censored": sum(not (x[1] and y[1]) for x, y in used)}
+            "censored": sum(not (x[1] and y[1]) for x, y in used),
+            "neither": sum(not (x[1] or y[1]) for x, y in times)}
       pairs.append(pair)
     adjusted = holm([p["mean_accuracy_over_h"]["p"] for p in pairs])
     for pair, p in zip(pairs, adjusted):
@@ -244,7 +247,7 @@ def _target_cell(entry: dict[str, Any]) -> str:
 def _ratio_cell(ratio: dict[str, Any]) -> str:
   """A geometric mean time ratio, its 95% interval, n and how many seeds are censored."""
   if not ratio["n"]:
-    return "–"
+    return f"– (neither reached it in {ratio['neither']})" if ratio.get("neither") else "–"
   interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio["n"] > 1 else ""
   censored = f", censored {ratio['censored']}" if ratio["censored"] else ""
   return f"{ratio['ratio']:.2f}{interval} (n {ratio['n']}{censored})"
@@ -406,27 +409,6 @@ def analyse(arms: Sequence[dict[str, Any]], settings: dict[str, Any]) -> dict[st
           "priced_error": priced_error, "short": short}
 
 
-def rebuild_markdown(folder: str | Path) -> str:
-  """The tables of a comparison's report from its raw files alone (``learning.csv``,
-  ``compare.json``, and ``per_hour.json`` for H, its source, the price and the runs
-  without a value at H): what ``docs/data/<section>`` holds for results.md."""
-  from sagc_jax.experiments.record import load_record
-
-  folder = Path(folder)
-  path = folder / "per_hour.json"
-  try:
-    saved = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, ValueError) as err:
-    raise ValueError(f"{path}: {err}") from None
-  with open(folder / "learning.csv", newline="", encoding="utf-8") as f:
-    rows = [{k: v if k in ("arm", "algorithm") else float(v) if v else math.nan
-             for k, v in row.items()} for row in csv.DictReader(f)]
-  price = (saved.get("priced") or {}).get("price")
-  result = analyse_rows(rows, load_record(folder), float(saved["horizon_s"]), price)
-  return per_hour_markdown({**result, "horizon_source": saved["horizon_source"],
-                            "short": saved.get("short", {})})
-
-
 def write(result: dict[str, Any], workdir: Path) -> None:
   """``learning.csv`` (one row per evaluation of every run) and ``per_hour.json``."""
   write_csv(workdir / "learning.csv", LEARNING_COLUMNS, result["learning"])
@@ -452,8 +434,3 @@ def _json_safe(value: Any) -> Any:
     return float(value) if math.isfinite(value) else None
   return value
 
-
-if __name__ == "__main__":      # python -m sagc_jax.experiments.per_hour FOLDER
-  import sys
-
-  print(rebuild_markdown(sys.argv[1]))
