@@ -9,9 +9,9 @@ Sized for a v5e:4x4 slice without a TPU: 64 decode slots and a pool of 4225 page
 per 'data' shard, which holds every slot at the cap, so nothing is ever evicted. The
 AOT tool's slot search chose them: with 128 slots the pool that fits evicts when
 responses run to the cap (1.40x the bound), although natural lengths decode faster
-(337 s instead of 468 s projected; --config.rollout.refill_slots=128
---config.rollout.kv_pages=5688). On v6e:4x4 use --config.rollout.refill_slots=128
---config.rollout.kv_pages=0: the no-eviction pool of 128 slots fits there. The
+(337 s instead of 468 s projected; ``--config.rollout.refill_slots=128
+--config.rollout.kv_pages=5688``). On v6e:4x4 use ``--config.rollout.refill_slots=128
+--config.rollout.kv_pages=0``: the no-eviction pool of 128 slots fits there. The
 figures (fit, pool, projected rollout against its bound per length model, both
 slices) are in docs/results.md (the "AOT: ..." sections):
 

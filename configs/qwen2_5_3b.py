@@ -15,8 +15,8 @@ which XLA's byte count overstates; rooflines, not measurements):
 
   python -m sagc_jax.aot --config configs/qwen2_5_3b.py --topology v5e:4x4 --largest_only
 
-Switch algorithm / controller with the DAPO settings of configs/dapo_sagc.py or
---config.controller.kind=static.
+Switch algorithm / controller with ``--config.learner.algorithm=dapo`` (DAPO's preset,
+as in configs/dapo_sagc.py) or ``--config.controller.kind=static``.
 """
 
 from sagc_jax.config import tpu_pod_preset

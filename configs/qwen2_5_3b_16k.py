@@ -7,7 +7,7 @@ the refill sampler (paged KV cache, Pallas kernel; `sagc_jax.config.tpu_pod_long
 
 Sized for a v5e:4x4 slice without a TPU: 128 decode slots, which the AOT tool's slot
 search keeps (64 and 256 project slower rollouts or evict at the cap), and a pool of
-7232 pages per 'data' shard. On v6e:4x4 add --config.rollout.kv_pages=0:
+7232 pages per 'data' shard. On v6e:4x4 add ``--config.rollout.kv_pages=0``:
 the pool that holds every slot at the cap fits there. The figures (fit, pool,
 projected rollout against its bound per length model, both slices) are in
 docs/results.md (the "AOT: ..." sections):

@@ -13,8 +13,8 @@ slot search chose over 64 slots (docs/scale.md, "Sizing a slice"; docs/results.m
   python -m sagc_jax.aot --config configs/qwen3_8b_16k.py --topology v6e:4x4 \\
       --largest_only --only samplers --config.rollout.kv_pages=0 --refill_slots_search=64,128
 
-On a v5p slice of 16 chips (95 GiB each) add --config.rollout.kv_pages=0: the pool
-that holds every slot at the cap.
+On a v5p slice of 16 chips (95 GiB each) add ``--config.rollout.kv_pages=0``: the
+pool that holds every slot at the cap.
 """
 
 from sagc_jax.config import tpu_pod_long_preset

@@ -56,12 +56,14 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.config import controller_settings
   from sagc_jax.experiments.calibration import calibration_report, format_report
   from sagc_jax.replay.trace import read_trace
-  from sagc_jax.runtime.storage import run_path
+  from sagc_jax.runtime.storage import read_json, run_path
   from sagc_jax.replay.costs import cost_from_flag
   from sagc_jax.experiments.signals import chosen, validated_measures
 
   out = Path(flags.out)
   chosen(flags.signal)                 # an unknown measure fails before any sampling
+  checks = Path(flags.signal_checks)   # and so does a damaged checks file
+  validated = validated_measures(read_json(checks)) if checks.is_file() else []
   if flags.prompts < 1 or flags.responses < 2:
     raise ValueError(f"--prompts={flags.prompts} must be >= 1 and --responses="
                      f"{flags.responses} >= 2")
@@ -88,8 +90,6 @@ def main(argv: Sequence[str], flags) -> None:
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = cost_from_flag(flags.cost, trace)
-  checks = Path(flags.signal_checks)
-  validated = validated_measures(json.loads(checks.read_text())) if checks.is_file() else []
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
                               validated=validated, measures=flags.signal,
                               kinds=checked_kinds(flags.kinds),
@@ -108,10 +108,11 @@ def main(argv: Sequence[str], flags) -> None:
 def _check(flags, trace, report) -> None:
   """``--check RUN``: the run's observed rates beside the trace's predictions."""
   from sagc_jax.experiments.calibration import prediction_check
+  from sagc_jax.runtime.storage import read_json
 
   run = Path(flags.check)
   try:
-    config = json.loads((run / "config.json").read_text())
+    config = read_json(run / "config.json")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
             if line.strip()]
   except (OSError, ValueError) as err:

@@ -45,7 +45,7 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
         raise SystemExit(0) from None
       raise
   except Exception as err:        # pylint: disable=broad-except
-    broken = _config_file_error(err, argv)
+    broken = _config_file_error(err, argv) or _config_load_error(err, argv)
     if broken:
       _fail(broken)
     # ml_collections raises AttributeError / KeyError / TypeError for an unknown key or
@@ -61,7 +61,7 @@ def run_absl_tool(main: Callable[[Sequence[str], object], None],
   try:
     app.run(checked_main, argv=argv, flags_parser=lambda _: remaining)
   except (ValueError, OSError) as err:     # bad settings, unreadable or missing files
-    _fail(str(err))
+    _fail(_config_load_error(err, argv) or str(err))
 
 
 _HELP_FLAGS = ("-h", "-?", "--help", "--helpshort", "--helpfull", "--helpxml")
@@ -73,12 +73,8 @@ def _config_file_error(err: BaseException, argv: Sequence[str]) -> str | None:
   and the Python error. None when no such file is in the error's traceback."""
   import traceback
 
-  files = {}
-  for i, arg in enumerate(argv[1:], 1):
-    value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else (
-        argv[i + 1] if arg.startswith("--") and i + 1 < len(argv) else "")
-    if value.endswith(".py") and os.path.isfile(value):
-      files[os.path.realpath(value)] = value
+  files = {os.path.realpath(value): value for _, value in _flag_values(argv)
+           if value.endswith(".py") and os.path.isfile(value)}
   while err is not None:          # absl wraps the loader's error: follow the chain
     path = line = None
     if isinstance(err, SyntaxError) and err.filename:
@@ -92,6 +88,36 @@ def _config_file_error(err: BaseException, argv: Sequence[str]) -> str | None:
       return f"config file {files[path]}, line {line}: {' '.join(what.split())}"
     err = err.__cause__ or err.__context__
   return None
+
+
+_LOAD_ERROR = re.compile(r"module '(\w+)_config' has no attribute 'get_config'"
+                         r"|Failed loading config file (\w+)_config")
+
+
+def _config_load_error(err: BaseException, argv: Sequence[str]) -> str | None:
+  """One line naming the file for a config file ml_collections could not load (missing,
+  or without ``get_config``): its own message names the module it made of the file
+  ('config_config'), and a missing file surfaces only at the first use of the config,
+  as a multi-line error. None for any other error."""
+  found = _LOAD_ERROR.search(str(err))
+  given = [value for name, value in _flag_values(argv)
+           if found and name == (found.group(1) or found.group(2))]
+  if not given:
+    return None
+  path = given[-1].split(":", 1)[0]       # 'file.py:arg' passes arg to get_config
+  if found.group(1):
+    return f"config file {path} defines no get_config() (which returns the config)"
+  return f"config file {path} does not exist"     # the one error the loader collects
+
+
+def _flag_values(argv: Sequence[str]) -> list[tuple[str, str]]:
+  """``(name, value)`` of every ``--name=value`` or ``--name value`` in ``argv[1:]``."""
+  pairs = []
+  for i, arg in enumerate(argv[1:], 1):
+    if arg.startswith("--"):
+      name, eq, value = arg[2:].partition("=")
+      pairs.append((name, value if eq else argv[i + 1] if i + 1 < len(argv) else ""))
+  return pairs
 
 
 def _asks_for_help(argv: Sequence[str]) -> bool:

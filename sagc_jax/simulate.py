@@ -71,7 +71,7 @@ def replay_traces(flags) -> None:
   from sagc_jax.replay.costs import cost_from_flag
   from sagc_jax.config import controller_settings
   from sagc_jax.replay.trace import read_trace
-  from sagc_jax.experiments.signals import chosen
+  from sagc_jax.experiments.signals import chosen, read_per_hour
   from sagc_jax.experiments.replay_tables import trace_tables
 
   if len(flags.trace) > 2:
@@ -105,7 +105,7 @@ def replay_traces(flags) -> None:
     if not path.is_file():
       raise ValueError(f"--learning {flags.learning}: no per_hour.json (python -m "
                        "sagc_jax.compare writes it)")
-    per_hour = json.loads(path.read_text())
+    per_hour = read_per_hour(path)
   table, rows, found = trace_tables(traces, section, cost, algorithms=flags.algorithms,
                                     taus=taus, replicates=flags.replicates, steps=flags.steps,
                                     refill=refill, horizon_s=flags.horizon_s,

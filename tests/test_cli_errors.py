@@ -13,9 +13,10 @@ distinct ``raise ValueError`` of the config checks that a command line can reach
 ``config/validate.py``, ``config/checks.py``, ``control/controller.py`` and the
 controller classes it builds, ``rewards/specs.py`` (``check_reward_config``),
 ``rl/config.py`` (``LearnerConfig``, ``check_split``), ``cli.py`` (unknown key, bad
-type, repeated override, positional argument), ``train.py``, ``eval.py``,
-``simulate.py`` with ``replay/worlds.py``, ``replay/entry_points.py`` and
-(``--trace``) ``replay/trace.py`` / ``replay/costs.py``, ``calibrate.py``,
+type, repeated override, positional argument, a config file missing or without
+``get_config``), ``train.py``, ``eval.py``, ``simulate.py`` with ``replay/worlds.py``,
+``replay/entry_points.py`` and (``--trace``) ``replay/trace.py`` / ``replay/costs.py`` /
+``experiments/signals.py`` (``--learning``), ``calibrate.py``,
 ``compare.py`` and ``aot/__main__.py``. ``tests/fixtures/cli_errors.json`` holds, per
 case, the command line, its exit status and the last line of its stderr, made by
 running the commands at the commit that wrote it:
@@ -32,8 +33,10 @@ is raised as ``SystemExit``).
 Placeholders in a command line: ``{tmp}`` is the case's own folder, in which
 ``run/config.json`` is ``{}`` (a training run directory whose config is the schema's
 defaults, for ``eval``), ``damaged_run/config.json`` a truncated JSON file,
-``not_a_folder`` an empty file, ``syntax_error.py`` and ``raises.py`` config files that
-fail to load (a syntax error; an exception in ``get_config``). The training cases use ``--workdir
+``not_a_folder`` an empty file, ``syntax_error.py``, ``raises.py`` and ``no_get_config.py``
+config files that fail to load (a syntax error; an exception in ``get_config``; no
+``get_config``), ``damaged_comparison/per_hour.json`` a truncated JSON file and
+``empty_comparison/per_hour.json`` ``{}``. The training cases use ``--workdir
 {tmp}/not_a_folder``: a command line that passes validation (a check that went
 missing) then fails at once on that file, instead of training for minutes (the
 ``compare``, ``eval`` and ``aot`` cases have no such guard). In a message, ``{tmp}``
@@ -119,6 +122,10 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("cli.config_syntax_error", TRAIN, ("--config", "{tmp}/syntax_error.py",
                                         "--workdir", "{tmp}/not_a_folder")),
     ("cli.config_raises", TRAIN, ("--config={tmp}/raises.py", "--workdir", "{tmp}/not_a_folder")),
+    ("cli.config_no_get_config", TRAIN, ("--config", "{tmp}/no_get_config.py",
+                                         "--workdir", "{tmp}/not_a_folder")),
+    ("cli.config_missing", TRAIN, ("--config={tmp}/missing.py", "--workdir", "{tmp}/not_a_folder",
+                                   "--config.train.steps=3")),
     # ---- config/validate.py and config/checks.py: model, mesh
     ("model.dtype", TRAIN, (*T, "--config.model.dtype=float16")),
     ("model.require_path", TRAIN, (*T, "--config.model.require_path=True")),
@@ -199,6 +206,7 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
                                   "--config.rollout.max_rows_per_call=16")),
     ("train.max_consecutive_skipped", TRAIN, (*T, "--config.train.max_consecutive_skipped=-1")),
     ("train.time_budget_s", TRAIN, (*T, "--config.train.time_budget_s=-1")),
+    ("train.time_budget_s_inf", TRAIN, (*T, "--config.train.time_budget_s=inf")),
     ("train.eval_points", TRAIN, (*T, "--config.train.eval_points=4")),
     ("train.remote_data_dir", TRAIN, (*T, "--config.data.data_dir=gs://bucket/tfds")),
     # ---- learner (rl/config.py)
@@ -242,6 +250,12 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("simulate.trace_cost", SIM, ("--trace", TRACE, "--cost=gpu", "--out", "{tmp}/r.json")),
     ("simulate.trace_aot_missing", SIM, ("--trace", TRACE, "--cost=aot:{tmp}/missing.json",
                                          "--out", "{tmp}/r.json")),
+    ("simulate.learning_damaged", SIM, ("--trace", TRACE, "--cost=aot:" + AOT_REPORT,
+                                        "--horizon_s=60", "--learning",
+                                        "{tmp}/damaged_comparison", "--out", "{tmp}/r.json")),
+    ("simulate.learning_no_pairs", SIM, ("--trace", TRACE, "--cost=aot:" + AOT_REPORT,
+                                         "--horizon_s=60", "--learning",
+                                         "{tmp}/empty_comparison", "--out", "{tmp}/r.json")),
     # ---- calibrate (calibrate.py, training/trace_sampling.py)
     ("calibrate.no_out", CALIBRATE, ("--config", "configs/tiny_cpu.py")),
     ("calibrate.no_config", CALIBRATE, ("--out", "{tmp}/cal")),
@@ -252,6 +266,9 @@ CASES: list[tuple[str, str, tuple[str, ...]]] = [
     ("calibrate.validate", CALIBRATE, ("--config", "configs/tiny_cpu.py", "--out", "{tmp}/cal",
                                        "--config.rollout.top_p=1.5")),
     ("calibrate.trace_missing", CALIBRATE, ("--out", "{tmp}/cal", "--trace", "{tmp}/no.jsonl")),
+    ("calibrate.signal_checks_damaged", CALIBRATE, ("--out", "{tmp}/cal", "--trace", TRACE,
+                                                    "--signal_checks",
+                                                    "{tmp}/damaged_run/config.json")),
     # ---- eval
     ("eval.no_run", EVAL, ("--workdir", "{tmp}/no_run")),
     ("eval.damaged_config", EVAL, ("--workdir", "{tmp}/damaged_run")),
@@ -300,6 +317,10 @@ def prepare(tmp: Path) -> None:
   (tmp / "syntax_error.py").write_text("def get_config(:\n  return None\n")
   (tmp / "raises.py").write_text("import ml_collections\n\n\ndef get_config():\n"
                                  "  raise ValueError('no such model: big')\n")
+  (tmp / "no_get_config.py").write_text("import ml_collections\n")
+  for name, text in (("damaged_comparison", '{"pairs": '), ("empty_comparison", "{}")):
+    (tmp / name).mkdir()
+    (tmp / name / "per_hour.json").write_text(text)
 
 
 def fill(argv, tmp: Path) -> list[str]:

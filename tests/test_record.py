@@ -66,7 +66,7 @@ def test_a_record_with_other_settings_is_refused_by_name_and_kept(tmp_path):
   record.open_record(tmp_path, dict(settings, seeds=4), {})
   assert record.load_record(tmp_path)["priced_cost"] == "fit"
   (tmp_path / "compare.json").write_text('{"seeds": ')
-  with pytest.raises(ValueError, match=r"compare.json: not valid JSON"):
+  with pytest.raises(ValueError, match=r"compare.json is not valid JSON"):
     record.load_record(tmp_path)
 
 

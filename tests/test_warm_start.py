@@ -198,45 +198,20 @@ def test_a_workdir_on_a_full_tmpfs_is_refused_in_one_line(tmp_path):
   once but not twice: the copy of the cached warm start fails, and the command says so
   in one line (exit 2) naming the disk, with no temporary folder left. Needs root and
   tmpfs (skipped elsewhere)."""
-  import os
-  import shutil
-  import subprocess
-  import sys
-  from pathlib import Path
-
-  import pytest
+  from small_disk import tmpfs, train as train_command
 
   from sagc_jax.training.warm_start import warm_start_key
 
-  small = tmp_path / "small"
-  small.mkdir()
-  if os.geteuid() != 0 or subprocess.run(
-      ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(small)],
-      capture_output=True).returncode:
-    pytest.skip("cannot mount a tmpfs here (needs root)")
-  try:
-    config, train = _small_warm_start(tmp_path, steps=2)
-    cache = tmp_path / "cache"
-    prepare_policy(config, tmp_path / "first", train, log=lambda m: None, cache=cache)
-    kept = cache / "warm_starts" / warm_start_key(config)
-    size = sum(p.stat().st_size for p in kept.rglob("*") if p.is_file())
-    free = shutil.disk_usage(small).free
-    (small / "filler").write_bytes(b"\0" * (free - size - (1 << 19)))
-    config_file = tmp_path / "cfg.py"
-    config_file.write_text("\n".join([
-        "from sagc_jax.config import tiny_cpu_config", "def get_config():",
-        "  c = tiny_cpu_config()",
-        "  c.data.synthetic.update(dict(num_train=100, num_test=20, max_ops=1))",
-        "  c.sft.update(dict(steps=2, batch_size=8, seq_bucket=48, warmup_steps=1))",
-        f"  c.data.data_dir = {str(tmp_path / 'tfds')!r}", "  return c", ""]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
-         f"--workdir={small / 'run'}"], capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, SAGC_CACHE_DIR=str(cache)), cwd=Path(__file__).parents[1])
+  config, train = _small_warm_start(tmp_path, steps=2)
+  cache = tmp_path / "cache"
+  prepare_policy(config, tmp_path / "first", train, log=lambda m: None, cache=cache)
+  kept = cache / "warm_starts" / warm_start_key(config)
+  size = sum(p.stat().st_size for p in kept.rglob("*") if p.is_file())
+  with tmpfs(tmp_path / "small", "12m", free=size + (1 << 19)) as small:
+    proc = train_command(tmp_path, small / "run", cache,
+                         f"c.data.data_dir = {str(tmp_path / 'tfds')!r}")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert lines[-1].startswith(f"error: the disk at {small} is full: copying {kept}"), lines
     assert "Traceback" not in proc.stderr
     assert not list((small / "run").glob("sft_model*"))
-  finally:
-    subprocess.run(["umount", str(small)], check=False)

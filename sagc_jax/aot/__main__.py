@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from sagc_jax.cli import run_absl_tool
+from sagc_jax.runtime.storage import read_json
 
 
 def _define_flags():
@@ -125,7 +126,7 @@ def _stored_report(folder: str, key: str) -> dict | None:
     return None
   print(f"reusing {path}: compiled for the same config, model, topology, scope, versions "
         f"and program code (digest {key[:12]}); nothing compiled", flush=True)
-  return json.loads(path.read_text())
+  return read_json(path)
 
 
 def main(argv: Sequence[str], flags) -> None:

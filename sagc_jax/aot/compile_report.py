@@ -32,7 +32,6 @@ step, the float32 master weights and Adam moments during sampling).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -55,6 +54,7 @@ from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.splash import head_layout, kernel_cost
 from sagc_jax.models.transformer import abstract_model
 from sagc_jax.rl.learner import Learner
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["HBM_LIMIT", "compile_report", "topology_mesh"]
 
@@ -313,7 +313,7 @@ def compile_report(config: Any, topology: str, *,
                        "positive ints")
   config = sizing_config(config)
   path = model_config_path(config, model_config)
-  cfg = ModelConfig.from_hf_dict(json.loads(path.read_text()))
+  cfg = ModelConfig.from_hf_dict(read_json(path))
   mesh, chip = topology_mesh(topology, config.mesh.shape, config.mesh.axes)
   dtype = jnp.bfloat16 if config.model.dtype == "bfloat16" else jnp.float32
   model = abstract_model(cfg, dtype, mesh=mesh)

@@ -13,11 +13,11 @@ Imports no JAX.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from sagc_jax.aot.report_key import REPO_ROOT
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["command", "row", "table"]
 
@@ -61,7 +61,7 @@ def row(report: dict) -> str:
 
 def table(folder: str | Path) -> str:
   """The table of every report in ``folder``, largest model and response cap first."""
-  reports = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
+  reports = [read_json(p) for p in sorted(Path(folder).glob("*.json"))]
   if not reports:
     raise ValueError(f"{folder}: no stored reports (*.json)")
   reports.sort(key=lambda r: (-r["num_layers"] * _width(r), -r["rollout"]["max_new_tokens"],
@@ -74,7 +74,7 @@ def _width(report: dict) -> int:
   the rows by model size); 0 when the file is not here."""
   path = Path(report["model_config"])
   path = path if path.is_absolute() else REPO_ROOT / path
-  return json.loads(path.read_text()).get("hidden_size", 0) if path.is_file() else 0
+  return read_json(path).get("hidden_size", 0) if path.is_file() else 0
 
 
 if __name__ == "__main__":

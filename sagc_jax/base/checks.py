@@ -39,17 +39,34 @@ def non_negative_int(config: Any, key: str) -> int:
 
 def number_in(config: Any, key: str, low: float = -math.inf, high: float = math.inf,
               *, low_open: bool = False, high_open: bool = False) -> float:
-  """A finite number inside the given interval (open or closed at each end)."""
+  """A finite number inside the given interval (open or closed at each end; an infinite
+  end is open). inf is refused like nan: no setting means "never" by it, and a run's
+  config.json must stay standard JSON."""
   value = lookup(config, key)
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-    raise ValueError(f"{key}={value!r} must be a number")
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ValueError(f"{key}={value!r} must be a finite number")
   below = value <= low if low_open else value < low
   above = value >= high if high_open else value > high
   if below or above:
-    lo = "(" if low_open else "["
-    hi = ")" if high_open else "]"
+    lo = "(" if low_open or math.isinf(low) else "["
+    hi = ")" if high_open or math.isinf(high) else "]"
     raise ValueError(f"{key}={value!r} must be in {lo}{low}, {high}{hi}")
   return float(value)
+
+
+def finite_numbers(values: Any, key: str = "") -> None:
+  """Refuses inf and nan anywhere in nested mappings and sequences, naming the dotted
+  key: the catch-all behind the checks of single keys (a setting of a controller kind
+  the run does not use, a user kind's options), so that a run's config.json is
+  standard JSON, which ``json.dumps`` would otherwise write with ``Infinity``."""
+  if isinstance(values, Mapping):
+    for name, value in values.items():
+      finite_numbers(value, f"{key}.{name}" if key else str(name))
+  elif isinstance(values, (list, tuple)):
+    for i, value in enumerate(values):
+      finite_numbers(value, f"{key}[{i}]")
+  elif isinstance(values, float) and not math.isfinite(values):
+    raise ValueError(f"{key}={values!r} must be a finite number")
 
 
 def one_of(config: Any, key: str, allowed: Iterable[Any]) -> Any:

@@ -142,7 +142,7 @@ def with_rope_theta(folder: str | os.PathLike, theta: float) -> Path:
   for f in folder.iterdir():
     if f.name != "config.json" and not (out / f.name).exists():
       (out / f.name).symlink_to(f.resolve())
-  config = json.loads((folder / "config.json").read_text())
+  config = storage.read_json(folder / "config.json")
   config["rope_theta"] = theta                       # transformers 4's key
   if isinstance(config.get("rope_parameters"), dict):  # transformers 5's
     config["rope_parameters"]["rope_theta"] = theta

@@ -160,3 +160,4 @@ def check_run(run: RunConfig) -> None:
   seed = run.seed
   if isinstance(seed, bool) or not isinstance(seed, int):
     raise ValueError(f"seed={seed!r} must be an int")
+  checks.finite_numbers(run.to_dict())     # what no check above reads, e.g. another kind's

@@ -15,13 +15,14 @@ way a single training run does (checkpoint, then exit 0).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from sagc_jax.runtime.storage import read_json
 
 ARM_CONFIG = "arm_config.json"
 _LOADER = """# Written by sagc_jax.compare: this run's config is arm_config.json beside this file.
@@ -46,7 +47,7 @@ def read_arm_config(run_dir: Path) -> Any:
   from sagc_jax.config import base_config
 
   config = base_config()
-  config.update(json.loads((run_dir / ARM_CONFIG).read_text()))
+  config.update(read_json(run_dir / ARM_CONFIG))
   return config
 
 
@@ -79,10 +80,10 @@ def run_in_child(config: Any, run_dir: Path) -> dict[str, Any]:
       signal.signal(s, handler)
   summary = run_dir / "summary.json"
   if code == 0 and forwarded:
-    saved = json.loads(summary.read_text()) if summary.exists() else {}
+    saved = read_json(summary) if summary.exists() else {}
     return dict(saved, preempted=True)
   if code != 0 or not summary.exists():
     raise RuntimeError(f"the run in {run_dir} failed (exit code {code}; its messages are "
                        "above); fix the cause and rerun the same command: finished runs "
                        "are skipped and this one resumes from its checkpoint")
-  return json.loads(summary.read_text())
+  return read_json(summary)

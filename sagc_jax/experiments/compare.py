@@ -15,7 +15,6 @@ per G).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,6 +30,7 @@ from sagc_jax.experiments.per_hour import (analyse, per_hour_markdown, write as 
 from sagc_jax.experiments.plots import plot_comparison, plot_learning
 from sagc_jax.experiments.record import load_record, order_markdown
 from sagc_jax.runtime.metrics import summarize
+from sagc_jax.runtime.storage import read_json
 
 RESULT_COLUMNS = ("arm", "seed", "run", "algorithm", "controller", "static_g", "steps",
                   "straggler_event", "straggler_rate", "group_straggler_rate",
@@ -91,12 +91,12 @@ def load_arm(arm_dir: str | os.PathLike) -> dict[str, Any]:
   from sagc_jax.runtime.metrics import load_evaluation_before_rl, load_history
 
   arm_dir = Path(arm_dir)
-  config = json.loads((arm_dir / "config.json").read_text())
+  config = read_json(arm_dir / "config.json")
   summary_path = arm_dir / "summary.json"
   return {"name": arm_dir.name, "dir": str(arm_dir), "config": config,
           "rows": load_history(arm_dir),          # step rows (not the step-0 evaluation)
           "before_rl": load_evaluation_before_rl(arm_dir),
-          "summary": json.loads(summary_path.read_text()) if summary_path.exists() else {}}
+          "summary": read_json(summary_path) if summary_path.exists() else {}}
 
 
 def load_comparison(workdir: str | os.PathLike) -> list[dict[str, Any]]:

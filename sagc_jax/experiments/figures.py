@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from sagc_jax.experiments.machine import machine_info, machine_line
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["JOBS", "Job", "regenerate"]
 
@@ -208,7 +209,7 @@ def regenerate(out: Path, jobs: Sequence[Job], *, force: bool = False,
     done = folder / "done.json"
     command = job.command(folder)
     if done.exists() and not force:
-      record = json.loads(done.read_text())
+      record = read_json(done)
       log(f"[{i}/{len(jobs)}] {job.name}: done before ({record['seconds']:.0f} s), skipped")
     elif job.needs and importlib.util.find_spec(job.needs) is None:
       record = {"job": job.name, "status": f"skipped: needs {job.needs} (pip install "

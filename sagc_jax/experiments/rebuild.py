@@ -8,12 +8,12 @@ every figure of such a section can be recomputed without the runs.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
 from sagc_jax.experiments.per_hour import analyse_rows, per_hour_markdown
 from sagc_jax.experiments.record import load_record
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["rebuild_markdown"]
 
@@ -23,11 +23,7 @@ def rebuild_markdown(folder: str | Path) -> str:
   ``compare.json``, and ``per_hour.json`` for H, its source, the price and the runs
   without a value at H): what ``docs/data/<section>`` holds for results.md."""
   folder = Path(folder)
-  path = folder / "per_hour.json"
-  try:
-    saved = json.loads(path.read_text(encoding="utf-8"))
-  except (OSError, ValueError) as err:
-    raise ValueError(f"{path}: {err}") from None
+  saved = read_json(folder / "per_hour.json")
   with open(folder / "learning.csv", newline="", encoding="utf-8") as f:
     rows = [{k: v if k in ("arm", "algorithm") else float(v) if v else math.nan
              for k, v in row.items()} for row in csv.DictReader(f)]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sagc_jax.config.compare import CompareSection
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["RECORD", "load_record", "open_record", "order_markdown", "record_run",
            "record_settings"]
@@ -44,10 +45,7 @@ def load_record(workdir: Path) -> dict[str, Any]:
   path = Path(workdir) / RECORD
   if not path.exists():
     return {}
-  try:
-    record = json.loads(path.read_text(encoding="utf-8"))
-  except ValueError as err:
-    raise ValueError(f"{path}: not valid JSON ({err})") from None
+  record = read_json(path)
   if not isinstance(record, dict):
     raise ValueError(f"{path}: not a comparison record (a JSON object)")
   return record

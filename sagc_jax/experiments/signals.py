@@ -25,9 +25,11 @@ from typing import Any, Sequence
 
 from sagc_jax.replay.engine import MEASURES
 from sagc_jax.base.stats import by_arm, mean_ci, per_seed
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["MIN_RESOLVED", "agree", "check_learning", "chosen", "learning_markdown",
-           "measure_values", "predictions", "ranking_markdown", "signals", "validated_measures"]
+           "measure_values", "predictions", "ranking_markdown", "read_per_hour", "signals",
+           "validated_measures"]
 
 MIN_RESOLVED = 3
 # The summary key of each measure's total over a run.
@@ -127,6 +129,28 @@ def _replay_name(arm: str, algorithm: str) -> str:
   kind = arm.removeprefix(f"{algorithm}_")
   g = kind.removeprefix("static")
   return f"static_G{g}" if kind.startswith("static") and g.isdigit() else kind
+
+
+def read_per_hour(path: Any) -> dict[str, Any]:
+  """A finished comparison's ``per_hour.json``, with the keys ``check_learning`` reads:
+  another file (a hand-written one, another tool's JSON) is refused naming the file and
+  the first missing key, before the replay's minutes of work, not as a ``KeyError``
+  after them."""
+  per_hour = read_json(path)
+
+  def need(node: Any, key: str, where: str = "", kind: type = object) -> Any:
+    if not isinstance(node, dict) or key not in node or not isinstance(node[key], kind):
+      raise ValueError(f"{path} lacks the key {where + key!r}: not a comparison's per_hour.json "
+                       "(python -m sagc_jax.compare writes one)")
+    return node[key]
+
+  for algorithm, entry in need(per_hour, "pairs", kind=dict).items():
+    for i, pair in enumerate(need(entry, "pairs", f"pairs.{algorithm}.", list)):
+      where = f"pairs.{algorithm}.pairs[{i}]."
+      need(pair, "first", where)
+      need(pair, "second", where)
+      need(need(pair, "mean_accuracy_over_h", where), "mean", f"{where}mean_accuracy_over_h.")
+  return per_hour
 
 
 def check_learning(predicted: dict[str, dict[str, list[dict[str, Any]]]],

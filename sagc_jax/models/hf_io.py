@@ -18,6 +18,7 @@ Saving writes ``config.json`` in transformers' format (both RoPE dialects) and
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -29,12 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from sagc_jax.models.config import ModelConfig
 from sagc_jax.models.transformer import Transformer, abstract_model, place_state
 from sagc_jax.runtime.distributed import to_device
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["from_pretrained", "hf_tensor_name", "read_config", "save_pretrained"]
 
@@ -62,12 +64,7 @@ def read_config(path: PathLike) -> ModelConfig:
   cfg_file = Path(path) / "config.json"
   if not cfg_file.is_file():
     raise FileNotFoundError(f"no config.json in checkpoint folder {str(path)!r}")
-  with open(cfg_file, encoding="utf-8") as f:
-    try:
-      config = json.load(f)
-    except json.JSONDecodeError as err:
-      raise ValueError(f"{cfg_file} is not valid JSON ({err})") from None
-  return ModelConfig.from_hf_dict(config)
+  return ModelConfig.from_hf_dict(read_json(cfg_file))
 
 
 @contextlib.contextmanager
@@ -82,12 +79,22 @@ def _open_safetensors(file: Path):
     yield f
 
 
+def _save_file(tensors: dict[str, np.ndarray], file: Path) -> None:
+  """safetensors' ``save_file``, whose I/O failure (a full disk) is an ``OSError``
+  naming the file, as the tools report one: safetensors raises its own error type."""
+  try:
+    save_file(tensors, str(file), metadata={"format": "pt"})
+  except SafetensorError as err:
+    full = "os error 28" in str(err)
+    raise OSError(errno.ENOSPC if full else errno.EIO,
+                  os.strerror(errno.ENOSPC) if full else str(err), str(file)) from None
+
+
 def _tensor_files(folder: Path) -> dict[str, Path]:
   """Tensor name -> safetensors file holding it (from the index, or file headers)."""
   index = folder / _INDEX
   if index.is_file():
-    with open(index, encoding="utf-8") as f:
-      weight_map = json.load(f).get("weight_map")
+    weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
       raise ValueError(f"{index} has no 'weight_map' dict")
     missing_files = sorted({f for f in weight_map.values() if not (folder / f).is_file()})
@@ -231,7 +238,7 @@ def save_pretrained(model: Transformer, cfg: ModelConfig, out_dir: PathLike, *,
       tensors[name] = np.ascontiguousarray(host.T if transposed else host)
       weight_map[name] = file_name
     if writer:
-      save_file(tensors, str(out / file_name), metadata={"format": "pt"})
+      _save_file(tensors, out / file_name)
     del tensors
   if writer:
     if len(shards) > 1:

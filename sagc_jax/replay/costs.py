@@ -41,12 +41,13 @@ result rests on those is the share of steps whose longest row is capped
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
+
+from sagc_jax.runtime.storage import read_json
 
 __all__ = ["CompiledStepCost", "CostFn", "CostModel", "DecodeCost", "cost_from_flag",
            "replay_settings"]
@@ -164,10 +165,7 @@ class CompiledStepCost:
     if not path.is_file():
       raise ValueError(f"AOT report {path} is not a file (python -m sagc_jax.aot ... "
                        "--out REPORT.json writes one)")
-    try:
-      report = json.loads(path.read_text())
-    except ValueError as err:
-      raise ValueError(f"AOT report {path} is not JSON ({err})") from None
+    report = read_json(path)
     missing = [k for k in ("rollout", "projected_learner_s", "decode_step_ms")
                if report.get(k) is None]
     if missing:

@@ -152,8 +152,9 @@ def check_reward_config(reward: Any) -> None:
       raise ValueError(f"reward.fns: {spec!r} must be a string")
   check_distinct(specs)
   timeout = reward.timeout_s
-  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-    raise ValueError(f"reward.timeout_s={timeout!r} must be a number of seconds > 0")
+  if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+      0 < timeout < math.inf):        # inf: a user module that hangs would hang the run
+    raise ValueError(f"reward.timeout_s={timeout!r} must be a finite number of seconds > 0")
   for spec in specs:
     if spec not in BUILTIN_TERMS:
       if not _CALLABLE.match(spec):

@@ -119,9 +119,14 @@ class RunLock:
       self.path.write_text(self._content())
       return
     partial = f"{os.fspath(self.path)}.{os.getpid()}.partial"
-    with open(partial, "w") as f:
-      f.write(self._content())
-    os.replace(partial, os.fspath(self.path))
+    try:
+      with open(partial, "w") as f:
+        f.write(self._content())
+      os.replace(partial, os.fspath(self.path))
+    except OSError:                 # a full disk: no partial file left in the workdir
+      if os.path.exists(partial):
+        os.remove(partial)
+      raise
 
   def _read(self) -> dict[str, Any]:
     try:

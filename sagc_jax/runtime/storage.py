@@ -48,6 +48,30 @@ def run_path(path: str | os.PathLike) -> Any:
   return Path(path).expanduser().absolute()
 
 
+def read_json(path: Any) -> Any:
+  """The JSON value in the file at ``path`` (a str, local or ``gs://``, or a path
+  object). Why: json's own error ("Expecting value: line 1 column 29") names no file,
+  and the tools read many; this ``ValueError`` names it, and the command-line tools
+  print it as one line."""
+  file = path if hasattr(path, "read_text") else run_path(path)
+  try:
+    return json.loads(file.read_text(encoding="utf-8"))
+  except ValueError as err:            # JSONDecodeError, UnicodeDecodeError
+    raise ValueError(f"{path} is not valid JSON ({err})") from None
+
+
+def write_text(path: Any, text: str) -> None:
+  """``path.write_text(text)``, with an OS error that names the file: Python's own
+  does not when the write, not the open, fails (a full disk: "[Errno 28] No space
+  left on device")."""
+  try:
+    path.write_text(text)
+  except OSError as err:
+    if err.filename is not None:
+      raise
+    raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+
+
 def cache_root(configured: str = "") -> Path:
   """Local cache folder: ``configured``, else ``$SAGC_CACHE_DIR``, else ~/.cache/sagc_jax."""
   root = configured or os.environ.get("SAGC_CACHE_DIR") or "~/.cache/sagc_jax"
@@ -101,7 +125,7 @@ def stage(source: str, root: Path, log: Callable[[str], None] = print, *,
   dest = root / "staged" / _cache_key(source)
   marker = dest / STAGED_MARKER
   if marker.exists():
-    recorded = json.loads(marker.read_text())
+    recorded = read_json(marker)
     if recorded.get("source") == source and recorded.get("files") == files:
       log(f"staging {what} {source}: reusing the local copy in {dest}")
       return str(dest)

@@ -36,6 +36,7 @@ from sagc_jax.runtime import distributed
 from sagc_jax.runtime.mesh import make_mesh
 from sagc_jax.runtime import stop
 from sagc_jax.runtime.compilation import PROGRESS_EVERY_S
+from sagc_jax.runtime.persistent_cache import set_cache_dir
 from sagc_jax.runtime.storage import stage
 from sagc_jax.training.warm_start import prepare_policy, starting_folder
 
@@ -82,12 +83,12 @@ def configure_compilation_cache(config: RunConfig, default: Any) -> None:
   Which programs are written is JAX's own setting (``jax_persistent_cache_min_compile_
   time_secs``, 1 s unless the user's ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` says
   otherwise). JAX opens the folder at a process's first compilation after one is set
-  and keeps it for the process: a later run in the same process uses that folder.
+  and keeps it for the process: a later run in the same process uses that folder. An
+  entry that cannot be written is removed (``runtime.persistent_cache``).
   """
   if not config.train.compilation_cache:
     return
-  jax.config.update("jax_compilation_cache_dir",
-                    config.train.compilation_cache_dir or str(default))
+  set_cache_dir(config.train.compilation_cache_dir or str(default))
 
 
 def check_prompt_lengths(config: RunConfig, tokenizer: Any,

@@ -36,7 +36,7 @@ from sagc_jax.runtime import distributed
 from sagc_jax.runtime.checkpoint import Checkpointer, prepare_checksums
 from sagc_jax.runtime.metrics import MetricsWriter
 from sagc_jax.runtime.stop import StopRequested
-from sagc_jax.runtime.storage import cache_root, local_mirror, run_path
+from sagc_jax.runtime.storage import cache_root, local_mirror, run_path, write_text
 from sagc_jax.training.build import build_components, largest_host_gather
 from sagc_jax.training.evaluation import Evaluator
 from sagc_jax.training.export import prepare_export_root
@@ -296,7 +296,7 @@ class Trainer:
     stopped early on an agreed signal."""
     summary = self.state.summary(self.config.train, preempted=preempted)
     if self.is_primary:
-      (self.workdir / "summary.json").write_text(json.dumps(summary, indent=1))
+      write_text(self.workdir / "summary.json", json.dumps(summary, indent=1))
     if distributed.is_multiprocess() and self.stopped_in is None:
       self.state.write_process_fingerprint(self.workdir)
     return summary

@@ -23,6 +23,7 @@ from sagc_jax.models.sharding import abstract_like
 from sagc_jax.runtime import distributed
 from sagc_jax.training.evaluation import paired_gain
 from sagc_jax.runtime.metrics import summarize
+from sagc_jax.runtime.storage import read_json, write_text
 
 __all__ = ["RunState", "budget_spent", "config_changes", "evaluation_due", "write_run_config"]
 
@@ -41,21 +42,22 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 def write_run_config(config: Any, workdir: Any, *, resuming: bool,
                      log: Callable[[str], None]) -> None:
-  """Writes ``config.json``, first logging which settings differ from the one there."""
+  """Writes ``config.json`` (standard JSON: no ``Infinity``, which other readers
+  refuse), first logging which settings differ from the one there."""
   path = workdir / "config.json"
-  new = json.dumps(config.to_dict(), indent=1)
+  new = json.dumps(config.to_dict(), indent=1, allow_nan=False)
   if path.exists():
     try:
-      old = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-      log(f"warning: {path} is not valid JSON ({err}); replaced by this run's "
-          "settings (the changes from the damaged file cannot be listed)")
+      old = read_json(path)
+    except ValueError as err:
+      log(f"warning: {err}; replaced by this run's settings (the changes from the "
+          "damaged file cannot be listed)")
       old = json.loads(new)
     changes = config_changes(old, json.loads(new))
     if changes:
       log(f"{'resuming' if resuming else 'restarting'} with {len(changes)} changed "
           f"setting(s): " + "; ".join(changes))
-  path.write_text(new)
+  write_text(path, new)
 
 
 def budget_spent(train: Any, seconds: float) -> bool:

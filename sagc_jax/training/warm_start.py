@@ -30,7 +30,7 @@ import numpy as np
 
 from sagc_jax.models import build_tiny_checkpoint, from_pretrained, load_tokenizer, \
     save_pretrained
-from sagc_jax.runtime.storage import copy_folder, rename_into_place
+from sagc_jax.runtime.storage import copy_folder, read_json, rename_into_place
 from sagc_jax.training.sft import supervised_finetune, tokenize_examples
 
 SFT_MARKER = "sft_done.json"
@@ -47,12 +47,17 @@ def starting_folder(config: Any, workdir: Path, *, model_path: str | None = None
   init_dir = workdir / "init_model"
   identity = {"tiny_family": config.model.tiny_family, "init_seed": config.model.init_seed}
   if not (init_dir / "model.safetensors").exists():
-    build_tiny_checkpoint(init_dir, seed=config.model.init_seed, family=config.model.tiny_family)
-    (init_dir / TINY_MARKER).write_text(json.dumps(identity))
+    try:
+      build_tiny_checkpoint(init_dir, seed=config.model.init_seed,
+                            family=config.model.tiny_family)
+      (init_dir / TINY_MARKER).write_text(json.dumps(identity))
+    except OSError:       # a full disk: no half-written model to be taken for built later
+      shutil.rmtree(init_dir, ignore_errors=True)
+      raise
   elif (init_dir / TINY_MARKER).exists():
     # The cached policy (and the run's checkpoints) belong to the tiny model it was
     # built as: a changed family or seed would otherwise be silently ignored.
-    built = json.loads((init_dir / TINY_MARKER).read_text())
+    built = read_json(init_dir / TINY_MARKER)
     for key, value in identity.items():
       if built.get(key) != value:
         raise ValueError(f"model.{key}={value!r}, but this workdir's tiny model was built "
