@@ -69,7 +69,7 @@ def test_the_verdict_rule_by_hand():
   verdicts = [stats.paired_verdict(s, 0.0, better) for s, better in (
       ((0.5, 0.2, 3), "above"), ((0.5, 0.2, 3), "below"), ((0.1, 0.2, 3), "above"),
       ((-0.5, 0.2, 3), None), ((0.5, math.nan, 1), "above"))]
-  assert verdicts == ["better", "worse", "no difference", "lower", "?"]
+  assert verdicts == ["better", "worse", "not resolved", "lower", "?"]
 
 
 def _t_interval(values):
@@ -96,7 +96,7 @@ def test_paired_markdown_pairs_seeds_and_gives_a_verdict_per_side():
   mean, half = _t_interval([0.10, 0.11, 0.12])
   assert lines[2].startswith(f"| accuracy, arm - base | {mean:+.3f} ± {half:.3f} | better |")
   mean2, half2 = _t_interval([0.01, -0.01])
-  assert lines[2].endswith(f"| {mean2:+.3f} ± {half2:.3f} (2 of 3 seeds) | no difference |")
+  assert lines[2].endswith(f"| {mean2:+.3f} ± {half2:.3f} (2 of 3 seeds) | not resolved |")
   mean, half = _t_interval([90 / 100, 100 / 110, 80 / 90])
   assert f"| time, arm / base | {mean:.3f} ± {half:.3f} | better |" in lines[3]
   assert lines[3].endswith(f"| {120 / 110:.3f} (1 of 3 seeds) | ? |")   # the nan seed left out

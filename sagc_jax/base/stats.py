@@ -6,7 +6,7 @@ trace replay, ``calibrate`` and ``compare``.
 Paired comparisons match the rows of two arms by ``seed`` (a replicate of a replay is
 a seed): the per-seed ratio arm / reference or difference arm - reference, then its
 mean ± half-width, read as ``better`` / ``worse`` when the interval excludes "no
-change" on that side and ``no difference`` when it does not (at this many seeds).
+change" on that side and ``not resolved`` when it does not (at this many seeds: a wide interval is no evidence of equivalence).
 That reading, ``interval_side``, is the package's one verdict rule (the claims table's
 too). Where many pairs are tested at once (``per_hour``), ``paired_test`` adds the
 paired t p-value and ``holm`` corrects it for the family; ``pair_verdict`` words the
@@ -176,11 +176,11 @@ class Paired:
 
 def paired_verdict(stat: tuple[float, float, int], null: float, better: str | None) -> str:
   """``better`` / ``worse`` when the 95% interval excludes ``null`` on that side
-  (``higher`` / ``lower`` when no side is better), ``no difference`` when it does not,
+  (``higher`` / ``lower`` when no side is better), ``not resolved`` when it does not,
   ``?`` with one seed and ``n/a`` with none."""
   side = interval_side(stat, null)
   if too_few(stat) or side is None:
-    return too_few(stat) or "no difference"
+    return too_few(stat) or "not resolved"
   if better is None:
     return "higher" if side == "above" else "lower"
   return "better" if side == better else "worse"
