@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
 
-from sagc_jax.experiments import per_hour
+from sagc_jax.experiments import per_hour, per_hour_tables
 
 
 def curve_rows(arm, seed, points, algorithm="grpo"):
@@ -87,11 +88,17 @@ def test_a_hand_made_learning_table_ranks_arms_and_censors_targets(tmp_path):
   # Time to 0.5: static4 5 * 0.3 / (0.4 + lift), sagc
   # 5 * 0.4 / (0.4 + lift): a ratio of 0.75 in every seed, none censored.
   ratio = diff["time_ratio"]["0.5"]
-  assert (ratio["n"], ratio["censored"]) == (3, 0) and ratio["ratio"] == pytest.approx(0.75)
+  assert (ratio["n"], ratio["censored_first"], ratio["censored_second"]) == (3, 0, 0)
+  assert ratio["ratio"] == pytest.approx(0.75)
   # Against static16, which never reaches 0.5: every seed censored (at H), and the pair
   # the other way round is the exact inverse, interval included.
   censored = pairs[("grpo_static4", "grpo_static16")]["time_ratio"]["0.5"]
-  assert (censored["n"], censored["censored"]) == (3, 3)
+  assert (censored["n"], censored["censored_first"], censored["censored_second"]) == (3, 0, 3)
+  assert "censored: first 0, second 3: upper bound" in per_hour_tables._ratio_cell(censored)
+  # Neither reached 0.9 in any seed: no ratio, and the cell says why.
+  both = per_hour.compare_pairs(runs, (0.9,))["grpo"]["pairs"]
+  never = {(p["first"], p["second"]): p for p in both}[("grpo_static4", "grpo_static16")]
+  assert per_hour_tables._ratio_cell(never["time_ratio"]["0.9"]) == "– (neither reached 3)"
   first_seen = sorted((r for r in runs if r["arm"] != "grpo_sagc"),
                       key=lambda r: r["arm"] != "grpo_static16")
   inverse = per_hour.compare_pairs(first_seen, (0.5,))["grpo"]["pairs"][0]
@@ -152,7 +159,7 @@ def test_analyse_uses_the_budget_as_horizon_and_names_runs_that_hit_the_step_cap
   at_h = 0.2 + 0.4 * 10 / 10.5
   assert runs["grpo_static4"]["accuracy_at_h"] == pytest.approx(at_h)
   assert runs["grpo_static4"]["mean_accuracy_over_h"] == pytest.approx((0.2 + at_h) / 2)
-  text = per_hour.per_hour_markdown(result)
+  text = per_hour_tables.per_hour_markdown(result)
   assert "grpo_static16_seed0 (hit train.steps)" in text
   # One measured seed each: no arm can be ranked.
   assert result["pairs"]["grpo"]["rank"] == {"grpo_static4": None, "grpo_static16": None}
@@ -164,7 +171,7 @@ def test_analyse_uses_the_budget_as_horizon_and_names_runs_that_hit_the_step_cap
     a["config"]["train"]["time_budget_s"] = 10.0
   assert per_hour.analyse(arms, {})["horizon_s"] == 10.0
   # No targets: the tables have no empty columns.
-  lines = per_hour.per_hour_markdown(per_hour.analyse(arms, {})).splitlines()
+  lines = per_hour_tables.per_hour_markdown(per_hour.analyse(arms, {})).splitlines()
   tables = [line for line in lines if line.startswith("|")]
   assert all(line.count("|") == tables[0].count("|") for line in tables[:4])
   assert all(" |  |" not in line for line in tables)
@@ -229,9 +236,21 @@ def test_the_priced_clock_prices_logged_work_and_ignores_the_machines_drift():
   assert wall["mean_accuracy_over_h"]["mean"] > 0.05 and wall["verdict"] == "resolved"
   assert priced["mean_accuracy_over_h"]["mean"] == pytest.approx(0.0, abs=1e-12)
   assert result["priced"]["rank_differs"] == {"grpo_slow": (2, 1)}
-  text = per_hour.per_hour_markdown(result)
+  text = per_hour_tables.per_hour_markdown(result)
   assert "### On the priced clock" in text and "grpo_slow 2 -> 1" in text
   # The learning rows carry the priced time, cumulative, which the fitted price gives.
   first = next(r for r in result["learning"] if r["arm"] == "grpo_slow" and r["step"] == 3)
   fit = priced_clock.Price(**{k: v for k, v in fitted.items()})
   assert first["priced_s"] == pytest.approx(sum(fit(r) for r in arms[1]["rows"][:3]))
+
+
+def test_a_time_ratio_censored_on_both_sides_is_not_called_a_bound():
+  def run(arm, seed, time, reached):
+    return {"arm": arm, "algorithm": "grpo", "seed": seed, "mean_accuracy_over_h": 0.5,
+            "accuracy_at_h": 0.5, "time_to_target_s": {"0.5": (time, reached)}}
+  measures = [run("grpo_a", 0, 10.0, False), run("grpo_b", 0, 2.0, True),
+              run("grpo_a", 1, 3.0, True), run("grpo_b", 1, 10.0, False)]
+  ratio = per_hour.compare_pairs(measures, (0.5,))["grpo"]["pairs"][0]["time_ratio"]["0.5"]
+  assert (ratio["n"], ratio["censored_first"], ratio["censored_second"]) == (2, 1, 1)
+  assert ratio["ratio"] == pytest.approx(math.sqrt(5.0 * 0.3))
+  assert "censored: first 1, second 1: not a bound" in per_hour_tables._ratio_cell(ratio)

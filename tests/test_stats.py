@@ -141,4 +141,7 @@ def test_equivalence_test_is_two_one_sided_t_tests():
     (0.2, 0.01, "equivalent"), (0.2, 0.2, "not resolved"), (float("nan"), 0.2, "not resolved")])
 def test_pair_verdict_marks_borderline_and_says_equivalent_only_within_a_margin(
     p_holm, tost_p, verdict):
-  assert stats.pair_verdict(p_holm, {"p": tost_p}) == verdict
+  assert stats.pair_verdict(p_holm, {"p": tost_p, "n": 8}) == verdict
+  # Equivalence needs three values, and reads the family-adjusted TOST p where given.
+  assert stats.pair_verdict(0.2, {"p": 0.01, "n": 2}) == "not resolved"
+  assert stats.pair_verdict(0.2, {"p": 0.01, "p_holm": 0.06, "n": 8}) == "not resolved"

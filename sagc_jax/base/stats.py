@@ -25,13 +25,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["ALPHA", "BORDERLINE", "Paired", "arm_intervals", "by_arm", "by_seed",
+__all__ = ["ALPHA", "BORDERLINE", "MIN_EQUIVALENCE_N", "Paired", "arm_intervals", "by_arm", "by_seed",
            "equivalence_test", "finite", "format_ci", "geometric_ratio", "holm",
            "interval_side", "mean_ci", "pair_verdict", "paired_markdown", "paired_test",
            "paired_verdict", "per_arm_markdown", "per_seed", "too_few"]
 
 ALPHA = 0.05         # a family's significance level (Holm-adjusted p below it: resolved)
 BORDERLINE = 0.01    # a resolved pair with adjusted p in [BORDERLINE, ALPHA): borderline
+MIN_EQUIVALENCE_N = 3  # equivalence is not claimed from fewer values (1 degree of freedom)
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float, int]:
@@ -88,10 +89,12 @@ def equivalence_test(differences: Sequence[float], margin: float) -> dict[str, A
 def pair_verdict(p_holm: float, equivalence: dict[str, Any] | None = None) -> str:
   """The words for one pair of a Holm family (docs/claims.md): ``resolved`` (adjusted p
   below ``BORDERLINE``), ``borderline`` (below ``ALPHA``), ``equivalent`` (not resolved,
-  and the TOST p of ``equivalence`` below ``ALPHA``), else ``not resolved``."""
+  at least ``MIN_EQUIVALENCE_N`` values and the TOST p of ``equivalence``, Holm-adjusted
+  over the family where given as ``p_holm``, below ``ALPHA``), else ``not resolved``."""
   if math.isfinite(p_holm) and p_holm < ALPHA:
     return "resolved" if p_holm < BORDERLINE else "borderline"
-  if equivalence is not None and equivalence["p"] < ALPHA:
+  if (equivalence is not None and equivalence.get("n", MIN_EQUIVALENCE_N) >= MIN_EQUIVALENCE_N
+      and equivalence.get("p_holm", equivalence["p"]) < ALPHA):
     return "equivalent"
   return "not resolved"
 

@@ -140,8 +140,10 @@ def run_arms(config, workdir: Path, arms: dict[str, Any], log=print) -> None:
       arm.train.compilation_cache_dir = str(workdir / "jax_cache")   # arms share programs
     if not arm.train.initial_eval_dir:        # the runs of a seed share their first evaluation
       arm.train.initial_eval_dir = str(shared / "initial_eval")
-    preempted = _train_arm(arm, arm_dir).get("preempted")
-    record_run(workdir, name, index, started, load)
+    try:
+      preempted = _train_arm(arm, arm_dir).get("preempted")
+    finally:                  # a failed stretch is recorded too
+      record_run(workdir, name, index, started, load)
     if preempted:
       log(f"{name}: stopped by SIGTERM or Ctrl-C after a checkpoint; rerun the same command to "
           "resume this arm and the ones after it")

@@ -25,8 +25,8 @@ from sagc_jax.experiments.arms import split_run_name
 from sagc_jax.base.stats import Paired, paired_markdown, per_arm_markdown
 from sagc_jax.experiments.claims import claims_markdown
 from sagc_jax.experiments.machine import machine_info, machine_line
-from sagc_jax.experiments.per_hour import (analyse, per_hour_markdown, write as write_per_hour,
-                                           write_csv)
+from sagc_jax.experiments.per_hour import analyse, write as write_per_hour, write_csv
+from sagc_jax.experiments.per_hour_tables import per_hour_markdown
 from sagc_jax.experiments.plots import plot_comparison, plot_learning
 from sagc_jax.experiments.record import load_record, order_markdown
 from sagc_jax.runtime.metrics import summarize

@@ -25,16 +25,17 @@ The rule, fixed before any result (docs/claims.md, "The best model per hour"):
   else is descriptive). A pair is worded by ``stats.pair_verdict``: resolved,
   borderline (Holm p in [0.01, 0.05)), equivalent within ``compare.equivalence_margin``
   (two one-sided tests), or not resolved;
-* a pair's time to each target is the geometric mean of the per-seed ratios, with n,
-  marked censored when a seed of one arm did not reach the target by H (a seed where
-  neither did is left out, and counted);
+* a pair's time to each target is the geometric mean of the per-seed ratios over the n
+  seeds where at least one arm reached it by H, with how many of each arm's seeds are
+  censored (only the second: an upper bound; only the first: a lower bound); seeds
+  where neither did, or where one reached it at t = 0, are left out and counted;
 * an arm's rank is 1 + the number of arms Holm-significantly better than it on the
   primary measure.
 
 Everything is computed twice: on the wall-clock, and on a priced clock
 (``experiments.priced_clock``: each step priced from the work it logged by one fixed
-cost), which the machine's drift does not move; the report lists the arms whose rank
-differs between the two.
+cost), which the machine's drift does not move, over the longest priced window every
+run covers; the report lists the arms whose rank differs between the two.
 
 Without a budget (an older comparison) H is the shortest run's total step time,
 so that every run covers [0, H]. The GRPO step-size question this answers is the
@@ -54,8 +55,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sagc_jax.base.stats import (ALPHA, by_seed, equivalence_test, format_ci,
-                                 geometric_ratio, holm, mean_ci, pair_verdict, paired_test)
+from sagc_jax.base.stats import (ALPHA, by_seed, equivalence_test, geometric_ratio, holm,
+                                 mean_ci, pair_verdict, paired_test)
 from sagc_jax.config.compare import CompareSection
 from sagc_jax.experiments.arms import split_run_name
 from sagc_jax.experiments.priced_clock import Price, price_from_setting
@@ -183,17 +184,23 @@ def compare_pairs(measures: Sequence[dict[str, Any]], targets: Sequence[float],
       for target in targets:
         key = f"{target:g}"
         times = [(a[s]["time_to_target_s"][key], b[s]["time_to_target_s"][key]) for s in seeds]
-        # A seed where neither arm reached the target says nothing of their ratio.
+        # A seed where neither arm reached the target says nothing of their ratio, nor
+        # one where an arm reached it at t = 0 (no ratio); both are counted.
         used = [(x, y) for x, y in times if x[0] > 0 and y[0] > 0 and (x[1] or y[1])]
         pair["time_ratio"][key] = {
             **geometric_ratio([x[0] / y[0] for x, y in used]),
-            "censored": sum(not (x[1] and y[1]) for x, y in used),
-            "neither": sum(not (x[1] or y[1]) for x, y in times)}
+            "censored_first": sum(not x[1] for x, _ in used),
+            "censored_second": sum(not y[1] for _, y in used),
+            "neither": sum(not (x[1] or y[1]) for x, y in times),
+            "at_start": sum((x[1] or y[1]) and min(x[0], y[0]) <= 0 for x, y in times)}
       pairs.append(pair)
     adjusted = holm([p["mean_accuracy_over_h"]["p"] for p in pairs])
-    for pair, p in zip(pairs, adjusted):
+    # Equivalence is a claim too: its TOST p-values are Holm-adjusted over the family.
+    equivalent = holm([p["equivalence"]["p"] for p in pairs])
+    for pair, p, q in zip(pairs, adjusted, equivalent):
       pair["p_holm"] = p
       pair["significant"] = bool(math.isfinite(p) and p < ALPHA)
+      pair["equivalence"]["p_holm"] = q
       pair["verdict"] = pair_verdict(p, pair["equivalence"])
     # Per arm, how many arms are significantly better: the pairs it lost.
     better = Counter(p["second"] if p["mean_accuracy_over_h"]["mean"] > 0 else p["first"]
@@ -228,104 +235,8 @@ def arm_summary(measures: Sequence[dict[str, Any]],
   return out
 
 
-def _ci(stat: dict[str, Any] | tuple, fmt: str) -> str:
-  if isinstance(stat, dict):
-    stat = (stat["mean"], stat["half_width"], stat["n"])
-  return format_ci(stat, fmt)
-
-
-def _target_cell(entry: dict[str, Any]) -> str:
-  reached, of = entry["reached"], entry["of"]
-  if not reached:
-    return f"0/{of} (> {min(entry['censored_at_s']):.1f} s)"
-  cell = f"{reached}/{of}: {_ci(entry['time_s'], '.1f')} s"
-  if entry["censored_at_s"]:
-    cell += f"; others > {min(entry['censored_at_s']):.1f} s"
-  return cell
-
-
-def _ratio_cell(ratio: dict[str, Any]) -> str:
-  """A geometric mean time ratio, its 95% interval, n and how many seeds are censored."""
-  if not ratio["n"]:
-    return f"– (neither reached it in {ratio['neither']})" if ratio.get("neither") else "–"
-  interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio["n"] > 1 else ""
-  censored = f", censored {ratio['censored']}" if ratio["censored"] else ""
-  return f"{ratio['ratio']:.2f}{interval} (n {ratio['n']}{censored})"
-
-
-def _verdict_cell(pair: dict[str, Any]) -> str:
-  verdict, eq = pair["verdict"], pair["equivalence"]
-  if verdict in ("resolved", "borderline"):
-    return verdict
-  interval = (f"90% CI [{eq['low']:+.3f}, {eq['high']:+.3f}]" if eq["n"] >= 2
-              else "no interval")
-  return f"{verdict}: {interval} vs ±{eq['margin']:g}"
-
-
-def _row(cells: Sequence[str]) -> str:
-  return "| " + " | ".join(cells) + " |"
-
-
-def _ranks(part: dict[str, Any]) -> dict[str, int | None]:
+def arm_ranks(part: dict[str, Any]) -> dict[str, int | None]:
   return {arm: rank for group in part["pairs"].values() for arm, rank in group["rank"].items()}
-
-
-def clock_markdown(part: dict[str, Any], targets: Sequence[float]) -> list[str]:
-  """The per-arm table and the all-pairs table of one clock's analysis."""
-  head = (["arm", "seeds", "rank", "mean acc over [0, H]", "acc at H"]
-          + [f"time to {t:g}" for t in targets])
-  lines = [_row(head), "|" + "---|" * len(head)]
-  ranks = _ranks(part)
-  for arm in part["arms"]:
-    rank = ranks[arm["arm"]]
-    lines.append(_row([arm["arm"], str(arm["seeds"]), "–" if rank is None else str(rank),
-                       _ci(arm["mean_accuracy_over_h"], ".3f"), _ci(arm["accuracy_at_h"], ".3f")]
-                      + [_target_cell(arm["targets"][f"{t:g}"]) for t in targets]))
-  head = (["pair", "mean acc over [0, H]", "p (Holm)", "verdict", "acc at H"]
-          + [f"time to {t:g}, first / second" for t in targets])
-  lines += ["", "Pairs, seed-paired (first - second); p Holm-adjusted over each algorithm's "
-            "pairs on the mean over [0, H]; verdict: resolved (p < 0.01), borderline "
-            "(0.01 <= p < 0.05), equivalent (two one-sided tests inside the margin) or not "
-            "resolved; time ratios: geometric mean of the per-seed ratios [95% CI], censored "
-            "= seeds where either arm did not reach the target by H:\n", _row(head),
-            "|" + "---|" * len(head)]
-  for group in part["pairs"].values():
-    for pair in group["pairs"]:
-      lines.append(_row([f"{pair['first']} - {pair['second']}",
-                         _ci(pair["mean_accuracy_over_h"], "+.3f"), f"{pair['p_holm']:.3g}",
-                         _verdict_cell(pair), _ci(pair["accuracy_at_h"], "+.3f")]
-                        + [_ratio_cell(pair["time_ratio"][f"{t:g}"]) for t in targets]))
-  return lines
-
-
-def per_hour_markdown(result: dict[str, Any]) -> str:
-  """Both clocks' tables, where their ranks differ, and the runs without a value at H."""
-  horizon, targets = result["horizon_s"], result["targets"]
-  lines = [f"## The best model per hour\n\nHorizon H = {horizon:.1f} s of step time "
-           f"({result['horizon_source']}). Held-out sampled accuracy against cumulative "
-           "step time, linear between evaluations; mean ± 95% t-interval over seeds. "
-           "Rank: 1 + the arms Holm-significantly better on the mean over [0, H].\n"]
-  lines += clock_markdown(result, targets)
-  priced = result.get("priced")
-  if priced:
-    price = priced["price"]
-    lines += ["", f"### On the priced clock\n\nEach step priced from its logged work "
-              f"(docs/claims.md): {price['step_s']:.3g} s per decode iteration, "
-              f"{price['slot_s']:.3g} s per generated token, {price['learner_step_s']:.3g} s "
-              f"per update, {price['learner_token_s']:.3g} s per trained token "
-              f"({price['source']}). H = {priced['horizon_s']:.1f} priced s "
-              f"({priced['horizon_source']}).\n"]
-    lines += clock_markdown(priced, targets)
-    differ = priced["rank_differs"]
-    lines.append("\nRanks that differ between the wall-clock and the priced clock: "
-                 + ("; ".join(f"{arm} {wall} -> {cost}" for arm, (wall, cost) in differ.items())
-                    or "none") + ".")
-  elif result.get("priced_error"):
-    lines.append(f"\nNo priced clock: {result['priced_error']}.")
-  if result.get("short"):
-    lines.append("\nRuns without a value at H (their last evaluation came before it): "
-                 + "; ".join(f"{name} ({why})" for name, why in result["short"].items()) + ".")
-  return "\n".join(lines)
 
 
 def clock_analysis(rows: Sequence[dict[str, Any]], horizon: float, targets: Sequence[float],
@@ -338,9 +249,12 @@ def clock_analysis(rows: Sequence[dict[str, Any]], horizon: float, targets: Sequ
 
 def priced_analysis(rows: Sequence[dict[str, Any]], wall: dict[str, Any],
                     targets: Sequence[float], margin: float) -> dict[str, Any] | None:
-  """The analysis on the priced clock (None when the rows have no priced time): H is
-  the least priced time at which a run with a value at the wall-clock H was last
-  evaluated, so that every such run covers it."""
+  """The analysis on the priced clock (None when the rows have no priced time), over
+  the runs with a value at the wall-clock H. A run stopped by the wall-clock budget did
+  less work where the machine was slow, so the priced H is the longest window every
+  such run covers: the least priced time of their last evaluations. Its source names
+  the run that sets it and the median run's priced time, so a reader sees how much of
+  the other curves lies beyond it."""
   covered = {(m["arm"], m["seed"]) for m in wall["runs"]
              if math.isfinite(m["mean_accuracy_over_h"])}
   last: dict[tuple[str, int], float] = {}
@@ -350,11 +264,15 @@ def priced_analysis(rows: Sequence[dict[str, Any]], wall: dict[str, Any],
       last[key] = max(last.get(key, 0.0), float(r["priced_s"]))
   if not last or not all(math.isfinite(v) and v > 0 for v in last.values()):
     return None
-  priced = clock_analysis(rows, min(last.values()), targets, CLOCKS["priced"], margin)
-  wall_ranks, priced_ranks = _ranks(wall), _ranks(priced)
+  shortest = min(last, key=last.get)
+  priced = clock_analysis([r for r in rows if (r["arm"], int(r["seed"])) in covered],
+                          last[shortest], targets, CLOCKS["priced"], margin)
+  wall_ranks, priced_ranks = arm_ranks(wall), arm_ranks(priced)
   priced["rank_differs"] = {arm: (rank, priced_ranks.get(arm))
                             for arm, rank in wall_ranks.items() if rank != priced_ranks.get(arm)}
-  priced["horizon_source"] = "the least priced time of a run's last evaluation"
+  priced["horizon_source"] = (f"the least priced time of a run's last evaluation, "
+                              f"{shortest[0]}_seed{shortest[1]}'s; the median run's is "
+                              f"{float(np.median(list(last.values()))):.1f} priced s")
   return priced
 
 

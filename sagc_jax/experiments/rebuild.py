@@ -11,7 +11,8 @@ import csv
 import math
 from pathlib import Path
 
-from sagc_jax.experiments.per_hour import analyse_rows, per_hour_markdown
+from sagc_jax.experiments.per_hour import analyse_rows
+from sagc_jax.experiments.per_hour_tables import per_hour_markdown
 from sagc_jax.experiments.record import load_record
 from sagc_jax.runtime.storage import read_json
 
@@ -28,9 +29,12 @@ def rebuild_markdown(folder: str | Path) -> str:
     rows = [{k: v if k in ("arm", "algorithm") else float(v) if v else math.nan
              for k, v in row.items()} for row in csv.DictReader(f)]
   price = (saved.get("priced") or {}).get("price")
-  result = analyse_rows(rows, load_record(folder), float(saved["horizon_s"]), price)
-  return per_hour_markdown({**result, "horizon_source": saved["horizon_source"],
-                            "short": saved.get("short", {})})
+  # The targets and margin the report used (per_hour.json), the record's where older.
+  settings = {**load_record(folder), **{k: saved[k] for k in ("targets", "equivalence_margin")
+                                        if k in saved}}
+  result = analyse_rows(rows, settings, float(saved["horizon_s"]), price)
+  return per_hour_markdown({**result, **{k: saved.get(k) for k in ("horizon_source",
+                                                                    "priced_error", "short")}})
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def record_run(workdir: Path, name: str, order: int, started: float, load_start:
 
 def _write(workdir: Path, record: dict[str, Any]) -> None:
   path = workdir / RECORD
-  partial = path.with_name(f".{RECORD}.partial")
+  partial = path.with_name(f".{RECORD}.{os.getpid()}.partial")   # one per writer
   partial.write_text(json.dumps(record, indent=1, allow_nan=False) + "\n", encoding="utf-8")
   os.replace(partial, path)            # a reader never sees half a record
 
