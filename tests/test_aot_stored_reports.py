@@ -1,9 +1,11 @@
-"""A stored AOT report stands in for a compile of the same digest (no libtpu needed)."""
+"""A stored AOT report stands in for a compile of the same digest (no libtpu needed),
+once its checksum and peaks are checked; an ``aot:`` cost report names a missing field."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from sagc_jax.aot import report_key, sizing_table
-from sagc_jax.aot.report_key import digest, find_stored
+from sagc_jax.aot.__main__ import stored_report
+from sagc_jax.aot.report_key import check_stored, checksum, digest, find_stored, with_checksum
+from sagc_jax.replay.costs import CompiledStepCost
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET = "configs/qwen3_8b_16k.py"
@@ -30,11 +34,11 @@ def _stored(key: str, fits: bool) -> dict:
   """The fields the tool prints of a report (the rest of a real one is not read)."""
   row = dict(name="learner_train[rows=4]", compile_s=1.0, peak_gib=20.0 if fits else 31.0,
              hbm_gib=32, flops=1e12, bytes=1e9, roofline_ms=1.0, fits=fits)
-  return dict(digest=key, config=PRESET, topology=TOPOLOGY, model_config="qwen3_8b.json",
-              num_layers=36, rollout=dict(max_new_tokens=16384), executables=[row],
-              chip=dict(name="v6e", hbm_gib=32), compile_s_total=1.0,
-              learner=dict(scan_layers=False), fits=fits,
-              not_fitting=[] if fits else [row["name"]])
+  return with_checksum(dict(
+      digest=key, config=PRESET, topology=TOPOLOGY, devices=16, model_config="qwen3_8b.json",
+      num_layers=36, rollout=dict(max_new_tokens=16384), executables=[row],
+      chip=dict(name="v6e", hbm_gib=32), compile_s_total=1.0,
+      learner=dict(scan_layers=False), fits=fits, not_fitting=[] if fits else [row["name"]]))
 
 
 def _aot(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -103,6 +107,8 @@ STORED = sorted((REPO / "configs/aot").glob("*.json"))
 @pytest.mark.parametrize("path", STORED, ids=[p.stem for p in STORED])
 def test_each_stored_report_fits_and_covers_the_learner_and_the_samplers(path):
   report = json.loads(path.read_text())
+  assert report["checksum"] == checksum(report)
+  check_stored(path, report, log=pytest.fail)     # no warning, nothing refused
   config = Path(report["config"])
   assert path.name == f"{config.stem}_{report['topology'].replace(':', '_')}.json"
   assert (REPO / config).is_file() and report["digest"] and report["largest_only"]
@@ -122,3 +128,97 @@ def test_the_sizing_table_in_the_docs_is_the_stored_reports():
   assert len(STORED) >= 7
   table = sizing_table.table(REPO / "configs/aot")
   assert table in (REPO / "docs/scale.md").read_text()
+
+
+# ------------------------------------------------ stored reports that cannot be trusted
+COMMITTED = REPO / "configs/aot/qwen3_8b_16k_v6e_4x4.json"      # v6e: 32 GiB per chip
+
+
+def _edited(folder: Path, *, keep_checksum: bool, peak: float = 45.0) -> tuple[Path, dict]:
+  """The committed report with its largest executable edited to peak at ``peak`` GiB,
+  still saying it fits, written under ``folder``."""
+  report = json.loads(COMMITTED.read_text())
+  row = max(report["executables"], key=lambda e: e["peak_gib"] or 0)
+  assert row["fits"] and report["fits"]
+  row["peak_gib"] = peak
+  if not keep_checksum:
+    del report["checksum"]
+  folder.mkdir(exist_ok=True)
+  path = folder / COMMITTED.name
+  path.write_text(json.dumps(report, indent=1))
+  return path, report
+
+
+def test_reuse_refuses_a_report_edited_after_it_was_written(tmp_path, capsys):
+  """A report edited to a 45 GiB peak on a 32 GiB chip, still saying it fits, was
+  reused and passed the pre-flight (exit 0)."""
+  path, report = _edited(tmp_path / "stored", keep_checksum=True)
+  with pytest.raises(ValueError, match=rf"^stored report {re.escape(str(path))}: its content "
+                     r"was edited after it was written \(checksum [0-9a-f]{12} recorded"):
+    stored_report(str(path.parent), report["digest"])
+  assert "reusing" not in capsys.readouterr().out
+
+
+def test_reuse_checks_the_peaks_of_a_report_without_a_checksum(tmp_path, capsys):
+  """An older report (no checksum) is reused with a warning, its peaks still checked
+  against the chip's HBM by the compile's fits rule."""
+  path, report = _edited(tmp_path / "stored", keep_checksum=False)
+  with pytest.raises(ValueError, match=rf"^stored report {re.escape(str(path))}: \S+ says it "
+                     r"fits but peaks at 45\.00 GiB, over 90% of the v6e's 32 GiB HBM"):
+    stored_report(str(path.parent), report["digest"])
+  assert f"warning: {path} has no checksum" in capsys.readouterr().out
+  # Unedited, it is reused (with the warning); one that says it fits while an
+  # executable does not is refused.
+  path, report = _edited(tmp_path / "stored", keep_checksum=False, peak=20.0)
+  assert stored_report(str(path.parent), report["digest"]) == report
+  assert f"warning: {path} has no checksum" in capsys.readouterr().out
+  report["executables"][0]["fits"] = False
+  with pytest.raises(ValueError, match=rf"^stored report .* says it fits but "
+                     rf"{re.escape(report['executables'][0]['name'])} does not"):
+    check_stored(path, report, log=lambda m: None)
+
+
+def test_reuse_names_a_truncated_report_and_keeps_going(tmp_path, capsys):
+  """A truncated report in the --reuse folder was skipped without a word."""
+  folder = tmp_path / "stored"
+  folder.mkdir()
+  path = Path(shutil.copy(COMMITTED, folder))
+  (folder / "a_truncated.json").write_text(COMMITTED.read_text()[:500])
+  report = json.loads(COMMITTED.read_text())
+  assert stored_report(str(folder), report["digest"]) == report
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].startswith(f"skipping {folder / 'a_truncated.json'} is not valid JSON (")
+  assert out[1].startswith(f"reusing {path}")
+
+
+AOT_COST_FIELDS = ["rollout.mode", "rollout.rollouts_per_step", "rollout.prompts_per_step",
+                   "rollout.max_new_tokens", "rollout.prompt_buckets", "rollout.group_sizes",
+                   "rollout.dynamic_max_rounds", "refill.slots", "refill.lanes",
+                   "refill.segment_ms", "refill.kv_ms_per_key", "refill.prefill_ms",
+                   "generate_ms"]
+
+
+@pytest.mark.parametrize("field", AOT_COST_FIELDS)
+def test_an_aot_cost_report_without_a_nested_field_is_refused_naming_it(tmp_path, field):
+  """``simulate --cost aot:REPORT.json`` ended in a KeyError traceback."""
+  report = json.loads(COMMITTED.read_text())
+  if field == "generate_ms":          # a fused (dense) sampler's report: no refill
+    report["refill"] = None
+  section, _, name = field.rpartition(".")
+  del (report[section] if section else report)[name]
+  path = tmp_path / "report.json"
+  path.write_text(json.dumps(report))
+  with pytest.raises(ValueError, match=rf"^AOT report {re.escape(str(path))} lacks "
+                     rf"{re.escape(field)}: write it again"):
+    CompiledStepCost.load(path)
+
+
+def test_an_aot_cost_report_without_a_refill_sampler_loads(tmp_path):
+  report = json.loads(COMMITTED.read_text())
+  for refill in (None, "absent"):
+    if refill is None:
+      report["refill"] = None
+    else:
+      del report["refill"]
+    (tmp_path / "dense.json").write_text(json.dumps(report))
+    assert CompiledStepCost.load(tmp_path / "dense.json").report == report

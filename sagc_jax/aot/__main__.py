@@ -5,11 +5,13 @@ would compile on the given Cloud TPU topology, and reports per executable: compi
 seconds, per-device argument / output / temp / peak GiB against the chip's HBM, FLOPs,
 HBM bytes and the roofline time; then a projected RL step time and the hours for the
 config's steps. Exits 1 naming every executable whose peak exceeds 90% of HBM (or
-that failed to compile), 2 on a bad flag or config. Needs ``pip install -e '.[tpu]'``.
+that failed to compile), 2 on a bad flag or config or a refused stored report
+(``--reuse``: ``report_key.check_stored``). Needs ``pip install -e '.[tpu]'``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -42,7 +44,8 @@ def _define_flags():
   flags.DEFINE_string("reuse", None, "A folder of stored reports (e.g. configs/aot): when "
                       "one was compiled for the same config, model, topology, scope, "
                       "versions and program code (its digest), print and write it instead "
-                      "of compiling.")
+                      "of compiling; one edited after it was written (its checksum) or "
+                      "whose peaks exceed the chip's HBM is refused.")
   flags.DEFINE_bool("markdown", False, "Also print the table as Markdown (docs figures).")
   flags.mark_flags_as_required(["config"])
   return flags.FLAGS
@@ -116,23 +119,29 @@ def format_markdown(report: dict) -> str:
   return "\n".join(lines)
 
 
-def _stored_report(folder: str, key: str) -> dict | None:
-  from sagc_jax.aot.report_key import find_stored
+def stored_report(folder: str, key: str) -> dict | None:
+  """The stored report of digest ``key`` under ``folder``, checked (``report_key``'s
+  docstring: an edited report or one whose peaks contradict it is refused; one without
+  a checksum is reused with a warning); None: compile."""
+  from sagc_jax.aot.report_key import check_stored, find_stored
   if not Path(folder).is_dir():
     raise ValueError(f"--reuse={folder!r} is not a folder")
-  path = find_stored(folder, key)
+  log = functools.partial(print, flush=True)
+  path = find_stored(folder, key, log=log)
   if path is None:
-    print(f"no stored report in {folder} has this digest ({key[:12]}); compiling", flush=True)
+    log(f"no stored report in {folder} has this digest ({key[:12]}); compiling")
     return None
-  print(f"reusing {path}: compiled for the same config, model, topology, scope, versions "
-        f"and program code (digest {key[:12]}); nothing compiled", flush=True)
-  return read_json(path)
+  report = read_json(path)
+  check_stored(path, report, log=log)
+  log(f"reusing {path}: compiled for the same config, model, topology, scope, versions "
+      f"and program code (digest {key[:12]}); nothing compiled")
+  return report
 
 
 def main(argv: Sequence[str], flags) -> None:
   from absl import logging
   logging.set_verbosity(logging.WARNING)
-  from sagc_jax.aot.report_key import digest
+  from sagc_jax.aot.report_key import digest, with_checksum
 
   try:
     search = tuple(int(s) for s in flags.refill_slots_search)
@@ -141,7 +150,7 @@ def main(argv: Sequence[str], flags) -> None:
                      "comma list of ints (e.g. 64,128,256)") from None
   key = digest(flags.config, flags.topology, model_config=flags.model_config,
                largest_only=flags.largest_only, only=flags.only, refill_slots_search=search)
-  report = _stored_report(flags.reuse, key) if flags.reuse else None
+  report = stored_report(flags.reuse, key) if flags.reuse else None
   if report is None:
     from sagc_jax.aot.compile_report import compile_report
     report = compile_report(flags.config, flags.topology,
@@ -158,7 +167,7 @@ def main(argv: Sequence[str], flags) -> None:
     print(format_markdown(report), flush=True)
   if flags.out:
     Path(flags.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(flags.out).write_text(json.dumps(report, indent=1))
+    Path(flags.out).write_text(json.dumps(with_checksum(report), indent=1))
     print(f"report: {flags.out}")
   if not report["fits"]:
     sys.exit(1)

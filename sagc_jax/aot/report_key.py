@@ -10,7 +10,22 @@ which change no program. An 8B compile takes most of an hour of a small host, so
 stored report with the same digest instead of compiling again; any change to the
 config, the model, the versions or the program code makes it compile.
 
-Imports no JAX: the check answers at once.
+A stored report is trusted only as far as it can be checked (``check_stored``):
+
+* Checksum. Every report the tool writes carries a ``checksum`` field, the SHA-256
+  of its canonical JSON without that field (``checksum()``); a stored report whose content no
+  longer matches it was edited after it was written, and reusing it is refused.
+  A report without one (written before checksums existed) is reused with a printed
+  warning that its content cannot be verified.
+* Peaks. With or without a checksum, an executable the report says fits must peak
+  within the fits rule of the compile (``compile_report.HBM_LIMIT`` of the chip's
+  per-device HBM, from ``chips.py`` for the report's topology, not the report's own
+  ``hbm_gib``); one that does not, or a report that says it fits while an
+  executable does not, is refused.
+
+A file of the folder that is not a JSON object (a truncated write) is skipped with a
+printed line naming it and why. Imports no JAX: the digest check answers at once (the
+peak check imports the compile's threshold, and with it JAX).
 """
 
 from __future__ import annotations
@@ -19,12 +34,14 @@ import hashlib
 import importlib.metadata
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from sagc_jax.aot.chips import generation_of
 from sagc_jax.config import RunConfig, run_config
+from sagc_jax.runtime.storage import read_json
 
-__all__ = ["PROGRAM_SOURCES", "REPO_ROOT", "digest", "find_stored", "model_config_path",
-           "sizing_config"]
+__all__ = ["PROGRAM_SOURCES", "REPO_ROOT", "check_stored", "checksum", "digest", "find_stored",
+           "model_config_path", "sizing_config", "with_checksum"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The code the compiled programs come from (a change here may change any program).
@@ -107,13 +124,58 @@ def digest(config: Any, topology: str, *, model_config: str | None = None,
   return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def find_stored(folder: str | Path, key: str) -> Path | None:
-  """The report under ``folder`` whose ``digest`` is ``key`` (None: compile)."""
+def find_stored(folder: str | Path, key: str,
+                log: Callable[[str], None] = print) -> Path | None:
+  """The report under ``folder`` whose ``digest`` is ``key`` (None: compile). A file
+  that is not a JSON object is skipped, with a line to ``log`` naming it and why."""
   for path in sorted(Path(folder).glob("*.json")):
     try:
-      stored = json.loads(path.read_text())
-    except ValueError:
+      stored = read_json(path)
+    except ValueError as err:
+      log(f"skipping {err}")
       continue
-    if isinstance(stored, dict) and stored.get("digest") == key:
+    if not isinstance(stored, dict):
+      log(f"skipping {path}: not a JSON object")
+    elif stored.get("digest") == key:
       return path
   return None
+
+
+def checksum(report: dict) -> str:
+  """SHA-256 of ``report``'s canonical JSON (sorted keys), its ``checksum`` left out."""
+  body = {k: v for k, v in report.items() if k != "checksum"}
+  return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"))
+                        .encode()).hexdigest()
+
+
+def with_checksum(report: dict) -> dict:
+  """``report`` as written: its content as JSON reads it back, and its ``checksum``."""
+  body = json.loads(json.dumps({k: v for k, v in report.items() if k != "checksum"}))
+  return {**body, "checksum": checksum(body)}
+
+
+def check_stored(path: str | Path, report: dict, log: Callable[[str], None] = print) -> None:
+  """Refuses a stored ``report`` edited after it was written, or whose verdict its
+  peaks contradict (module docstring); warns of one without a checksum."""
+  actual = checksum(report)
+  if "checksum" not in report:
+    log(f"warning: {path} has no checksum (written before checksums): its content cannot "
+        "be verified; only its peaks are checked against the chip's HBM")
+  elif report["checksum"] != actual:
+    raise ValueError(f"stored report {path}: its content was edited after it was written "
+                     f"(checksum {str(report['checksum'])[:12]} recorded, "
+                     f"{actual[:12]} computed); delete it or compile without --reuse")
+  from sagc_jax.aot.compile_report import HBM_LIMIT     # the compile's own fits rule
+  chip, chips = generation_of(report["topology"])
+  chip = chip.per_device(max(int(report.get("devices", chips)) // chips, 1))
+  for e in report["executables"]:
+    peak = e["peak_gib"]
+    if e["fits"] and (peak is None or not peak <= HBM_LIMIT * chip.hbm_gib):
+      why = ("failed to compile" if peak is None else f"peaks at {peak:.2f} GiB, over "
+             f"{HBM_LIMIT:.0%} of the {chip.name}'s {chip.hbm_gib:g} GiB HBM per device")
+      raise ValueError(f"stored report {path}: {e['name']} says it fits but {why}; delete it "
+                       "or compile without --reuse")
+  unfit = [e["name"] for e in report["executables"] if not e["fits"] and not e.get("probe")]
+  if report["fits"] and unfit:
+    raise ValueError(f"stored report {path} says it fits but {unfit[0]} does not; delete it "
+                     "or compile without --reuse")

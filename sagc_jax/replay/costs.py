@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
 
+from sagc_jax.base import checks
 from sagc_jax.runtime.storage import read_json
 
 __all__ = ["CompiledStepCost", "CostFn", "CostModel", "DecodeCost", "cost_from_flag",
@@ -154,10 +155,13 @@ def replay_settings(trace: Any, **changes: Any) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledStepCost:
-  """Step seconds from an AOT report (module docstring)."""
+  """Step seconds from an AOT report (module docstring). ``load`` refuses a report that
+  lacks a field the cost reads, naming its dotted path (``refill.*`` only when the
+  report has a refill sampler; else ``generate_ms``)."""
 
   report: dict[str, Any]
   source: str = ""
+  FIELDS: ClassVar[tuple[str, ...]] = ("rollout", "projected_learner_s", "decode_step_ms")
 
   @classmethod
   def load(cls, path: str | Path) -> "CompiledStepCost":
@@ -166,12 +170,26 @@ class CompiledStepCost:
       raise ValueError(f"AOT report {path} is not a file (python -m sagc_jax.aot ... "
                        "--out REPORT.json writes one)")
     report = read_json(path)
-    missing = [k for k in ("rollout", "projected_learner_s", "decode_step_ms")
-               if report.get(k) is None]
-    if missing:
-      raise ValueError(f"AOT report {path} lacks {', '.join(missing)}: write it again with "
-                       "this version of python -m sagc_jax.aot (without --only)")
+    if not isinstance(report, dict):
+      raise ValueError(f"AOT report {path} is not a JSON object")
+    # The top-level fields first, then every nested field the cost reads (a refill
+    # report's pricing, else the fused sampler's), so a missing one is named at load.
+    for fields in (cls.FIELDS, cls._nested_fields(report)):
+      missing = [k for k in fields if _lookup(report, k) is None]
+      if missing:
+        raise ValueError(f"AOT report {path} lacks {', '.join(missing)}: write it again with "
+                         "this version of python -m sagc_jax.aot (without --only)")
     return cls(report, str(path))
+
+  @staticmethod
+  def _nested_fields(report: dict[str, Any]) -> list[str]:
+    rollout = [f"rollout.{k}" for k in ("mode", "rollouts_per_step", "prompts_per_step",
+                                        "max_new_tokens", "prompt_buckets", "group_sizes",
+                                        "dynamic_max_rounds")]
+    if report.get("refill") is None:      # the fused (dense) sampler
+      return rollout + ["generate_ms"]
+    return rollout + [f"refill.{k}" for k in ("slots", "lanes", "segment_ms", "kv_ms_per_key",
+                                              "prefill_ms")]
 
   @property
   def name(self) -> str:
@@ -233,6 +251,14 @@ class CompiledStepCost:
     learner = self.report["projected_learner_s"] * float(lengths.sum() + prompts.sum()) / (
         self._rows_budget() * (prompt_max + self.cap))
     return {"rollout_s": rollout, "learner_s": learner, "total_s": rollout + learner}
+
+
+def _lookup(report: dict[str, Any], key: str) -> Any:
+  """The value at a dotted ``key`` of ``report``; None where it is missing."""
+  try:
+    return checks.lookup(report, key)
+  except ValueError:
+    return None
 
 
 def cost_from_flag(flag: str, trace: Any) -> CostFn:
