@@ -38,6 +38,9 @@ def _define_flags():
   flags.DEFINE_string("cost", "cpu", "Cost model of the recommendation: 'cpu' (the trace's "
                       "measured decode cost; 'cpu:OTHER.jsonl': another trace's) or "
                       "'aot:REPORT.json' (python -m sagc_jax.aot ... --out REPORT.json).")
+  flags.DEFINE_string("budget", None, "The rollout budget to replay under, MODE:SIZE "
+                      "(hold_prompts:8, hold_rollouts:64; default: the traced run's under "
+                      "'cpu', the preset's under 'aot:').")
   flags.DEFINE_string("check", None, "Also compare the straggler rates a finished run "
                       "observed (its metrics.jsonl, at its tau) with the trace's prediction.")
   flags.DEFINE_float("check_other_tau", 1.8, "With --check: also the prediction at this tau.")
@@ -47,7 +50,8 @@ def _define_flags():
                     "(experiments.signals; default every one).")
   flags.DEFINE_string("signal_checks", str(SIGNAL_CHECKS), "The learning measures' checks "
                       "against measured learning (JSON, docs/results.md): a recommendation "
-                      "is made only under a measure that passed on two workloads.")
+                      "is made only under a validated measure (one that passed every workload-mode "
+                      "that tested it, and at least two).")
   flags.mark_flags_as_required(["out"])
   return flags.FLAGS
 
@@ -59,6 +63,7 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.runtime.storage import read_json, run_path
   from sagc_jax.replay.costs import cost_from_flag
   from sagc_jax.experiments.signals import chosen, validated_measures
+  from sagc_jax.control.budget import budget_from_flag
 
   out = Path(flags.out)
   chosen(flags.signal)                 # an unknown measure fails before any sampling
@@ -75,7 +80,13 @@ def main(argv: Sequence[str], flags) -> None:
     if not (flags.cost == "cpu" or flags.cost.startswith(("cpu:", "aot:"))):
       raise ValueError(f"--cost={flags.cost!r} is not 'cpu', 'cpu:TRACE.jsonl' or "
                        "'aot:REPORT.json'")
-    smallest = min(flags.config.controller.candidates)
+    config = flags.config
+    if "compare" in config:             # a comparison's config: its arms' training config
+      import ml_collections
+      config = ml_collections.ConfigDict({k: v for k, v in config.items() if k != "compare"})
+      print("calibrate: the config's compare section is left out: calibrating the training "
+            "config its arms share", flush=True)
+    smallest = min(config.controller.candidates)
     if 2 * smallest > flags.responses:
       raise ValueError(f"--responses={flags.responses}: a replay resamples groups, so it "
                        f"needs at least twice a candidate G (the smallest is {smallest})")
@@ -86,15 +97,18 @@ def main(argv: Sequence[str], flags) -> None:
         raise ValueError(f"--workdir {flags.workdir} holds no checkpoints/ folder: it must be "
                          "a training run directory")
     from sagc_jax.training.trace_sampling import record_trace
-    trace_path = record_trace(flags.config, out, workdir=workdir, prompts=flags.prompts,
+    trace_path = record_trace(config, out, workdir=workdir, prompts=flags.prompts,
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = cost_from_flag(flags.cost, trace)
+  settings = cost.settings(trace)
+  if flags.budget:
+    settings["rollout"] = budget_from_flag(flags.budget, settings["rollout"],
+                                           settings["candidates"])
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
                               validated=validated, measures=flags.signal,
                               kinds=checked_kinds(flags.kinds),
-                              log=lambda m: print(m, flush=True),
-                              **cost.settings(trace))
+                              log=lambda m: print(m, flush=True), **settings)
   out.mkdir(parents=True, exist_ok=True)
   (out / "report.json").write_text(json.dumps(report, indent=1))
   from sagc_jax.experiments.plots import plot_calibration

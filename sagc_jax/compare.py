@@ -54,7 +54,7 @@ def main(argv: Sequence[str], flags) -> None:
   else:
     if flags.config is None:
       raise ValueError("--config is required unless --merge_only")
-    from sagc_jax.config import validate
+    from sagc_jax.config import config_digest, validate
     arms = select_arms(run_configs(flags.config), flags.arms)
     compare = compare_section(flags.config)     # the record the report reads
     for name, arm in arms.items():             # every arm, before anything is written
@@ -62,7 +62,8 @@ def main(argv: Sequence[str], flags) -> None:
         validate(arm)
       except ValueError as err:
         raise ValueError(f"arm {name}: {err}") from None
-    open_record(workdir, record_settings(compare), machine_info())
+    open_record(workdir, dict(record_settings(compare), config_digest=config_digest(
+        flags.config)), machine_info())
     run_arms(flags.config, workdir, arms, log=_print_now)
   report(workdir, log=_print_now)
 

@@ -14,7 +14,8 @@ per_prompt, for ``--algorithms`` and ``--taus`` (``--delta``), over ``--replicat
 replicates, priced by ``--cost`` (``cpu``, or ``aot:REPORT.json`` from ``python -m
 sagc_jax.aot ... --out``). A second trace (after RL) makes the prompts drift from the
 first to it over the run. The controller settings are the traced run's; the rollout
-budget is the trace's run's under ``cpu`` and the preset's under ``aot:``. Writes the
+budget is the trace's run's under ``cpu`` and the preset's under ``aot:``, or the one
+``--budget MODE:SIZE`` names (``hold_prompts:8``, ``hold_rollouts:64``). Writes the
 tables to ``--out`` with ``.md``.
 """
 
@@ -44,6 +45,9 @@ def _define_flags():
   flags.DEFINE_string("cost", "cpu", "Trace replay cost model: 'cpu' (the first trace's "
                       "measured decode cost), 'cpu:TRACE.jsonl' (another trace's) or "
                       "'aot:REPORT.json'.")
+  flags.DEFINE_string("budget", None, "Trace replay: the rollout budget, MODE:SIZE "
+                      "(hold_prompts:8, hold_rollouts:64; default: the traced run's under "
+                      "'cpu', the preset's under 'aot:').")
   flags.DEFINE_list("algorithms", ["grpo", "dapo"], "Trace replay: grpo and/or dapo.")
   flags.DEFINE_list("taus", [], "Trace replay: the tau of each table (default: the run's).")
   flags.DEFINE_float("delta", None, "Trace replay: the controllers' delta (default: the "
@@ -70,6 +74,7 @@ def replay_traces(flags) -> None:
   """``--trace``: the replay tables of the recorded rollouts (module docstring)."""
   from sagc_jax.replay.costs import cost_from_flag
   from sagc_jax.config import controller_settings
+  from sagc_jax.control.budget import budget_from_flag
   from sagc_jax.replay.trace import read_trace
   from sagc_jax.experiments.signals import chosen, read_per_hour
   from sagc_jax.experiments.replay_tables import trace_tables
@@ -89,6 +94,9 @@ def replay_traces(flags) -> None:
   cost = cost_from_flag(flags.cost, traces[0])
   taus = taus or [float(traces[0].header["controller"]["tau"])]
   settings = cost.settings(traces[0])
+  if flags.budget:
+    settings["rollout"] = budget_from_flag(flags.budget, settings["rollout"],
+                                           settings["candidates"])
   refill = bool(getattr(cost, "bound_ratios", None))
   if flags.delta is not None and not 0.0 < flags.delta < 1.0:
     raise ValueError(f"--delta={flags.delta} must be in (0, 1)")

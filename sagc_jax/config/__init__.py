@@ -6,6 +6,9 @@ line reads (``RunConfig``, frozen typed sections checked when built). Imports no
 or a tool needs.
 """
 
+import hashlib
+import json
+
 from sagc_jax.config.compare import CompareSection
 from sagc_jax.config.presets import (preset, smollm2_cpu_config, tiny_cpu_config,
                                      tpu_pod_long_preset, tpu_pod_preset)
@@ -27,8 +30,15 @@ def learner_config(config) -> LearnerConfig:
   return run_config(config).learner
 
 
+def config_digest(config) -> str:
+  """A short digest of every setting of ``config`` (a ``ConfigDict``): what a trace was
+  sampled under, and which comparison a prediction was made for."""
+  settings = json.dumps(config.to_dict(), sort_keys=True, default=str)
+  return hashlib.sha256(settings.encode()).hexdigest()[:16]
+
+
 __all__ = ["CompareSection", "DATASETS", "DTYPES", "FILE_DATASETS", "REWARDS", "RunConfig",
-           "base_config", "check_run", "controller_settings", "learner_config",
+           "base_config", "check_run", "config_digest", "controller_settings", "learner_config",
            "learner_section", "preset", "run_config",
            "smollm2_cpu_config", "tiny_cpu_config", "tpu_pod_long_preset", "tpu_pod_preset",
            "validate"]

@@ -10,8 +10,9 @@ every static G replay the trace (the replay engine's trace world, ``replay.entry
 the run's rollout budget and algorithm, the chosen cost model, bootstrap replicates).
 The report ranks them under every learning measure (``experiments.signals``), and
 recommends the setting that gathers the most of a measure per hour of priced time
-only under a measure that passed its check against measured learning on two
-workloads (``validated``; docs/results.md holds the checks). Otherwise it withholds
+only under a validated measure (``validated``: it passed its check against measured
+learning on every workload-mode that tested it, ``signals.validated_measures``;
+docs/results.md holds the checks). Otherwise it withholds
 the ranking and says why. When a static G beats every SAGC setting the report says
 so.
 
@@ -34,7 +35,8 @@ from sagc_jax.replay.engine import sagc_arm_name
 from sagc_jax.experiments.signals import agree, chosen, measure_values, signals
 from sagc_jax.replay.entry_points import replay_replicates
 from sagc_jax.base.stats import arm_intervals
-from sagc_jax.replay.trace import Trace, length_summary, straggler_rates, tau_curve
+from sagc_jax.replay.trace import (Trace, length_summary, pass_rate_histogram, straggler_rates,
+                                   tau_curve)
 
 __all__ = ["DELTAS", "TAUS", "calibration_report", "format_report", "observed_rates",
            "prediction_check"]
@@ -91,8 +93,8 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
   bests = {m: max(settings, key=lambda s, m=m: found[m]["arms"][sagc_arm_name(*s)]["mean"])
            for m in validated if m in found}
   if len(set(bests.values())) != 1:
-    why = ("no learning measure has passed its check against measured learning on two "
-           "workloads (docs/results.md)" if not validated else
+    why = ("no learning measure has passed its check against measured learning on every "
+           "workload-mode that tested it (docs/results.md)" if not validated else
            f"the validated measures ({', '.join(validated)}) are not among --signal"
            if not bests else
            "the validated measures disagree on the best setting (" + ", ".join(
@@ -120,6 +122,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
       "rollout": rollout, "algorithm": "dapo" if dapo else "grpo",
       "length_scale": length_scale,
       "lengths": length_summary(trace),
+      "pass_rates": pass_rate_histogram(trace),
       "tau": tau, "candidates": candidates,
       "straggler_rates": rates(tau),
       "tau_curve": tau_curve(trace, candidates, CURVE_TAUS),
@@ -170,6 +173,9 @@ def format_report(report: dict[str, Any]) -> str:
   lines = [f"response lengths (tokens): p50 {n['p50']:.0f}  p90 {n['p90']:.0f}  p99 "
            f"{n['p99']:.0f}  max {n['max']:.0f} of {n['max_new_tokens']:.0f}; truncated "
            f"{n['truncated_share']:.3f}; pass rate {n['pass_rate']:.3f}",
+           "prompts by pass rate: " + ", ".join(
+               f"{name} {share:.0%}" for name, share in report["pass_rates"]["bins"].items())
+           + f"; at 0 < p <= 0.1 or 0.9 <= p < 1: {report['pass_rates']['extreme_share']:.0%}",
            f"straggler probability at tau {report['tau']:g} (95% bootstrap interval by prompt):"]
   for g, r in report["straggler_rates"].items():
     lines.append(f"  {g:>4}: groups {r['group_rate']:.3f} [{r['group_low']:.3f}, "

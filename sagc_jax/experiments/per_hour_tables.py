@@ -116,6 +116,18 @@ def per_hour_markdown(result: dict[str, Any]) -> str:
                               for arm, (wall, cost) in differ.items()) or "none") + ".")
   elif result.get("priced_error"):
     lines.append(f"\nNo priced clock: {result['priced_error']}.")
+  if result.get("work"):
+    lines += ["", "What a step bought and cost, per run up to its last evaluation (mean ± 95% "
+              "t-interval over seeds):\n", _row(["arm", "informative groups / step",
+                                                  "wall s / step", "priced s / step",
+                                                  "informative groups / wall s",
+                                                  "informative groups / priced s"]),
+              "|---|---|---|---|---|---|"]
+    for arm in result["work"]:
+      lines.append(_row([arm["arm"]] + [_ci(arm[k], f) for k, f in (
+          ("informative_per_step", ".2f"), ("wall_s_per_step", ".3f"),
+          ("priced_s_per_step", ".3f"), ("informative_per_wall_s", ".2f"),
+          ("informative_per_priced_s", ".2f"))]))
   if result.get("short"):
     lines.append("\nRuns without a value at H (their last evaluation came before it): "
                  + "; ".join(f"{name} ({why})" for name, why in result["short"].items()) + ".")

@@ -29,7 +29,7 @@ from sagc_jax.runtime.storage import read_json
 
 __all__ = ["MIN_RESOLVED", "agree", "check_learning", "chosen", "learning_markdown",
            "measure_values", "predictions", "ranking_markdown", "read_per_hour", "signals",
-           "validated_measures"]
+           "validated_measures", "workload_verdict"]
 
 MIN_RESOLVED = 3
 # The summary key of each measure's total over a run.
@@ -199,13 +199,28 @@ def learning_markdown(checked: dict[str, dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def workload_verdict(by_algorithm: dict[str, dict[str, Any]]) -> str:
+  """A measure's verdict on one workload-mode from ``check_learning``'s per algorithm:
+  fails where any algorithm fails, passes where none fails and one passes, else
+  cannot test (too few resolved pairs to test it)."""
+  verdicts = {c["verdict"] for c in by_algorithm.values()}
+  return "fails" if "fails" in verdicts else "passes" if "passes" in verdicts \
+      else "cannot test"
+
+
 def validated_measures(checks: dict[str, Any], workloads: int = 2) -> list[str]:
-  """The measures that passed (``check_learning``'s verdict for every algorithm) on at
-  least ``workloads`` workloads of ``checks`` (``{"workloads": {name: {"checked":
-  check_learning's result, ...}}}``)."""
+  """The measures that pass every workload-mode of ``checks`` (``{"workloads": {name:
+  {"checked": check_learning's result, ...}}}``) that tested them, and at least
+  ``workloads`` of them: one failure anywhere (one algorithm of one workload-mode)
+  and the measure is not validated. A workload-mode without a check yet (predictions
+  only) or one too weak to test the measure neither passes nor fails it."""
   passed: dict[str, int] = {}
+  failed: set[str] = set()
   for workload in checks.get("workloads", {}).values():
     for measure, by_algorithm in workload.get("checked", {}).items():
-      if by_algorithm and all(c["verdict"] == "passes" for c in by_algorithm.values()):
+      verdict = workload_verdict(by_algorithm) if by_algorithm else "cannot test"
+      if verdict == "fails":
+        failed.add(measure)
+      elif verdict == "passes":
         passed[measure] = passed.get(measure, 0) + 1
-  return sorted(m for m, n in passed.items() if n >= workloads)
+  return sorted(m for m, n in passed.items() if n >= workloads and m not in failed)

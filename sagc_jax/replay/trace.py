@@ -31,7 +31,7 @@ import numpy as np
 from sagc_jax.control.stragglers import chunk_groups, random_step_rate, straggler_flags
 
 __all__ = ["SCHEMA", "Trace", "read_trace", "write_trace", "trace_record", "straggler_rates",
-           "length_summary", "tau_curve", "bootstrap_interval"]
+           "length_summary", "pass_rate_histogram", "tau_curve", "bootstrap_interval"]
 
 SCHEMA = "sagc_jax.trace/1"
 _RESPONSE_FIELDS = ("lengths", "rewards", "correct", "truncated")
@@ -219,3 +219,21 @@ def length_summary(trace: Trace) -> dict[str, float]:
   return dict(quantiles, mean=float(lengths.mean()), max=float(lengths.max()),
               truncated_share=float(trace.truncated.mean()),
               max_new_tokens=float(trace.max_new_tokens), pass_rate=float(trace.correct.mean()))
+
+
+# Per-prompt pass-rate bins: a group of G is informative with probability
+# 1 - p^G - (1 - p)^G, so a larger G pays most where prompts sit near 0 or 1.
+PASS_RATE_BINS = (("0", lambda p: p == 0), ("(0, 0.1]", lambda p: (p > 0) & (p <= 0.1)),
+                  ("(0.1, 0.5)", lambda p: (p > 0.1) & (p < 0.5)),
+                  ("[0.5, 0.9)", lambda p: (p >= 0.5) & (p < 0.9)),
+                  ("[0.9, 1)", lambda p: (p >= 0.9) & (p < 1)), ("1", lambda p: p == 1))
+
+
+def pass_rate_histogram(trace: Trace) -> dict[str, Any]:
+  """The share of prompts in each pass-rate bin (``PASS_RATE_BINS``; a prompt's pass
+  rate is its responses' share correct), and ``extreme_share``: the share at
+  0 < p <= 0.1 or 0.9 <= p < 1, where a larger G turns the most groups informative."""
+  p = trace.correct.mean(axis=1)
+  shares = {name: float(np.mean(inside(p))) for name, inside in PASS_RATE_BINS}
+  return {"bins": shares, "extreme_share": shares["(0, 0.1]"] + shares["[0.9, 1)"],
+          "prompts": trace.prompts, "responses": trace.responses}

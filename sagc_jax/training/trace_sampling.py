@@ -25,7 +25,6 @@ run with the same settings continues from it, and the finished trace replaces it
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -35,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sagc_jax.config import config_digest
 from sagc_jax.replay.trace import trace_record, write_trace
 from sagc_jax.runtime import compilation
 from sagc_jax.runtime.seeding import seed_for
@@ -138,11 +138,9 @@ def time_step(config: Any, inputs: Any, log: Callable[[str], None] = print
 def _header(config, workdir: Any, prompts: int, responses: int, chunk: int,
             split: str) -> dict[str, Any]:
   r, c = config.rollout, config.controller
-  settings = config.to_dict()
-  digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
   return {
       "model": config.model.path or f"tiny {config.model.tiny_family} (built in)",
-      "config_digest": digest.hexdigest()[:16],
+      "config_digest": config_digest(config),
       "workdir": None if workdir is None else str(workdir),
       "split": split, "prompts": prompts, "responses": responses, "responses_per_call": chunk,
       "seed": config.seed,
@@ -150,7 +148,7 @@ def _header(config, workdir: Any, prompts: int, responses: int, chunk: int,
                    "top_p": r.top_p, "top_k": r.top_k},
       "rollout": {"mode": r.mode, "rollouts_per_step": r.rollouts_per_step,
                   "prompts_per_step": r.prompts_per_step},
-      "controller": settings["controller"],
+      "controller": c.to_dict(),
       "learner": {"dynamic_sampling": config.learner.dynamic_sampling,
                   "dynamic_max_rounds": config.learner.dynamic_max_rounds},
   }
