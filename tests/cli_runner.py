@@ -13,8 +13,9 @@ stream, which the client hands back (``WarmCommands.startup_output``): a test th
 checks a command's exact output also checks that this is empty, so a line printed at
 import time still fails it, as it would in a fresh process.
 
-Protocol: one JSON request per line on stdin, ``{"module", "argv", "cwd"}``; one JSON
-reply per line on stdout, ``{"returncode", "stdout", "stderr"}``. The first reply line is
+Protocol: one JSON request per line on stdin, ``{"module", "argv", "cwd", "env"}``
+(``env``: variables added to the child's environment); one JSON reply per line on
+stdout, ``{"returncode", "stdout", "stderr"}``. The first reply line is
 ``{"ready": true, "startup_output": ...}``.
 """
 
@@ -73,6 +74,7 @@ def _child(request: dict, out: str, err: str) -> None:
   code = 0
   try:
     os.chdir(request["cwd"])
+    os.environ.update(request.get("env") or {})
     for fd, path in ((1, out), (2, err)):
       os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)    # not the server's request pipe
@@ -104,8 +106,10 @@ class WarmCommands:
     assert ready["ready"]
     self.startup_output: str = ready["startup_output"]
 
-  def run(self, module: str, *argv: str, cwd: str | os.PathLike = ".") -> types.SimpleNamespace:
-    request = {"module": module, "argv": list(argv), "cwd": os.path.abspath(cwd)}
+  def run(self, module: str, *argv: str, cwd: str | os.PathLike = ".",
+          env: dict[str, str] | None = None) -> types.SimpleNamespace:
+    request = {"module": module, "argv": list(argv), "cwd": os.path.abspath(cwd),
+               "env": dict(env or {})}
     self.process.stdin.write(json.dumps(request) + "\n")
     self.process.stdin.flush()
     reply = self.process.stdout.readline()

@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -36,10 +35,11 @@ def tmpfs(folder: Path, size: str, free: int) -> Iterator[Path]:
     subprocess.run(["umount", str(folder)], check=False)
 
 
-def train(folder: Path, workdir: Path, cache: Path, *lines: str) -> subprocess.CompletedProcess:
-  """``python -m sagc_jax.train`` on 100 one-step problems with a 2-step warm start
-  (kept in ``cache``), with ``lines`` added to the config file's ``get_config``
-  (written in ``folder``)."""
+def train(commands, folder: Path, workdir: Path, cache: Path, *lines: str):
+  """``python -m sagc_jax.train`` (in ``commands``, the warm command server) on 100
+  one-step problems with a 2-step warm start (kept in ``cache``), with ``lines`` added
+  to the config file's ``get_config`` (written in ``folder``): its exit status, stdout
+  and stderr."""
   config_file = folder / "cfg.py"
   config_file.write_text("\n".join([
       "from sagc_jax.config import tiny_cpu_config", "def get_config():",
@@ -47,7 +47,5 @@ def train(folder: Path, workdir: Path, cache: Path, *lines: str) -> subprocess.C
       "  c.data.synthetic.update(dict(num_train=100, num_test=20, max_ops=1))",
       "  c.sft.update(dict(steps=2, batch_size=8, seq_bucket=48, warmup_steps=1))",
       *(f"  {line}" for line in lines), "  return c", ""]))
-  return subprocess.run(
-      [sys.executable, "-m", "sagc_jax.train", f"--config={config_file}",
-       f"--workdir={workdir}"], capture_output=True, text=True, timeout=600,
-      env=dict(os.environ, SAGC_CACHE_DIR=str(cache)), cwd=REPO)
+  return commands.run("sagc_jax.train", f"--config={config_file}", f"--workdir={workdir}",
+                      cwd=REPO, env={"SAGC_CACHE_DIR": str(cache)})

@@ -14,8 +14,6 @@ import errno
 import json
 import math
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -146,8 +144,10 @@ def test_a_full_disk_while_writing_the_tiny_model_is_an_os_error_leaving_no_mode
   assert not (tmp_path / "init_model").exists()
 
 
-# One process per start: JAX opens its persistent cache once per process. "full" makes
-# every cache entry's write stop halfway with ENOSPC, as a full disk does.
+# One process per start: JAX opens its persistent cache once per process (a forked child
+# of the warm command server, ``commands``, which imports jax but compiles nothing).
+# ``python -m cache_run CACHE MODE``; "full" makes every cache entry's write stop
+# halfway with ENOSPC, as a full disk does.
 _CACHE_RUN = """
 import errno, sys, types
 sys.path.insert(0, {repo!r})
@@ -155,11 +155,12 @@ import jax, numpy as np
 from jax._src import path as jax_path
 from sagc_jax.training.inputs import configure_compilation_cache
 
+cache, mode = sys.argv[1:]
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 train = types.SimpleNamespace(compilation_cache=True, compilation_cache_dir="")
-configure_compilation_cache(types.SimpleNamespace(train=train), {cache!r})
-if sys.argv[1] == "full":
-  kind = type(jax_path.Path({cache!r}))
+configure_compilation_cache(types.SimpleNamespace(train=train), cache)
+if mode == "full":
+  kind = type(jax_path.Path(cache))
   write = kind.write_bytes
 
   def full_disk(self, data):
@@ -178,17 +179,20 @@ except OSError as err:
 """
 
 
-def _start(cache: Path, mode: str) -> subprocess.CompletedProcess:
-  script = textwrap.dedent(_CACHE_RUN.format(repo=str(REPO), cache=str(cache)))
-  return subprocess.run([sys.executable, "-c", script, mode], capture_output=True,
-                        text=True, timeout=300)
+def _start(commands, cache: Path, mode: str):
+  """A new JAX process (a forked child) started on ``cache``: its exit status, stdout and
+  stderr."""
+  script = cache.parent / "cache_run.py"
+  script.write_text(textwrap.dedent(_CACHE_RUN.format(repo=str(REPO))))
+  return commands.run("cache_run", str(cache), mode, cwd=cache.parent)
 
 
-def test_a_compilation_cache_entry_that_cannot_be_written_is_removed_in_one_error(tmp_path):
+def test_a_compilation_cache_entry_that_cannot_be_written_is_removed_in_one_error(
+    commands, tmp_path):
   """A full disk: JAX warned (two lines per program) and left the truncated entry,
   and the run went on towards its next failed write."""
   cache = tmp_path / "jax_cache"
-  proc = _start(cache, "full")
+  proc = _start(commands, cache, "full")
   assert proc.returncode == 3, proc.stdout + proc.stderr
   assert proc.stdout.startswith(f"error: no space left on the disk of the compilation cache "
                                 f"{cache}: the compiled program jit_double could not be kept")
@@ -196,34 +200,35 @@ def test_a_compilation_cache_entry_that_cannot_be_written_is_removed_in_one_erro
   assert list(cache.iterdir()) == []
 
 
-def test_a_truncated_compilation_cache_entry_is_replaced_once(tmp_path):
+def test_a_truncated_compilation_cache_entry_is_replaced_once(commands, tmp_path):
   """An entry a killed process (or an older version) left half-written: JAX warned on
   every later start and never replaced it. The next start replaces it; the one after
   reads it without a warning."""
   cache = tmp_path / "jax_cache"
-  assert _start(cache, "ok").returncode == 0
+  assert _start(commands, cache, "ok").returncode == 0
   [entry] = cache.iterdir()
   whole = entry.read_bytes()
   entry.write_bytes(whole[:len(whole) // 2])
-  proc = _start(cache, "ok")
+  proc = _start(commands, cache, "ok")
   assert proc.returncode == 0, proc.stderr
   assert "Error reading persistent compilation cache entry for 'jit_double'" in proc.stderr
   assert entry.stat().st_size == len(whole)
-  again = _start(cache, "ok")
+  again = _start(commands, cache, "ok")
   assert again.returncode == 0 and "persistent compilation cache" not in again.stderr, (
       again.stderr)
 
 
-def test_a_full_compilation_cache_disk_ends_the_train_command_in_one_line(tmp_path):
-  """The train command whose compilation cache is on a tmpfs with 64 KiB free (the
-  workdir elsewhere): one ``error:`` line naming the cache folder (not JAX's warnings,
-  two lines a program, and the next failed write's error), exit 2, no entry left
-  truncated. Needs root and tmpfs (skipped elsewhere)."""
+def test_a_full_compilation_cache_disk_ends_the_train_command_in_one_line(commands, tmp_path):
+  """The train command whose compilation cache is on a tmpfs with 16 KiB free (the
+  workdir elsewhere; four pages: the entries of its first small programs, so that it
+  fails seconds into its start-up): one ``error:`` line naming the cache folder (not
+  JAX's warnings, two lines a program, and the next failed write's error), exit 2, no
+  entry left truncated. Needs root and tmpfs (skipped elsewhere)."""
   from jax._src.compilation_cache import decompress_executable
   from small_disk import tmpfs, train
 
-  with tmpfs(tmp_path / "small", "2m", free=64 << 10) as small:
-    proc = train(tmp_path, tmp_path / "run", tmp_path / "cache",
+  with tmpfs(tmp_path / "small", "2m", free=16 << 10) as small:
+    proc = train(commands, tmp_path, tmp_path / "run", tmp_path / "cache",
                  "c.train.update(dict(steps=1, eval_every=1))",
                  f"c.train.compilation_cache_dir = {str(small / 'jax_cache')!r}")
     assert proc.returncode == 2, proc.stderr

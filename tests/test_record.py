@@ -5,8 +5,6 @@ settings, and a refused command writes nothing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import ml_collections
@@ -70,15 +68,16 @@ def test_a_record_with_other_settings_is_refused_by_name_and_kept(tmp_path):
     record.load_record(tmp_path)
 
 
-def run_compare(*args, cwd):
-  return subprocess.run([sys.executable, "-m", "sagc_jax.compare", *args],
-                        capture_output=True, text=True, timeout=600, cwd=cwd)
-
-
-def test_a_refused_comparison_writes_nothing_and_merge_only_names_what_it_ignores(tmp_path):
+def test_a_refused_comparison_writes_nothing_and_merge_only_names_what_it_ignores(commands,
+                                                                                 tmp_path):
   """The probe's loss: a finished comparison given a new budget, points and targets and
   one bad arm setting. The arm is refused before compare.json is touched; a new
-  workdir is not even created; --merge_only says it ignores its --config options."""
+  workdir is not even created; --merge_only says it ignores its --config options.
+  (``python -m sagc_jax.compare`` in the warm command server: ``commands``.)"""
+
+  def run_compare(*args, cwd):
+    return commands.run("sagc_jax.compare", *args, cwd=cwd)
+
   config = str(REPO / "configs" / "compare_tiny_cpu.py")
   workdir = tmp_path / "finished"
   workdir.mkdir()

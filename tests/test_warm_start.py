@@ -193,7 +193,7 @@ def test_the_warm_start_prints_progress_at_least_every_ten_seconds(tmp_path, mon
   assert all("eta" in line and "steps/s" in line for line in lines)
 
 
-def test_a_workdir_on_a_full_tmpfs_is_refused_in_one_line(tmp_path):
+def test_a_workdir_on_a_full_tmpfs_is_refused_in_one_line(commands, tmp_path):
   """The train command on a small tmpfs workdir whose free space holds the tiny model
   once but not twice: the copy of the cached warm start fails, and the command says so
   in one line (exit 2) naming the disk, with no temporary folder left. Needs root and
@@ -208,7 +208,7 @@ def test_a_workdir_on_a_full_tmpfs_is_refused_in_one_line(tmp_path):
   kept = cache / "warm_starts" / warm_start_key(config)
   size = sum(p.stat().st_size for p in kept.rglob("*") if p.is_file())
   with tmpfs(tmp_path / "small", "12m", free=size + (1 << 19)) as small:
-    proc = train_command(tmp_path, small / "run", cache,
+    proc = train_command(commands, tmp_path, small / "run", cache,
                          f"c.data.data_dir = {str(tmp_path / 'tfds')!r}")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr

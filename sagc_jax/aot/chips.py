@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["CHIPS", "ChipSpec", "generation_of"]
+__all__ = ["CHIPS", "ChipSpec", "HBM_LIMIT", "generation_of"]
+
+HBM_LIMIT = 0.9          # an executable "fits" when its peak is at most 90% of HBM
 
 
 @dataclasses.dataclass(frozen=True)

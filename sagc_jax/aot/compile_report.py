@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from sagc_jax.aot.chips import ChipSpec, generation_of
+from sagc_jax.aot.chips import HBM_LIMIT, ChipSpec, generation_of
 from sagc_jax.aot.hbm_traffic import hbm_traffic
 from sagc_jax.aot.refill_report import refill_projection, refill_rows, search_slots
 from sagc_jax.aot.refill_report import summary as refill_summary
@@ -59,7 +59,6 @@ from sagc_jax.runtime.storage import read_json
 __all__ = ["HBM_LIMIT", "compile_report", "topology_mesh"]
 
 GIB = 2.0 ** 30
-HBM_LIMIT = 0.9          # an executable "fits" when its peak is at most 90% of HBM
 
 
 def topology_mesh(topology: str, mesh_shape, axes) -> tuple[Mesh, ChipSpec]:

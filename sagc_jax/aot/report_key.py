@@ -18,7 +18,7 @@ A stored report is trusted only as far as it can be checked (``check_stored``):
   A report without one (written before checksums existed) is reused with a printed
   warning that its content cannot be verified.
 * Peaks. With or without a checksum, an executable the report says fits must peak
-  within the fits rule of the compile (``compile_report.HBM_LIMIT`` of the chip's
+  within the fits rule of the compile (``chips.HBM_LIMIT`` of the chip's
   per-device HBM, from ``chips.py`` for the report's topology, not the report's own
   ``hbm_gib``); one that does not, or a report that says it fits while an
   executable does not, is refused.
@@ -36,7 +36,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from sagc_jax.aot.chips import generation_of
+from sagc_jax.aot.chips import HBM_LIMIT, generation_of
 from sagc_jax.config import RunConfig, run_config
 from sagc_jax.runtime.storage import read_json
 
@@ -165,7 +165,6 @@ def check_stored(path: str | Path, report: dict, log: Callable[[str], None] = pr
     raise ValueError(f"stored report {path}: its content was edited after it was written "
                      f"(checksum {str(report['checksum'])[:12]} recorded, "
                      f"{actual[:12]} computed); delete it or compile without --reuse")
-  from sagc_jax.aot.compile_report import HBM_LIMIT     # the compile's own fits rule
   chip, chips = generation_of(report["topology"])
   chip = chip.per_device(max(int(report.get("devices", chips)) // chips, 1))
   for e in report["executables"]:

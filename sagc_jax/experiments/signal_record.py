@@ -29,7 +29,8 @@ from sagc_jax.experiments.signals import (check_learning, learning_markdown, rea
                                           validated_measures)
 from sagc_jax.runtime.storage import read_json
 
-__all__ = ["CHECKS", "add_predictions", "check_workload", "prediction_timing"]
+__all__ = ["CHECKS", "add_predictions", "check_workload", "prediction_timing",
+           "predictions_markdown"]
 
 CHECKS = Path(__file__).resolve().parents[2] / "configs" / "signal_checks.json"
 
@@ -92,6 +93,17 @@ def check_workload(checks: dict[str, Any], name: str, workdir: Path) -> dict[str
   return {**checks, "workloads": {**checks["workloads"], name: entry}}
 
 
+def predictions_markdown(entry: dict[str, Any]) -> str:
+  """A workload-mode's committed predictions: per algorithm and measure, the arms in
+  the order the pairs put them (``a > b``: a gathers more of the measure within H)."""
+  lines = ["| algorithm | measure | predicted order of every pair |", "|---|---|---|"]
+  for algorithm, by_measure in entry["predictions"].items():
+    for measure, pairs in by_measure.items():
+      cells = [f"{p['first']} {p['order']} {p['second']}" for p in pairs]
+      lines.append(f"| {algorithm} | {measure} | {'; '.join(cells)} |")
+  return "\n".join(lines)
+
+
 def _write(path: Path, checks: dict[str, Any]) -> None:
   path.write_text(json.dumps(checks, indent=1) + "\n")
 
@@ -124,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                              comparison=args.comparison, replay=args.replay_command,
                              traces=args.traces)
     _write(path, checks)
+    print(predictions_markdown(checks["workloads"][args.name]))
     print(f"wrote the predictions of {args.name} to {path} at "
           f"{checks['workloads'][args.name]['predicted_at']}")
     return
