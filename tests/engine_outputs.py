@@ -8,8 +8,9 @@ per step); every other number is compared exactly. A per-step column of a simula
 (1000 steps per arm) is saved as its length and SHA-256 of its JSON, the summaries in
 full.
 
-``python tests/engine_outputs.py`` rewrites ``tests/fixtures/engine/`` from the
-current code; ``test_engine_outputs`` checks the code against it.
+``python tests/engine_outputs.py [NAME ...]`` rewrites ``tests/fixtures/engine/`` (or
+only the named cases' folders) from the current code; ``test_engine_outputs`` checks
+the code against it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "engine"
 TRACES = "configs/traces/"
 BEFORE = TRACES + "smollm2_word_problems_before_rl.jsonl"
 AFTER = TRACES + "smollm2_word_problems_after_rl.jsonl"
-AOT = TRACES + "llama3_2_3b_16k_v5e_4x4.json"
+AOT = "configs/aot/llama3_2_3b_16k_v5e_4x4.json"
 
 # name -> (module, argv with {out} for the output folder, files written under {out}).
 CASES = {
@@ -103,8 +104,11 @@ def run_case(name: str) -> dict[str, str]:
   return out
 
 
-def main() -> None:
-  for name in CASES:
+def main(names: list[str]) -> None:
+  unknown = sorted(set(names) - set(CASES))
+  if unknown:
+    raise SystemExit(f"error: unknown case(s) {unknown}; the cases: {sorted(CASES)}")
+  for name in names or CASES:
     target = FIXTURES / name
     target.mkdir(parents=True, exist_ok=True)
     for file, text in run_case(name).items():
@@ -113,4 +117,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  main(sys.argv[1:])

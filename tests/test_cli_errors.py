@@ -102,7 +102,7 @@ JSONL = ("--config.data.name=jsonl", "--config.data.files=('train.jsonl',)",
 TRAIN, SIM, EVAL = "sagc_jax.train", "sagc_jax.simulate", "sagc_jax.eval"
 CALIBRATE = "sagc_jax.calibrate"
 TRACE = "configs/traces/smollm2_word_problems_before_rl.jsonl"
-AOT_REPORT = "configs/traces/llama3_2_3b_16k_v5e_4x4.json"
+AOT_REPORT = "configs/aot/llama3_2_3b_16k_v5e_4x4.json"
 COMPARE, AOT = "sagc_jax.compare", "sagc_jax.aot"
 
 # (case id, module, argv): one bad setting each (module docstring).

@@ -111,3 +111,16 @@ def test_the_check_says_whether_the_predictions_came_before_the_first_run(tmp_pa
   checked = signal_record.check_workload(checks, "w", tmp_path)["workloads"]["w"]
   assert checked["predicted_before_learning"] is False
   assert checked["checked"]["m"]["grpo"]["agree"] == 1
+
+
+def test_the_pass_rate_histogram_counts_prompts_per_bin(tmp_path):
+  header = {"sampling": {"max_new_tokens": 8}, "controller": {"candidates": [2], "tau": 1.5},
+            "rollout": {"mode": "hold_prompts", "prompts_per_step": 1, "rollouts_per_step": 2}}
+  records = [trace_lib.trace_record(i, 3, [4] * 10, [0.0] * 10, [j < right for j in range(10)],
+                                    [0] * 10) for i, right in enumerate((0, 1, 5, 9, 10))]
+  trace_lib.write_trace(tmp_path / "t.jsonl", header, records)
+  got = trace_lib.pass_rate_histogram(trace_lib.read_trace(tmp_path / "t.jsonl"))
+  # p = 0, 0.1, 0.5, 0.9, 1: one prompt in each of five bins, none in (0.1, 0.5).
+  assert got["bins"] == {"0": 0.2, "(0, 0.1]": 0.2, "(0.1, 0.5)": 0.0, "[0.5, 0.9)": 0.2,
+                         "[0.9, 1)": 0.2, "1": 0.2}
+  assert got["extreme_share"] == pytest.approx(0.4)

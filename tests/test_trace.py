@@ -23,7 +23,7 @@ from sagc_jax.replay.worlds import TraceWorld
 TRACES = Path(__file__).resolve().parents[1] / "configs" / "traces"
 BEFORE = TRACES / "smollm2_word_problems_before_rl.jsonl"
 AFTER = TRACES / "smollm2_word_problems_after_rl.jsonl"
-AOT_REPORT = TRACES / "llama3_2_3b_16k_v5e_4x4.json"
+AOT_REPORT = TRACES.parent / "aot" / "llama3_2_3b_16k_v5e_4x4.json"
 
 
 def _header(**extra):

@@ -105,7 +105,7 @@ _REPLAY_POD = "Trace replay: SmolLM2 rollouts at a v5e:4x4 3B-16k step's cost"
 _REPLAY_CPU = "Trace replay: SmolLM2 rollouts at CPU cost"
 _TRACES = "configs/traces/smollm2_word_problems_before_rl.jsonl," \
           "configs/traces/smollm2_word_problems_after_rl.jsonl"
-_POD_COST = "aot:configs/traces/llama3_2_3b_16k_v5e_4x4.json"
+_POD_COST = "aot:configs/aot/llama3_2_3b_16k_v5e_4x4.json"
 # tau 1.8 (the SmolLM2 config's, and calibrate's recommendation under the CPU cost) and 2
 # (calibrate's recommendation under the pod's cost; docs/results.md).
 _POD_TAUS = _CPU_TAUS = "1.8,2"
