@@ -82,7 +82,9 @@ def prediction_timing(entry: dict[str, Any], record: dict[str, Any]) -> dict[str
 
 def check_workload(checks: dict[str, Any], name: str, workdir: Path) -> dict[str, Any]:
   """``checks`` with workload-mode ``name``'s committed predictions checked against the
-  comparison in ``workdir`` (its ``per_hour.json`` and ``compare.json``)."""
+  comparison in ``workdir`` (its ``per_hour.json`` and ``compare.json``): on the
+  wall-clock (``checked``, what ``validated_measures`` reads) and on the priced clock
+  (``checked_priced_clock``, beside it)."""
   entry = checks.get("workloads", {}).get(name)
   if not entry or "predictions" not in entry:
     raise ValueError(f"workload {name!r} holds no predictions to check (predict first)")
@@ -90,6 +92,8 @@ def check_workload(checks: dict[str, Any], name: str, workdir: Path) -> dict[str
   timing = prediction_timing(entry, load_record(Path(workdir)))
   checked = check_learning(entry["predictions"], per_hour)
   entry = {**entry, **timing, "checked": checked}
+  if per_hour.get("priced"):           # the same check on the priced clock, for reading
+    entry["checked_priced_clock"] = check_learning(entry["predictions"], per_hour["priced"])
   return {**checks, "workloads": {**checks["workloads"], name: entry}}
 
 
@@ -150,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         + ("before" if entry["predicted_before_learning"] else "AFTER the learning began")
         + ("" if entry["config_matches"] else "; the comparison ran another config"))
   print(learning_markdown(entry["checked"]))
+  if "checked_priced_clock" in entry:
+    print("on the priced clock:")
+    print(learning_markdown(entry["checked_priced_clock"]))
   print(f"validated measures now: {', '.join(validated_measures(checks)) or 'none'}")
 
 
