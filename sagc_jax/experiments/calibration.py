@@ -203,7 +203,8 @@ def format_report(report: dict[str, Any]) -> str:
         "the replay cannot rank the settings; read the step and rollout times and the "
         "straggler rates" if "withheld" in rec else
         f"the recommendation uses only the validated ones ({', '.join(report['validated'])}), "
-        "which agree"))
+        "which agree" if len(report["validated"]) > 1 else
+        f"the recommendation uses only the validated one ({report['validated'][0]})"))
   if "withheld" in rec:
     lines.append(f"no recommendation: {rec['withheld']}")
   else:
