@@ -61,9 +61,8 @@ def main(argv: Sequence[str], flags) -> None:
   from sagc_jax.experiments.calibration import calibration_report, format_report
   from sagc_jax.replay.trace import read_trace
   from sagc_jax.runtime.storage import read_json, run_path
-  from sagc_jax.replay.costs import cost_from_flag
+  from sagc_jax.replay.costs import budgeted_settings, cost_from_flag
   from sagc_jax.experiments.signals import chosen, validated_measures
-  from sagc_jax.control.budget import budget_from_flag
 
   out = Path(flags.out)
   chosen(flags.signal)                 # an unknown measure fails before any sampling
@@ -101,10 +100,7 @@ def main(argv: Sequence[str], flags) -> None:
                               responses=flags.responses, log=lambda m: print(m, flush=True))
   trace = read_trace(trace_path)
   cost = cost_from_flag(flags.cost, trace)
-  settings = cost.settings(trace)
-  if flags.budget:
-    settings["rollout"] = budget_from_flag(flags.budget, settings["rollout"],
-                                           settings["candidates"])
+  settings = budgeted_settings(cost, trace, flags.budget)
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
                               validated=validated, measures=flags.signal,
                               kinds=checked_kinds(flags.kinds),

@@ -72,9 +72,8 @@ def _define_flags():
 
 def replay_traces(flags) -> None:
   """``--trace``: the replay tables of the recorded rollouts (module docstring)."""
-  from sagc_jax.replay.costs import cost_from_flag
+  from sagc_jax.replay.costs import budgeted_settings, cost_from_flag
   from sagc_jax.config import controller_settings
-  from sagc_jax.control.budget import budget_from_flag
   from sagc_jax.replay.trace import read_trace
   from sagc_jax.experiments.signals import chosen, read_per_hour
   from sagc_jax.experiments.replay_tables import trace_tables
@@ -93,10 +92,7 @@ def replay_traces(flags) -> None:
   traces = [read_trace(path) for path in flags.trace]
   cost = cost_from_flag(flags.cost, traces[0])
   taus = taus or [float(traces[0].header["controller"]["tau"])]
-  settings = cost.settings(traces[0])
-  if flags.budget:
-    settings["rollout"] = budget_from_flag(flags.budget, settings["rollout"],
-                                           settings["candidates"])
+  settings = budgeted_settings(cost, traces[0], flags.budget)
   refill = bool(getattr(cost, "bound_ratios", None))
   if flags.delta is not None and not 0.0 < flags.delta < 1.0:
     raise ValueError(f"--delta={flags.delta} must be in (0, 1)")

@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sagc_jax.config import controller_settings
-from sagc_jax.control.budget import budget_from_flag
 from sagc_jax.experiments.calibration import calibration_report
 from sagc_jax.experiments.signals import chosen, validated_measures
-from sagc_jax.replay.costs import cost_from_flag
+from sagc_jax.replay.costs import budgeted_settings, cost_from_flag
 from sagc_jax.replay.trace import read_trace
 from sagc_jax.runtime.storage import read_json
 
@@ -77,8 +76,7 @@ def project(trace_path: str, cost_path: str, budget: str, *, log: Callable[[str]
   start = time.time()
   trace = read_trace(REPO / trace_path)
   cost = cost_from_flag(f"aot:{REPO / cost_path}", trace)
-  settings = cost.settings(trace)
-  settings["rollout"] = budget_from_flag(budget, settings["rollout"], settings["candidates"])
+  settings = budgeted_settings(cost, trace, budget)
   checks = read_json(SIGNAL_CHECKS) if SIGNAL_CHECKS.is_file() else {}
   report = calibration_report(trace, cost, controller_settings(trace.header["controller"]),
                               validated=validated_measures(checks), log=log, **replay,
@@ -89,22 +87,25 @@ def project(trace_path: str, cost_path: str, budget: str, *, log: Callable[[str]
   return report
 
 
-def _per_step(report: dict[str, Any], g: int) -> tuple[float, float]:
-  """Rollout and learner seconds of a static-G step. The arm summary keeps the mean
-  step seconds and the total rollout seconds over the replay's steps; a priced step is
-  rollout plus learner, so the learner's seconds are the difference."""
-  arm, steps = report["replay"]["arms"][f"static_G{g}"], report["replay"]["steps"]
+def _rollout_learner(arm: dict[str, Any], steps: int) -> tuple[float, float]:
+  """Rollout and learner seconds per step of a replayed arm. The arm summary keeps the
+  mean step seconds and the total rollout seconds over the replay's steps; a priced
+  step is rollout plus learner, so the learner's seconds are the difference."""
   rollout = arm["rollout_s"] / steps
   return rollout, arm["step_s"] - rollout
 
 
+def _per_step(report: dict[str, Any], g: int) -> tuple[float, float]:
+  """``_rollout_learner`` of the static-G arm."""
+  return _rollout_learner(report["replay"]["arms"][f"static_G{g}"], report["replay"]["steps"])
+
+
 def with_learner_seconds(report: dict[str, Any]) -> dict[str, Any]:
   """``report`` with every replayed arm's mean rollout and learner seconds per step
-  (``rollout_s_per_step``, ``learner_s_per_step``: derived as in ``_per_step``)."""
-  steps = report["replay"]["steps"]
+  (``rollout_s_per_step``, ``learner_s_per_step``: ``_rollout_learner``)."""
   for arm in report["replay"]["arms"].values():
-    arm["rollout_s_per_step"] = arm["rollout_s"] / steps
-    arm["learner_s_per_step"] = arm["step_s"] - arm["rollout_s_per_step"]
+    arm["rollout_s_per_step"], arm["learner_s_per_step"] = _rollout_learner(
+        arm, report["replay"]["steps"])
   return report
 
 

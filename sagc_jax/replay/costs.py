@@ -48,10 +48,11 @@ from typing import Any, ClassVar, Protocol, Sequence
 import numpy as np
 
 from sagc_jax.base import checks
+from sagc_jax.control.budget import budget_from_flag
 from sagc_jax.runtime.storage import read_json
 
-__all__ = ["CompiledStepCost", "CostFn", "CostModel", "DecodeCost", "cost_from_flag",
-           "replay_settings"]
+__all__ = ["CompiledStepCost", "CostFn", "CostModel", "DecodeCost", "budgeted_settings",
+           "cost_from_flag", "replay_settings"]
 
 Rounds = Sequence[tuple[np.ndarray, np.ndarray]]
 
@@ -259,6 +260,16 @@ def _lookup(report: dict[str, Any], key: str) -> Any:
     return checks.lookup(report, key)
   except ValueError:
     return None
+
+
+def budgeted_settings(cost: Any, trace: Any, budget: str | None = None) -> dict[str, Any]:
+  """The replay settings of ``trace`` under ``cost`` (``cost.settings``), with the
+  rollout budget a ``--budget MODE:SIZE`` flag names in place of the traced run's or
+  the preset's (``budget_from_flag``; None: unchanged)."""
+  settings = cost.settings(trace)
+  if budget:
+    settings["rollout"] = budget_from_flag(budget, settings["rollout"], settings["candidates"])
+  return settings
 
 
 def cost_from_flag(flag: str, trace: Any) -> CostFn:
