@@ -111,7 +111,7 @@ def test_the_kind_is_an_arm_of_a_trace_replay_and_gets_predictions(commands, tmp
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "r.json").read_text())
   assert {r["arm"] for r in result["rows"]} == {"static_G4", "static_G8", "static_G16",
-                                                "sagc", ARM}
+                                                "sagc", ARM, "oracle"}
   pairs = next(iter(result["predictions"].values()))["informative_groups"]
   assert {(p["first"], p["second"]) for p in pairs if ARM in (p["first"], p["second"])}
   from sagc_jax.experiments.signals import check_learning

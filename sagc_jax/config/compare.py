@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable
+import re
+from typing import Any, Callable, Iterable, Mapping
 
 from sagc_jax.config.section import Section
 from sagc_jax.control.controller import arm_name, kind_class
@@ -46,7 +47,9 @@ class CompareSection(Section):
   mean held-out accuracy over [0, H] within which two arms are called equivalent (two
   one-sided tests). ``priced_cost``: the second clock's price of a step's logged work,
   ``fit`` (fitted to the comparison's steps) or ``cpu:TRACE.jsonl`` (calibrate's)
-  (docs/claims.md)."""
+  (docs/claims.md). ``named_arms``: ``{arm name: controller overrides}``, arms of a kind
+  with settings of their own, e.g. a warm-started SAGC, ``{"sagc_warm": {"kind": "sagc",
+  "initial_lambda": 2.0}}`` (each must name its ``kind``)."""
 
   NAME = "compare"
   algorithms: tuple = tuple(ALGORITHM_PRESETS)
@@ -59,6 +62,7 @@ class CompareSection(Section):
   targets: tuple = ()
   equivalence_margin: float = 0.02
   priced_cost: str = "fit"
+  named_arms: Any = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     for field in _NONE_IS_DEFAULT:
@@ -86,6 +90,7 @@ class CompareSection(Section):
       raise ValueError(f"compare.equivalence_margin={margin!r} must be an accuracy "
                        "difference in (0, 1)")
     self._set("equivalence_margin", float(margin))
+    self._named_arms()
     cost = self.priced_cost
     if not isinstance(cost, str) or not (cost == "fit" or cost.startswith("cpu:")
                                          and len(cost) > 4):
@@ -114,11 +119,32 @@ class CompareSection(Section):
       for kind in kinds:
         kind_class(kind)
 
-  def variants(self, candidates: Iterable[int]) -> list[tuple[str, str, int | None]]:
-    """``(arm name after the algorithm, controller.kind, static G or None)`` of each arm
-    of one algorithm; ``candidates``: the controller's, the static sizes by default.
-    A kind in both ``contextual`` and ``kinds`` is one arm."""
+  def _named_arms(self) -> None:
+    arms = self.named_arms
+    if not isinstance(arms, Mapping):
+      raise ValueError(f"compare.named_arms={arms!r} must map arm names to controller "
+                       "overrides")
+    for name, overrides in arms.items():
+      key = f"compare.named_arms.{name}"
+      if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9_.]*", name) or (
+          name == "sagc" or re.fullmatch(r"static\d+", name) or name in map(
+              arm_name, self.contextual + self.kinds)):
+        raise ValueError(f"{key}: an arm name must be lower-case letters, digits, '_' and "
+                         "'.', and not another arm's (sagc, static<G>, a kind's)")
+      if not isinstance(overrides, Mapping) or "kind" not in overrides:
+        raise ValueError(f"{key}={overrides!r} must be a mapping of controller settings "
+                         "with its kind")
+      with self._errors_as(f"{key}.kind: "):
+        kind_class(overrides["kind"])
+    self._set("named_arms", {name: dict(o) for name, o in arms.items()})
+
+  def variants(self, candidates: Iterable[int]) -> list[tuple[str, dict[str, Any]]]:
+    """``(arm name after the algorithm, its controller overrides)`` of each arm of one
+    algorithm; ``candidates``: the controller's, the static sizes by default. A kind in
+    both ``contextual`` and ``kinds`` is one arm; the named arms come last."""
     sizes = self.static_sizes or tuple(candidates)
     extra = dict.fromkeys(self.contextual + self.kinds)
-    return ([(f"static{g}", "static", g) for g in sizes] + [("sagc", "sagc", None)]
-            + [(arm_name(kind), kind, None) for kind in extra])
+    return ([(f"static{g}", {"kind": "static", "static_g": g}) for g in sizes]
+            + [("sagc", {"kind": "sagc"})]
+            + [(arm_name(kind), {"kind": kind}) for kind in extra]
+            + list(self.named_arms.items()))

@@ -30,7 +30,7 @@ class _ControllerChecks(Section):
   NAME = "controller"
 
   def __post_init__(self):
-    for field in ("candidates", "tail_edges", "length_edges"):
+    for field in ("candidates", "tail_edges", "length_edges", "cost_seed", "schedule"):
       self._tuple(field)
     if not isinstance(self.options, Mapping):
       raise ValueError(f"controller.options={self.options!r} must be a mapping of a user "

@@ -10,7 +10,12 @@ Built-in kinds (``controller.kind``):
 * ``"prompt_aware"``: SAGC whose risk is predicted from the step's own prompts
   (``sagc_jax.control.prompt_aware``);
 * ``"per_prompt"``: one G_i per prompt under the step's row budget
-  (``sagc_jax.control.per_prompt``).
+  (``sagc_jax.control.per_prompt``);
+* ``"signal_rate"``: the G of most expected informative groups per predicted second,
+  from per-prompt pass-rate posteriors and a cost model fitted to the measured step
+  seconds (``sagc_jax.control.signal_rate``);
+* ``"schedule"``: a given G per step, e.g. the replay oracle's schedule
+  (``sagc_jax.control.schedule``).
 
 A kind outside the package is named by import path, ``"my_module:MyController"``, as
 ``reward.fns`` names a user's reward: any class that meets the protocol
@@ -34,15 +39,18 @@ from sagc_jax.control.per_prompt import PerPromptController
 from sagc_jax.control.prompt_aware import PromptAwareController
 from sagc_jax.control.protocol import Needs
 from sagc_jax.control.sagc import SAGCController, StaticController
+from sagc_jax.control.schedule import ScheduleController
+from sagc_jax.control.signal_rate import SignalRateController
 from sagc_jax.control.stragglers import EVENTS, straggler_flags
 
 __all__ = ["CONTROLLER_KINDS", "EVENTS", "KINDS", "BatchContext",
            "PerPromptController", "PromptAwareController", "SAGCController",
-           "StaticController", "arm_name", "controller_from_config", "group_sizes",
+           "ScheduleController", "SignalRateController", "StaticController", "arm_name", "controller_from_config", "group_sizes",
            "kind_class", "kind_settings", "straggler_flags"]
 
 KINDS: dict[str, type] = {cls.kind: cls for cls in (
-    SAGCController, StaticController, PromptAwareController, PerPromptController)}
+    SAGCController, StaticController, PromptAwareController, PerPromptController,
+    SignalRateController, ScheduleController)}
 CONTROLLER_KINDS = tuple(KINDS)
 
 
@@ -106,7 +114,7 @@ def kind_settings(section: Mapping[str, Any]) -> tuple[type, Any]:
     raise ValueError(f"controller.options.{unknown[0]} is not a setting of kind {kind!r} "
                      f"(its settings: {', '.join(names)})")
   picked = {k: v for k, v in {**values, **options}.items() if k in names}
-  for key in ("candidates", "tail_edges", "length_edges"):
+  for key in ("candidates", "tail_edges", "length_edges", "cost_seed", "schedule"):
     if picked.get(key) is not None:
       try:
         picked[key] = tuple(picked[key])

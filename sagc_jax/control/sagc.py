@@ -108,6 +108,7 @@ class SAGCSettings(RiskSettings):
   eta: float = 1.0
   lambda_max: float = 50.0
   initial_g: int | None = None
+  initial_lambda: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +165,11 @@ class SAGCController(GroupSizeController):
     if initial_g not in self.candidates:
       raise ValueError(f"initial_g={initial_g!r} is not one of candidates {self.candidates}")
     self._index = self.candidates.index(int(initial_g))
+    # A warm start: the dual's equilibrium from calibrate's replay (its recommendation),
+    # so the first steps price risk as the run's later ones will instead of climbing to
+    # the largest G while lambda grows from 0 (the paper's start, the default).
+    self._lambda = max(check_range("initial_lambda", s.initial_lambda, -1e-12,
+                                   self.lambda_max, high_closed=True), 0.0)
     self._first = True
 
   def _choose(self) -> int:

@@ -52,7 +52,7 @@ def arm_configs(config) -> dict[str, Any]:
   compare = compare_section(config)
   arms = {}
   for algorithm in compare.algorithms:
-    for variant, kind, g in compare.variants(config.controller.candidates):
+    for variant, overrides in compare.variants(config.controller.candidates):
       arm = copy.deepcopy(config)
       with arm.unlocked():
         del arm["compare"]
@@ -60,7 +60,7 @@ def arm_configs(config) -> dict[str, Any]:
       for key in PRESET_FIELDS:
         if not (key == "kl_coef" and algorithm == "grpo"):
           arm.learner[key] = None
-      arm.controller.update(dict(kind=kind) if g is None else dict(kind=kind, static_g=g))
+      arm.controller.update(overrides)
       if compare.time_budget_s:
         arm.train.update(dict(time_budget_s=compare.time_budget_s,
                               eval_points=compare.eval_points, eval_every=arm.train.steps))

@@ -75,7 +75,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
   dapo = bool(header.get("learner", {}).get("dynamic_sampling", False))
   taus = sorted({*map(float, taus), tau})
   settings = [(t, d) for t in taus for d in deltas]
-  rows = []
+  rows, lambdas = [], {}
   for rep, result in replay_replicates(
       [trace], section, cost, replicates=replicates, log=log,
       progress=f"calibrate: replaying {len(settings)} SAGC settings and "
@@ -85,6 +85,9 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
       grid=settings, length_scale=length_scale, length_cap=length_cap):
     rows += [dict(s, **measure_values(s), arm=arm, seed=rep, step_s=s["wall_clock_s"] / steps)
              for arm, s in result["summary"].items()]
+    for arm, columns in result["traces"].items():
+      if arm.startswith("sagc_tau"):        # the dual's equilibrium: its second half's mean
+        lambdas.setdefault(arm, []).append(float(np.mean(columns["lambda"][steps // 2:])))
   reference = f"static_G{max(candidates)}"
   table = arm_intervals(rows, ("seconds_per_signal", "step_s", "rollout_s",
                                "group_straggler_rate", "step_straggler_rate", "mean_g"),
@@ -115,6 +118,17 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
         "overrides": f"--config.controller.tau={best_tau:g} "
                      f"--config.controller.delta={best_delta:g} "
                      f"--config.controller.candidates='({','.join(map(str, candidates))})'"}
+  warm = sagc_arm_name(tau, float(section["delta"]))      # the run's own setting
+  if warm in lambdas:
+    value = float(np.median(lambdas[warm]))
+    recommended["initial_lambda"] = {
+        "arm": warm, "value": value, "override": f"--config.controller.initial_lambda={value:.3g}",
+        "rule": "the median over replicates of the dual's mean over the second half of the "
+                "replay at the run's tau and delta: SAGC warm-started at its equilibrium"}
+  seed = getattr(cost, "seed", None)
+  if seed is not None:
+    recommended["cost_seed"] = {"value": list(seed), "override": (
+        "--config.controller.cost_seed='(" + ",".join(f"{v:.4g}" for v in seed) + ")'")}
   return {
       "trace": {k: header.get(k) for k in ("model", "config_digest", "date", "split", "prompts",
                                           "responses", "checkpoint_step", "sampling")},
@@ -209,6 +223,11 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"no recommendation: {rec['withheld']}")
   else:
     lines.append(f"recommended (the most {rec['measure']} per hour): {rec['overrides']}")
+  if "initial_lambda" in rec:
+    lines.append(f"SAGC warm start ({rec['initial_lambda']['arm']}'s equilibrium): "
+                 f"{rec['initial_lambda']['override']}")
+  if "cost_seed" in rec:
+    lines.append(f"signal_rate's cost model from this trace's fit: {rec['cost_seed']['override']}")
     if rec["static_beats_it"]:
       lines.append(f"  note: {rec['best_static']} gathers more {rec['measure']} per hour than "
                    "every SAGC setting on this trace and cost model")

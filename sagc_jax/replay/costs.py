@@ -129,6 +129,12 @@ class DecodeCost:
     return cls(float(fit["step_s"]), float(fit["slot_s"]), float(learner.get("step_s", 0.0)),
                float(learner.get("token_s", 0.0)))
 
+  @property
+  def seed(self) -> tuple[float, float, float, float]:
+    """This fit as ``signal_rate``'s ``cost_seed`` (``control.signal_rate``: the same
+    form)."""
+    return (self.step_s, self.slot_s, self.learner_step_s, self.learner_token_s)
+
   def settings(self, trace: Any) -> dict[str, Any]:
     """What a replay under this cost takes from the trace's run: its rollout budget,
     candidate sizes and DAPO rounds limit, lengths as recorded."""

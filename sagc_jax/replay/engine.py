@@ -124,6 +124,8 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
   its priced seconds, as the trainer observes a step it has timed. Returns the step's
   metrics and the loader's new position."""
   first = world.block(cursor, per_step, step, progress)
+  if getattr(ctrl, "sees_world", False):       # the oracle arm (replay.oracle)
+    ctrl.see(first)
   started = time.perf_counter()
   plan = ctrl.plan(lambda: BatchContext(first["ids"], first["prompt_tokens"]))
   seconds = time.perf_counter() - started

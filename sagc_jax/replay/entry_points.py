@@ -24,6 +24,7 @@ from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.controller import KINDS
 from sagc_jax.replay.costs import CostModel
 from sagc_jax.replay.engine import best_fixed_mixture, build_arms, run
+from sagc_jax.replay.oracle import OracleArm
 from sagc_jax.replay.trace import Trace
 from sagc_jax.replay.worlds import (LengthProcess, PromptPool, SyntheticWorld, TraceWorld,
                                      validate_world)
@@ -33,10 +34,12 @@ __all__ = ["default_kinds", "replay", "replay_replicates", "simulate"]
 
 def default_kinds(prompts: bool) -> tuple[str, ...]:
   """The kinds a replay runs beside the static sizes unless told: every built-in kind
-  but static where the world has prompts with pass rates (the pool, traces), else the
+  but static and those that replay a given setting (``replay_by_default = False``:
+  schedule) where the world has prompts with pass rates (the pool, traces), else the
   kinds that read no context (the synthetic world: SAGC)."""
   return tuple(kind for kind, cls in KINDS.items()
-               if kind != "static" and (prompts or not cls.needs.context))
+               if kind != "static" and getattr(cls, "replay_by_default", True)
+               and (prompts or not cls.needs.context))
 # What each simulate world reports per arm and per step (the rest of the engine's
 # columns are the trace replay's: rounds, steps at the cap).
 _SYNTHETIC_SUMMARY = ("straggler_rate", "group_straggler_rate", "step_straggler_rate",
@@ -96,8 +99,8 @@ def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
            seed: int = 0, bootstrap: bool = False, length_scale: float = 1.0,
            length_cap: int | None = None, horizon_s: float | None = None) -> dict[str, Any]:
   """One replicate of ``traces`` (``worlds.TraceWorld``): every static G of
-  ``section["candidates"]``, every kind of ``kinds`` and SAGC at each (tau, delta) of
-  ``grid`` on the same replayed steps, each arm with its own loader, under the rollout
+  ``section["candidates"]``, every kind of ``kinds``, SAGC at each (tau, delta) of
+  ``grid`` and the oracle (``replay.oracle``) on the same replayed steps, each arm with its own loader, under the rollout
   budget ``rollout``, for ``steps`` steps or until ``horizon_s`` of priced time; per-arm
   summaries and per-step columns (``engine.run``)."""
   budget = types.SimpleNamespace(**rollout)
@@ -105,6 +108,7 @@ def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
   world = TraceWorld(traces, max_g=max(candidates), steps=steps, seed=seed,
                      bootstrap=bootstrap, length_scale=length_scale, length_cap=length_cap)
   arms = build_arms(section, kinds, prompts_for=lambda g: prompts_for(budget, g), grid=grid)
+  arms.append(("oracle", OracleArm(candidates, lambda g: prompts_for(budget, g), cost)))
   return run(arms, world, steps=steps, budget=budget, candidates=candidates, cost=cost,
              measure=(section["tau"], section["event"]),
              dapo=dapo, max_rounds=max_rounds, horizon_s=horizon_s)

@@ -1,0 +1,414 @@
+"""Group size by learning signal per measured second (``controller.kind="signal_rate"``;
+docs/controllers.md).
+
+Why. SAGC maximises ``log2 G`` under a straggler cap. It sees neither what a step at each G
+costs on the hardware at hand nor how often a group's rewards vary, and per step the
+sizes learn at nearly the same rate while a G = 16 step costs 2-3x a G = 4 step
+(docs/results.md). GRPO's advantages are nonzero only in a group whose rewards vary (a
+prompt always or never solved gives no gradient at any G; DAPO keeps only those groups,
+Yu et al. 2025), and the expected number of such groups among a step's P(G) prompts of
+pass rates ``p_i`` is
+
+    I(G) = sum_{i < P(G)} 1 - p_i^G - (1 - p_i)^G,
+
+the one learning measure docs/results.md validates against measured learning on every
+workload-mode that tested it (``informative_groups``). Every step this kind picks the G
+of the candidates maximising ``I(G) / T(G)``, ``T(G)`` the step's seconds predicted by a
+cost model fitted to the seconds every step reports (``StepGroups.time``). It allocates by
+estimated pass rate as GRESO (Zheng et al. 2025), DUET and Knapsack RL (Li et al. 2025)
+do, and prices each size against the measured step time, which none of them does.
+
+Pass rates: a Beta posterior per prompt (prompt ids are stable across epochs), the pooled
+prior ``Beta(m mu, m (1 - mu))`` plus the prompt's own correct / incorrect responses,
+discounted by ``pass_forgetting`` each time the prompt is observed. The pooled prior is
+fitted by the beta-binomial method of moments (empirical Bayes) to every observed group's
+pass rate ``r`` at size ``G``, discounted by ``pool_forgetting`` per step::
+
+    mu = E[r],   Var(p) = Var(r) - E[r (1 - r) / (G - 1)],   m = mu (1 - mu) / Var(p) - 1
+
+(``E[r (1 - r)] = p (1 - p) (1 - 1/G)``, so the second term removes the binomial noise;
+``m`` is clipped to [``pool_strength_min``, ``pool_strength_max``]). A prompt not seen
+gets the pooled prior, ``Beta(1, 1)`` before any step. ``I`` is taken in expectation
+under the posteriors, in closed form: ``E[p^G] = prod_{j < G} (a + j) / (a + b + j)``.
+The spread of the pass rates over prompts is what makes a larger G pay: at ``p = 0.02`` a
+group of 16 varies 3.5x as often as a group of 4, at ``p = 0.5`` 1.07x.
+
+Step time, in the form calibrate fits to a trace (``replay.costs.DecodeCost``), rollout
+and learner apart, each by Bayesian linear regression with forgetting ``cost_forgetting``
+per step::
+
+    rollout_s = c_step * rounds * L_max + c_slot * rows * L_med
+    learner_s = c_update + c_token * P(G) * G * L_med        (the learner's row bucket)
+
+``L_max`` is the step's longest group, ``L_med`` its mean group median, ``rows`` the rows
+it sampled and ``rounds`` its sampling rounds (DAPO's extra rounds; 1 for GRPO); the
+rest of the step (``total - rollout - learner``) is a discounted mean. A size is priced
+from its rows and the recent lengths, so it need not be tried to be priced (the longest
+response is taken as the recent steps', at every G: the tail's growth with G is the
+straggler model's, ``straggler_constraint``). ``cost_seed = (step_s, slot_s,
+learner_step_s, learner_token_s)``, calibrate's fit of its trace (it prints the
+override), starts the coefficients there, worth ``cost_seed_steps`` steps.
+For DAPO the objective is per sampling round: informative groups sampled per second,
+the learner's seconds spread over the step's mean rounds.
+
+Choice: ``"thompson"`` draws the cost coefficients from their Gaussian posterior (the
+epistemic uncertainty: a size whose price is unknown is tried while the draws favour
+it), ``"mean"`` takes the posterior means. The pass-rate part is the posterior
+expectation either way: its spread across new prompts is not an uncertainty to explore.
+With ``straggler_constraint`` a size is a candidate only when its SAGC risk posterior's
+draw is at most ``delta`` (the smallest size always is); off by default. Every step's
+observed seconds are in the diagnostics (``observed_*_s``), and the state holds every
+posterior, so the same observations give the same decisions after a resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
+from sagc_jax.control.risk import GroupSizeController, RiskSettings, check_range, settings_of
+from sagc_jax.control.stragglers import straggler_flags, validated_lengths
+
+__all__ = ["CostRegression", "PassRates", "SignalRateController", "SignalRateSettings",
+           "expected_informative"]
+
+CHOICES = ("thompson", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalRateSettings(RiskSettings):
+  """The kind's settings (module docstring); the risk model's (``RiskSettings``) serve
+  only ``straggler_constraint``."""
+
+  pass_forgetting: float = 0.9
+  pool_forgetting: float = 0.98
+  pool_strength_min: float = 0.2
+  pool_strength_max: float = 100.0
+  cost_forgetting: float = 0.98
+  cost_seed: tuple = ()
+  cost_seed_steps: float = 4.0
+  choice: str = CHOICES[0]
+  straggler_constraint: bool = False
+
+
+def expected_informative(alpha: np.ndarray, beta: np.ndarray,
+                         sizes: Sequence[int]) -> np.ndarray:
+  """``E[1 - p^G - (1 - p)^G]`` under ``p ~ Beta(alpha, beta)``, shape ``[len(alpha),
+  len(sizes)]`` (module docstring: ``E[p^G] = prod_{j<G} (a + j) / (a + b + j)``)."""
+  a = np.asarray(alpha, np.float64)[:, None]
+  b = np.asarray(beta, np.float64)[:, None]
+  j = np.arange(max(sizes), dtype=np.float64)[None, :]
+  total = a + b + j
+  columns = np.asarray(sizes) - 1
+  return (1.0 - np.cumprod((a + j) / total, axis=1)[:, columns]
+          - np.cumprod((b + j) / total, axis=1)[:, columns])
+
+
+class PassRates:
+  """Per-prompt Beta posteriors shrunk toward a pooled prior (module docstring).
+
+  Prompt ids index dense arrays (they are a dataset's source indices), grown as ids
+  arrive; the state keeps only the prompts seen."""
+
+  def __init__(self, forgetting: float, pool_forgetting: float, strength: tuple[float, float]):
+    self.forgetting, self.pool_forgetting = forgetting, pool_forgetting
+    self.strength = strength
+    self.hits = np.zeros(0)
+    self.trials = np.zeros(0)
+    # Discounted group count, sum r, sum r^2, sum r (1 - r) / (G - 1) (G >= 2) and its count.
+    self.pool = [0.0] * 5
+
+  def prior(self) -> tuple[float, float]:
+    """The pooled ``Beta(m mu, m (1 - mu))`` (``Beta(1, 1)`` before any group)."""
+    n, s1, s2, s3, n3 = self.pool
+    if n <= 0:
+      return 1.0, 1.0
+    mu = min(max(s1 / n, 1e-3), 1.0 - 1e-3)
+    spread = s2 / n - (s1 / n) ** 2 - (s3 / n3 if n3 > 0 else 0.0)
+    low, high = self.strength
+    m = high if spread <= 0 else min(max(mu * (1.0 - mu) / spread - 1.0, low), high)
+    return m * mu, m * (1.0 - mu)
+
+  def posterior(self, ids: np.ndarray | None, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Beta (alpha, beta) of ``ids`` (None: ``count`` unseen prompts)."""
+    a0, b0 = self.prior()
+    if ids is None:
+      return np.full(count, a0), np.full(count, b0)
+    ids = np.asarray(ids, np.int64)
+    known = ids < self.hits.size
+    hits = np.zeros(ids.size)
+    trials = np.zeros(ids.size)
+    hits[known], trials[known] = self.hits[ids[known]], self.trials[ids[known]]
+    return a0 + hits, b0 + trials - hits
+
+  def update(self, ids: np.ndarray | None, rates: np.ndarray, sizes: np.ndarray) -> None:
+    """One observed group per entry: its prompt (None: pooled only), pass rate and size."""
+    gamma = self.pool_forgetting
+    multi = sizes > 1
+    noise = rates[multi] * (1.0 - rates[multi]) / (sizes[multi] - 1.0)
+    self.pool = [gamma * self.pool[0] + rates.size, gamma * self.pool[1] + rates.sum(),
+                 gamma * self.pool[2] + (rates * rates).sum(), gamma * self.pool[3] + noise.sum(),
+                 gamma * self.pool[4] + noise.size]
+    if ids is None:
+      return
+    ids = np.asarray(ids, np.int64)
+    if ids.size and ids.max() >= self.hits.size:
+      grown = max(int(ids.max()) + 1, 2 * self.hits.size)
+      self.hits, self.trials = (np.concatenate([x, np.zeros(grown - x.size)])
+                                for x in (self.hits, self.trials))
+    self.hits[ids] *= self.forgetting
+    self.trials[ids] *= self.forgetting
+    np.add.at(self.hits, ids, rates * sizes)
+    np.add.at(self.trials, ids, sizes.astype(np.float64))
+
+  def state_dict(self) -> dict[str, Any]:
+    seen = np.flatnonzero(self.trials)
+    return {"ids": seen.tolist(), "hits": self.hits[seen].tolist(),
+            "trials": self.trials[seen].tolist(), "pool": list(self.pool)}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    ids = np.asarray(state["ids"], np.int64)
+    size = int(ids.max()) + 1 if ids.size else 0
+    self.hits, self.trials = np.zeros(size), np.zeros(size)
+    self.hits[ids], self.trials[ids] = state["hits"], state["trials"]
+    self.pool = [float(x) for x in state["pool"]]
+
+
+class CostRegression:
+  """``y = x . c`` for two features, Bayesian linear regression with forgetting: the
+  discounted normal equations plus a Gaussian prior on ``c`` (mean ``prior``, precision
+  ``weight`` steps' worth in the units of the first step's features, diagonal; a tenth
+  of a step without a seed: it only fixes the direction one size cannot tell), the
+  noise variance from the discounted residuals of the current fit. Without a prior mean
+  the first step's seconds are split evenly between the two terms: a size not yet tried
+  is priced half as a fixed and half as a per-row cost of the sizes seen. Plain floats:
+  a 2 x 2 system per step."""
+
+  def __init__(self, forgetting: float, prior: Sequence[float] = (0.0, 0.0),
+               weight: float = 0.1):
+    self.forgetting = forgetting
+    self.prior = [float(c) for c in prior]
+    self.weight = float(weight)
+    self.scale: list[float] | None = None    # |x| of the first step: the prior's units
+    self.xx = [0.0, 0.0, 0.0]                # sum x0^2, x0 x1, x1^2 (discounted)
+    self.xy = [0.0, 0.0]
+    self.yy = 0.0
+    self.n = 0.0
+
+  def _system(self) -> tuple[list[float], list[float]]:
+    s0, s1 = self.scale or (1.0, 1.0)
+    p0, p1 = self.weight * s0 * s0, self.weight * s1 * s1
+    a = [self.xx[0] + p0, self.xx[1], self.xx[2] + p1]
+    return a, [self.xy[0] + p0 * self.prior[0], self.xy[1] + p1 * self.prior[1]]
+
+  def coefficients(self) -> tuple[float, float]:
+    a, b = self._system()
+    det = a[0] * a[2] - a[1] * a[1]
+    return (a[2] * b[0] - a[1] * b[1]) / det, (a[0] * b[1] - a[1] * b[0]) / det
+
+  def draw(self, rng: np.random.Generator) -> tuple[float, float]:
+    """Coefficients drawn from the posterior ``N(c, sigma^2 A^-1)``, each at least 0 (a
+    cost)."""
+    c0, c1 = self.coefficients()
+    a, _ = self._system()
+    det = a[0] * a[2] - a[1] * a[1]
+    xx, xy = self.xx, self.xy
+    sse = (self.yy - 2.0 * (c0 * xy[0] + c1 * xy[1])
+           + c0 * c0 * xx[0] + 2.0 * c0 * c1 * xx[1] + c1 * c1 * xx[2])
+    noise = max(sse, 0.0) / max(self.n - 2.0, 1.0)
+    v00, v01, v11 = noise * a[2] / det, -noise * a[1] / det, noise * a[0] / det
+    l00 = math.sqrt(max(v00, 0.0))
+    l10 = v01 / l00 if l00 > 0 else 0.0
+    l11 = math.sqrt(max(v11 - l10 * l10, 0.0))
+    z0, z1 = rng.standard_normal(2)
+    return max(c0 + l00 * z0, 0.0), max(c1 + l10 * z0 + l11 * z1, 0.0)
+
+  def update(self, x: Sequence[float], y: float) -> None:
+    if self.scale is None:
+      self.scale = [abs(v) or 1.0 for v in x]
+    g = self.forgetting
+    self.xx = [g * self.xx[0] + x[0] * x[0], g * self.xx[1] + x[0] * x[1],
+               g * self.xx[2] + x[1] * x[1]]
+    self.xy = [g * self.xy[0] + x[0] * y, g * self.xy[1] + x[1] * y]
+    self.yy = g * self.yy + y * y
+    self.n = g * self.n + 1.0
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"scale": self.scale, "xx": self.xx, "xy": self.xy, "yy": self.yy, "n": self.n}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    self.scale = None if state["scale"] is None else [float(v) for v in state["scale"]]
+    self.xx, self.xy = [float(v) for v in state["xx"]], [float(v) for v in state["xy"]]
+    self.yy, self.n = float(state["yy"]), float(state["n"])
+
+
+def seed_coefficients(seed: Sequence[float]) -> tuple[tuple[float, float], tuple[float, float]]:
+  """(rollout, learner) prior coefficients from ``cost_seed = (step_s, slot_s,
+  learner_step_s, learner_token_s)``, calibrate's fit of a trace (``replay.costs.DecodeCost``;
+  calibrate prints it as an override)."""
+  values = tuple(seed)
+  if len(values) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                 and math.isfinite(v) and v >= 0 for v in values):
+    raise ValueError(f"cost_seed={values!r} must be () or 4 seconds >= 0: (step_s, slot_s, "
+                     "learner_step_s, learner_token_s), as calibrate prints them")
+  return (float(values[0]), float(values[1])), (float(values[2]), float(values[3]))
+
+
+class SignalRateController(GroupSizeController):
+  """G maximising expected informative groups per predicted second (module docstring)."""
+
+  kind = "signal_rate"
+  Settings = SignalRateSettings
+  needs = Needs(context=True)
+
+  def __init__(self, candidates: Sequence[int], tau: float = RiskSettings.tau,
+               delta: float = RiskSettings.delta, *,
+               prompts_for: Callable[[int], int] | None = None, **settings: Any):
+    s = settings_of(self.Settings, self.kind, candidates=candidates, tau=tau, delta=delta,
+                    **settings)
+    super().__init__(s, min_candidates=2)
+    for name in ("pass_forgetting", "pool_forgetting", "cost_forgetting"):
+      check_range(name, getattr(s, name), 0.0, 1.0, high_closed=True)
+    low = check_range("pool_strength_min", s.pool_strength_min)
+    high = check_range("pool_strength_max", s.pool_strength_max, low)
+    if s.choice not in CHOICES:
+      raise ValueError(f"choice={s.choice!r} is not one of {CHOICES}")
+    if not isinstance(s.straggler_constraint, (bool, np.bool_)):
+      raise ValueError(f"straggler_constraint={s.straggler_constraint!r} must be a bool")
+    self.settings = s
+    self._prompts = None if prompts_for is None else [int(prompts_for(g))
+                                                      for g in self.candidates]
+    self.pass_rates = PassRates(s.pass_forgetting, s.pool_forgetting, (low, high))
+    seeds, weight = ((0.0, 0.0), (0.0, 0.0)), 0.1
+    if s.cost_seed:
+      seeds = seed_coefficients(s.cost_seed)
+      weight = check_range("cost_seed_steps", s.cost_seed_steps)
+    self.rollout_cost = CostRegression(s.cost_forgetting, seeds[0], weight)
+    self.learner_cost = CostRegression(s.cost_forgetting, seeds[1], weight)
+    # Discounted means: the rest of a step's seconds, rounds, longest and median lengths.
+    self._means = {"other_s": [0.0, 0.0], "rounds": [0.0, 0.0], "max_len": [0.0, 0.0],
+                   "median_len": [0.0, 0.0]}
+    self._sizes = np.asarray(self.candidates)
+    self._context_ids: np.ndarray | None = None      # the planned step's prompts
+    self._last: dict[str, np.ndarray] = {}
+
+  @classmethod
+  def from_settings(cls, settings: Any, *, prompts_for: Any = None) -> "SignalRateController":
+    return cls(**dataclasses.asdict(settings), prompts_for=prompts_for)
+
+  def _discount(self, name: str, value: float, gamma: float) -> None:
+    total, weight = self._means[name]
+    self._means[name] = [gamma * total + value, gamma * weight + 1.0]
+
+  def _mean(self, name: str, default: float) -> float:
+    total, weight = self._means[name]
+    return total / weight if weight > 0 else default
+
+  def prompts(self, context_size: int | None) -> np.ndarray:
+    """P(G) per candidate: the run's rule, else the context's size (1 without one)."""
+    if self._prompts is not None:
+      return np.asarray(self._prompts)
+    return np.full(len(self.candidates), context_size or 1)
+
+  def predicted_seconds(self, draw: bool = False) -> np.ndarray:
+    """The cost model's step seconds per candidate (module docstring), one round's
+    rollout plus the learner spread over the mean rounds."""
+    rollout = self.rollout_cost.draw(self._rng) if draw else self.rollout_cost.coefficients()
+    learner = self.learner_cost.draw(self._rng) if draw else self.learner_cost.coefficients()
+    rounds = max(self._mean("rounds", 1.0), 1.0)
+    longest, median = self._mean("max_len", 1.0), self._mean("median_len", 1.0)
+    rows = self.prompts(None if self._context_ids is None else self._context_ids.size
+                        ) * self._sizes
+    seconds = (rollout[0] * longest + rollout[1] * rows * median
+               + (learner[0] + learner[1] * rows * median) / rounds
+               + self._mean("other_s", 0.0) / rounds)
+    return np.maximum(seconds, 1e-9)
+
+  def expected_signal(self) -> np.ndarray:
+    """``E[I(G)]`` per candidate over the step's first P(G) prompts (module docstring)."""
+    ids = self._context_ids
+    counts = self.prompts(None if ids is None else ids.size)
+    most = int(counts.max())
+    a, b = self.pass_rates.posterior(None if ids is None else ids[:most], most)
+    per_prompt = expected_informative(a, b, self.candidates)
+    running = np.cumsum(per_prompt, axis=0)
+    return running[counts - 1, np.arange(len(self.candidates))]
+
+  def plan(self, context: ContextSource | None = None) -> GroupPlan:
+    if not self._pending:
+      self._context_ids = None if context is None else np.asarray(context().prompt_ids,
+                                                                  np.int64)
+    return GroupPlan(self.propose())
+
+  def _choose(self) -> int:
+    if self.rollout_cost.n == 0 and not self.settings.cost_seed:
+      return 0            # nothing priced yet: the smallest, cheapest size first
+    thompson = self.settings.choice == "thompson"
+    signal = self.expected_signal()
+    seconds = self.predicted_seconds(draw=thompson)
+    rate = signal / seconds
+    if self.settings.straggler_constraint:
+      risk = np.array([self._rng.beta(a, b) for a, b in self.posterior_params()])
+      allowed = risk <= self.params.delta
+      allowed[0] = True
+      rate = np.where(allowed, rate, -np.inf)
+    self._last = {"signal": signal, "seconds": seconds}
+    return int(np.argmax(rate))                  # ties: the smaller size
+
+  def observe_step(self, groups: StepGroups) -> dict[str, float]:
+    """Updates the pass-rate posteriors (``pass_rates``, ``prompt_ids``, ``group_sizes``),
+    the cost model (``time``) and the straggler risk; returns the diagnostics:
+    ``lambda`` and ``p_mean/G<g>`` (the risk model's), the predicted signal and seconds
+    of the chosen G and the step's observed seconds."""
+    gmax, gmed = validated_lengths(groups.group_max, groups.group_median)
+    n = gmax.size
+    sizes = (np.full(n, self.g) if groups.group_sizes is None
+             else np.asarray(groups.group_sizes, np.int64))
+    if groups.pass_rates is not None:
+      ids = None if groups.prompt_ids is None else np.asarray(groups.prompt_ids, np.int64)
+      self.pass_rates.update(ids, np.asarray(groups.pass_rates, np.float64), sizes)
+    rows = float(sizes.sum())
+    longest = float(gmax.max()) if n else 0.0
+    median = float((gmed * sizes).sum() / rows) if rows else 0.0
+    per_round = self.prompts(None if self._context_ids is None else self._context_ids.size
+                             )[self._index]
+    rounds = max(math.ceil(n / per_round), 1)
+    bucket = float(per_round * self.g)
+    gamma = self.settings.cost_forgetting
+    out = {}
+    if groups.time is not None:
+      t = groups.time
+      self.rollout_cost.update((rounds * longest, rows * median), t.rollout_s)
+      self.learner_cost.update((1.0, bucket * median), t.learner_s)
+      self._discount("other_s", max(t.total_s - t.rollout_s - t.learner_s, 0.0), gamma)
+      out = {"observed_rollout_s": t.rollout_s, "observed_learner_s": t.learner_s,
+             "observed_total_s": t.total_s}
+    for name, value in (("rounds", rounds), ("max_len", longest), ("median_len", median)):
+      self._discount(name, value, gamma)
+    if self._last:
+      out.update(predicted_signal=float(self._last["signal"][self._index]),
+                 predicted_s=float(self._last["seconds"][self._index]))
+    diagnostics = self._record_step(straggler_flags(gmax, gmed, self.params.tau))
+    return {**diagnostics, **out}
+
+  def state_dict(self) -> dict[str, Any]:
+    state = super().state_dict()
+    state.update(pass_rates=self.pass_rates.state_dict(),
+                 rollout_cost=self.rollout_cost.state_dict(),
+                 learner_cost=self.learner_cost.state_dict(),
+                 means={k: list(v) for k, v in self._means.items()},
+                 context_ids=None if self._context_ids is None else self._context_ids.tolist())
+    return state
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    super().load_state_dict(state)
+    self.pass_rates.load_state_dict(state["pass_rates"])
+    self.rollout_cost.load_state_dict(state["rollout_cost"])
+    self.learner_cost.load_state_dict(state["learner_cost"])
+    self._means = {k: [float(x) for x in v] for k, v in state["means"].items()}
+    ids = state["context_ids"]
+    self._context_ids = None if ids is None else np.asarray(ids, np.int64)

@@ -1,0 +1,114 @@
+"""The replay's oracle arm: every step, the G of most informative groups per second
+computed from what a controller can only estimate, the trace's true pass rates and the
+cost model's true seconds of the step's own rollouts.
+
+Why. ``signal_rate`` (``control.signal_rate``) maximises expected informative groups per
+predicted second from estimates: per-prompt pass-rate posteriors and a fitted cost
+model. The oracle maximises the same objective exactly, so the replay scores how much
+each estimate costs, and training an arm on the oracle's G schedule
+(``control.schedule``) measures whether the objective itself tracks learning.
+The oracle is scored by the quantity it maximises; it is not a bound on learning.
+
+For each candidate G it takes the step's first P(G) prompts (``budget.prompts_for``),
+their pass rates ``p_i``, the value ``sum_i 1 - p_i^G - (1 - p_i)^G`` and the cost
+``cost([(their first G responses' lengths, prompt tokens)], trained=the same rows)``,
+the step a GRPO arm would run (for DAPO, one sampling round: informative groups
+sampled per second).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
+
+__all__ = ["OracleArm"]
+
+
+class OracleArm:
+  """The oracle (module docstring). The engine hands it each step's block of the world
+  (``see``) before it plans; it runs only in the replay."""
+
+  kind = "oracle"
+  needs = Needs(context=True)
+  sees_world = True
+
+  def __init__(self, candidates: Sequence[int], prompts_for: Callable[[int], int],
+               cost: Callable):
+    self.candidates = tuple(sorted(candidates))
+    self._prompts = [int(prompts_for(g)) for g in self.candidates]
+    self.cost = cost
+    self._block: Mapping[str, Any] | None = None
+    self.g = self.candidates[0]
+
+  def see(self, block: Mapping[str, Any]) -> None:
+    if block.get("pass_rate") is None:
+      raise ValueError("the oracle arm needs a world with pass rates (a trace or the pool)")
+    self._block = block
+
+  def rates(self) -> np.ndarray:
+    """Informative groups per priced second of each candidate on the block seen."""
+    block = self._block
+    out = []
+    for g, k in zip(self.candidates, self._prompts):
+      p = block["pass_rate"][:k]
+      value = float(np.sum(1.0 - p ** g - (1.0 - p) ** g))
+      rows = block["lengths"][:k, :g].reshape(-1)
+      prompts = np.repeat(block["prompt_tokens"][:k], g)
+      seconds = self.cost([(rows, block["prompt_tokens"][:k])], (rows, prompts))["total_s"]
+      out.append(value / max(seconds, 1e-12))
+    return np.asarray(out)
+
+  def plan(self, context: ContextSource | None = None) -> GroupPlan:
+    if self._block is None:
+      raise ValueError("the oracle arm plans only in the replay (it sees the world's block)")
+    rates = self.rates()
+    self.g = self.candidates[int(np.argmax(rates))]      # ties: the smaller size
+    return GroupPlan(self.g)
+
+  def observe_step(self, groups: StepGroups) -> dict[str, float]:
+    del groups
+    self._block = None
+    return {}
+
+  def state_dict(self) -> dict[str, Any]:
+    return {}
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    del state
+
+
+def oracle_schedule(trace_path: str, *, cost_flag: str = "cpu", budget: str | None = None,
+                    steps: int = 400, seed: int = 0) -> list[int]:
+  """The oracle's G of each step of one replay of ``trace_path`` (GRPO, its cost and
+  budget as calibrate replays it): the ``controller.schedule`` of an arm that follows it."""
+  from sagc_jax.config import controller_settings
+  from sagc_jax.replay.costs import budgeted_settings, cost_from_flag
+  from sagc_jax.replay.entry_points import replay
+  from sagc_jax.replay.trace import read_trace
+
+  trace = read_trace(trace_path)
+  cost = cost_from_flag(cost_flag, trace)
+  settings = budgeted_settings(cost, trace, budget)
+  section = dict(controller_settings(trace.header["controller"]),
+                 candidates=tuple(settings["candidates"]))
+  result = replay([trace], section, cost, rollout=settings["rollout"], steps=steps,
+                  max_rounds=1, kinds=(), seed=seed)
+  return [int(g) for g in result["traces"]["oracle"]["g"]]
+
+
+if __name__ == "__main__":
+  import argparse
+  import json
+
+  parser = argparse.ArgumentParser(description="The replay oracle's G schedule of a trace "
+                                   "(GRPO), for controller.kind=schedule.")
+  parser.add_argument("--trace", required=True)
+  parser.add_argument("--cost", default="cpu")
+  parser.add_argument("--budget", default=None)
+  parser.add_argument("--steps", type=int, default=400)
+  args = parser.parse_args()
+  print(json.dumps(oracle_schedule(args.trace, cost_flag=args.cost, budget=args.budget,
+                                   steps=args.steps)))

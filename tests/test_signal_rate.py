@@ -1,0 +1,165 @@
+"""The signal_rate kind (control.signal_rate), the schedule kind, SAGC's warm start and
+the replay's oracle arm, against hand computations and independent references (scipy's
+Beta function, numpy's least squares)."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import special
+
+from sagc_jax.config import controller_settings
+from sagc_jax.control.context import BatchContext
+from sagc_jax.control.controller import controller_from_config
+from sagc_jax.control.protocol import StepGroups, StepTime
+from sagc_jax.control.signal_rate import CostRegression, PassRates, expected_informative
+from sagc_jax.replay.oracle import OracleArm
+
+PROMPTS = 8
+
+
+def build(**changes):
+  return controller_from_config(controller_settings(dict(kind="signal_rate", **changes)),
+                                prompts_for=lambda g: PROMPTS)
+
+
+def play(ctrl, steps, pass_rate, seconds, rng, new_prompts=True):
+  """``steps`` steps: prompts drawn fresh each step, each group's pass rate drawn at
+  ``pass_rate``, the step's seconds ``seconds(g)`` (rollout 70%, learner 30%); the Gs."""
+  chosen = []
+  for step in range(steps):
+    ids = (rng.integers(0, 10**6, PROMPTS) if new_prompts
+           else np.arange(PROMPTS) + 100 * (step % 2))
+    g = ctrl.plan(lambda: BatchContext(ids, np.full(PROMPTS, 10))).group_size
+    chosen.append(g)
+    rates = rng.binomial(g, pass_rate, PROMPTS) / g
+    t = seconds(g)
+    ctrl.observe_step(StepGroups(np.full(PROMPTS, 50.0), np.full(PROMPTS, 30.0),
+                                 prompt_ids=ids, pass_rates=rates,
+                                 group_sizes=np.full(PROMPTS, g),
+                                 time=StepTime(0.7 * t, 0.3 * t, t)))
+  return chosen
+
+
+@pytest.mark.parametrize("pass_rate, seconds, expected", [
+    (0.02, lambda g: 0.2, 16),               # rare successes, a flat cost: the largest G
+    (0.5, lambda g: 0.01 * g, 4),            # even odds, cost proportional to rows
+])
+def test_choice_follows_signal_per_second(pass_rate, seconds, expected):
+  rng = np.random.default_rng(0)
+  chosen = play(build(choice="mean"), 120, pass_rate, seconds, rng)
+  last = chosen[-40:]
+  assert last.count(expected) >= 38, (expected, last)
+
+
+def test_expected_informative_matches_beta_functions_on_a_three_prompt_step():
+  # Three prompts with posteriors Beta(1, 1), Beta(2, 5), Beta(0.5, 3): E[p^G] = B(a + G, b)
+  # / B(a, b) (scipy), summed over the step.
+  a, b = np.array([1.0, 2.0, 0.5]), np.array([1.0, 5.0, 3.0])
+  sizes = (4, 8, 16)
+  got = expected_informative(a, b, sizes).sum(axis=0)
+  for col, g in enumerate(sizes):
+    by_hand = sum(1 - np.exp(special.betaln(ai + g, bi) - special.betaln(ai, bi))
+                  - np.exp(special.betaln(ai, bi + g) - special.betaln(ai, bi))
+                  for ai, bi in zip(a, b))
+    assert got[col] == pytest.approx(by_hand, rel=1e-12)
+  # Beta(1, 1) at G = 4: 1 - 2 / 5 by the uniform integral of p^4 + (1 - p)^4.
+  assert expected_informative(a[:1], b[:1], (4,))[0, 0] == pytest.approx(0.6)
+
+
+def test_pass_rate_posterior_closed_form():
+  rates = PassRates(forgetting=0.5, pool_forgetting=1.0, strength=(0.2, 100.0))
+  assert rates.prior() == (1.0, 1.0)                       # nothing seen: Beta(1, 1)
+  observed = np.array([0.0, 0.25, 0.5, 1.0, 0.75, 0.25])
+  sizes = np.full(6, 4)
+  rates.update(np.array([3, 3, 7, 8, 9, 10]), observed, sizes)
+  # Method of moments: mu = mean r, Var(p) = Var(r) - mean r (1 - r) / (G - 1).
+  mu = observed.mean()
+  spread = observed.var() - np.mean(observed * (1 - observed) / 3)
+  m = mu * (1 - mu) / spread - 1
+  assert rates.prior() == pytest.approx((m * mu, m * (1 - mu)))
+  # Prompt 3 seen twice in the step: its evidence 0 then 0.5 x 0 + 1 correct of 4 trials
+  # each (np.add.at adds both groups after one discount); prompt 5 never: the pool.
+  a, b = rates.posterior(np.array([3, 5]), 2)
+  assert (a[0], b[0]) == pytest.approx((m * mu + 1.0, m * (1 - mu) + 7.0))
+  assert (a[1], b[1]) == pytest.approx((m * mu, m * (1 - mu)))
+  rates.update(np.array([3]), np.array([1.0]), np.array([4]))   # discounted by 0.5 first
+  a, b = rates.posterior(np.array([3]), 1)
+  a0, b0 = rates.prior()
+  assert (a[0], b[0]) == pytest.approx((a0 + 0.5 * 1 + 4, b0 + 0.5 * 7))
+
+
+def test_cost_model_recovers_known_coefficients():
+  rng = np.random.default_rng(1)
+  truth = np.array([0.002, 3e-5])
+  model = CostRegression(forgetting=1.0)
+  x = np.stack([rng.uniform(20, 80, 200), rng.uniform(1e3, 2e4, 200)], axis=1)
+  y = x @ truth + rng.normal(0, 1e-3, 200)
+  for xi, yi in zip(x, y):
+    model.update(xi, yi)
+  reference = np.linalg.lstsq(x, y, rcond=None)[0]
+  # A tenth of a prior step against 200 observed: within 1% of least squares.
+  assert model.coefficients() == pytest.approx(reference, rel=1e-2)
+  assert model.coefficients() == pytest.approx(truth, rel=0.05)
+
+
+def test_a_size_is_priced_without_being_tried():
+  # Only G = 4 steps seen, with calibrate's fit as the seed: G = 16's seconds follow from
+  # the seed's per-row cost, not from a G = 16 step.
+  ctrl = build(choice="mean", cost_seed=(0.0, 1e-4, 0.0, 0.0), cost_seed_steps=1e6,
+               candidates=(4, 16))
+  rng = np.random.default_rng(2)
+  play(ctrl, 5, 0.5, lambda g: 1e-4 * PROMPTS * g * 30, rng)   # exactly the seed's cost
+  assert ctrl.predicted_seconds() == pytest.approx(1e-4 * PROMPTS * np.array([4, 16]) * 30,
+                                                   rel=1e-3)
+
+
+def test_exact_resume():
+  rng = np.random.default_rng(3)
+  ctrl = build()
+  play(ctrl, 15, 0.1, lambda g: 0.05 + 0.01 * g, rng, new_prompts=False)
+  resumed = build()
+  resumed.load_state_dict(json.loads(json.dumps(ctrl.state_dict())))
+  rng_a, rng_b = np.random.default_rng(4), np.random.default_rng(4)
+  seconds = lambda g: 0.05 + 0.01 * g
+  assert (play(ctrl, 25, 0.1, seconds, rng_a, new_prompts=False)
+          == play(resumed, 25, 0.1, seconds, rng_b, new_prompts=False))
+
+
+def test_bad_settings_are_named():
+  for changes, name in ((dict(choice="ucb"), "choice"), (dict(pass_forgetting=1.5),
+                        "pass_forgetting"), (dict(cost_seed=(1.0, 2.0)), "cost_seed")):
+    with pytest.raises(ValueError, match=name):
+      build(**changes)
+
+
+def test_schedule_follows_its_list_then_its_last_size():
+  ctrl = controller_from_config(controller_settings(dict(kind="schedule",
+                                                         schedule=(4, 16, 8))))
+  sizes = []
+  for _ in range(5):
+    sizes.append(ctrl.propose())
+    ctrl.observe([3.0], [2.0])
+  assert sizes == [4, 16, 8, 8, 8]
+  with pytest.raises(ValueError, match="schedule"):
+    controller_from_config(controller_settings(dict(kind="schedule", schedule=(4, 5))))
+
+
+def test_sagc_warm_start_prices_risk_from_the_first_step():
+  warm = controller_from_config(controller_settings(dict(initial_lambda=3.0)))
+  assert warm.lam == 3.0
+  with pytest.raises(ValueError, match="initial_lambda"):
+    controller_from_config(controller_settings(dict(initial_lambda=-1.0)))
+
+
+def test_oracle_takes_the_most_informative_groups_per_priced_second():
+  # Two prompts at p = 0.05 and 0.5, all lengths 10; cost: 1 s a step plus 0.01 s a row.
+  block = {"pass_rate": np.array([0.05, 0.5]), "lengths": np.full((2, 16), 10),
+           "prompt_tokens": np.array([5, 5])}
+  cost = lambda rounds, trained: {"total_s": 1.0 + 0.01 * sum(r.size for r, _ in rounds)}
+  oracle = OracleArm((4, 8, 16), lambda g: 2, cost)
+  oracle.see(block)
+  by_hand = [sum(1 - p ** g - (1 - p) ** g for p in (0.05, 0.5)) / (1.0 + 0.02 * g)
+             for g in (4, 8, 16)]
+  assert oracle.rates() == pytest.approx(by_hand)
+  assert oracle.plan().group_size == (4, 8, 16)[int(np.argmax(by_hand))]
