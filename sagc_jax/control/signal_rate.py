@@ -294,6 +294,7 @@ class SignalRateController(GroupSizeController):
                    "median_len": [0.0, 0.0]}
     self._sizes = np.asarray(self.candidates)
     self._context_ids: np.ndarray | None = None      # the planned step's prompts
+    self._priced: set[int] = set()                   # sizes whose first step was seen
     self._last: dict[str, np.ndarray] = {}
 
   @classmethod
@@ -380,7 +381,11 @@ class SignalRateController(GroupSizeController):
     bucket = float(per_round * self.g)
     gamma = self.settings.cost_forgetting
     out = {}
-    if groups.time is not None:
+    # A size's first step compiles its programs (a new row bucket): its seconds are not
+    # the size's price, so the cost model skips them.
+    first_of_size = self.g not in self._priced
+    self._priced.add(self.g)
+    if groups.time is not None and not first_of_size:
       t = groups.time
       self.rollout_cost.update((rounds * longest, rows * median), t.rollout_s)
       self.learner_cost.update((1.0, bucket * median), t.learner_s)
@@ -401,6 +406,7 @@ class SignalRateController(GroupSizeController):
                  rollout_cost=self.rollout_cost.state_dict(),
                  learner_cost=self.learner_cost.state_dict(),
                  means={k: list(v) for k, v in self._means.items()},
+                 priced=sorted(self._priced),
                  context_ids=None if self._context_ids is None else self._context_ids.tolist())
     return state
 
@@ -410,5 +416,6 @@ class SignalRateController(GroupSizeController):
     self.rollout_cost.load_state_dict(state["rollout_cost"])
     self.learner_cost.load_state_dict(state["learner_cost"])
     self._means = {k: [float(x) for x in v] for k, v in state["means"].items()}
+    self._priced = {int(g) for g in state["priced"]}
     ids = state["context_ids"]
     self._context_ids = None if ids is None else np.asarray(ids, np.int64)
