@@ -12,7 +12,8 @@ from sagc_jax.config import controller_settings
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.control.protocol import StepGroups, StepTime
-from sagc_jax.control.signal_rate import CostRegression, PassRates, expected_informative
+from sagc_jax.control.signal_rate import (CostRegression, PassRates, dapo_step,
+                                          expected_informative)
 from sagc_jax.replay.oracle import OracleArm
 
 PROMPTS = 8
@@ -152,11 +153,29 @@ def test_sagc_warm_start_prices_risk_from_the_first_step():
     controller_from_config(controller_settings(dict(initial_lambda=-1.0)))
 
 
+def test_dapo_round_process_against_a_simulation():
+  # Target 3 groups, q = 0.4, at most 3 rounds: kept groups and rounds by Monte Carlo.
+  rng = np.random.default_rng(5)
+  kept, rounds = [], []
+  for _ in range(200_000):
+    total, r = 0, 0
+    while r < 3 and total < 3:
+      total += rng.binomial(3, 0.4)
+      r += 1
+    kept.append(min(total, 3))
+    rounds.append(r)
+  want_kept, want_rounds = dapo_step(np.array([0.4]), [3], 3)
+  assert want_kept[0] == pytest.approx(np.mean(kept), abs=0.01)
+  assert want_rounds[0] == pytest.approx(np.mean(rounds), abs=0.01)
+
+
 def test_oracle_takes_the_most_informative_groups_per_priced_second():
   # Two prompts at p = 0.05 and 0.5, all lengths 10; cost: 1 s a step plus 0.01 s a row.
   block = {"pass_rate": np.array([0.05, 0.5]), "lengths": np.full((2, 16), 10),
            "prompt_tokens": np.array([5, 5])}
-  cost = lambda rounds, trained: {"total_s": 1.0 + 0.01 * sum(r.size for r, _ in rounds)}
+  def cost(rounds, trained):
+    rollout = 0.01 * sum(r.size for r, _ in rounds)
+    return {"rollout_s": rollout, "learner_s": 1.0, "total_s": 1.0 + rollout}
   oracle = OracleArm((4, 8, 16), lambda g: 2, cost)
   oracle.see(block)
   by_hand = [sum(1 - p ** g - (1 - p) ** g for p in (0.05, 0.5)) / (1.0 + 0.02 * g)

@@ -3,7 +3,8 @@
 SAGC runs on the host between jitted sampler/learner calls, so its overhead is
 pure idle time for the accelerator mesh. This measures the wall-clock of one
 ``propose()`` + ``observe(group_max, group_median)`` pair (the public API), and of
-one ``plan()`` + ``observe_step(StepGroups)`` pair (the protocol the trainer calls),
+one ``plan()`` + ``observe_step(StepGroups)`` pair (the protocol the trainer calls;
+``signal_rate`` with the prompts, pass rates and seconds it reads),
 per group count, on length arrays drawn from the simulator's heavy-tailed process
 (so the controller moves between sizes as it would in training).
 """
@@ -17,7 +18,8 @@ import numpy as np
 
 from sagc_jax.config import controller_settings
 from sagc_jax.control.controller import controller_from_config
-from sagc_jax.control.protocol import StepGroups
+from sagc_jax.control.context import BatchContext
+from sagc_jax.control.protocol import StepGroups, StepTime
 
 
 def _public_api(ctrl, group_max, group_median) -> None:
@@ -28,6 +30,22 @@ def _public_api(ctrl, group_max, group_median) -> None:
 def _protocol(ctrl, group_max, group_median) -> None:
   ctrl.plan()
   ctrl.observe_step(StepGroups(group_max, group_median))
+
+
+def _signal_rate_steps():
+  """``signal_rate``'s protocol step on steps of fresh prompts with pass rates, sizes and
+  seconds (what the trainer hands it; the prompt ids wrap around 20,000, so prompts recur)."""
+  first = [0]
+
+  def step(ctrl, group_max, group_median) -> None:
+    n = group_max.size
+    ids = (first[0] + np.arange(n)) % 20_000
+    first[0] += n
+    g = ctrl.plan(lambda: BatchContext(ids, np.full(n, 20))).group_size
+    ctrl.observe_step(StepGroups(group_max, group_median, prompt_ids=ids,
+                                 pass_rates=(ids % 7) / 7.0, group_sizes=np.full(n, g),
+                                 time=StepTime(0.01 * g, 0.005 * g, 0.016 * g)))
+  return step
 
 
 def _time_pairs(ctrl, group_max: np.ndarray, group_median: np.ndarray,
@@ -56,7 +74,10 @@ def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
     for name, ctrl, step in (("sagc", build(), _public_api),
                              ("static", build(kind="static", static_g=8, candidates=(8,)),
                               _public_api),
-                             ("sagc plan", build(), _protocol)):
+                             ("sagc plan", build(), _protocol),
+                             ("signal_rate", controller_from_config(
+                                 controller_settings(dict(kind="signal_rate", seed=seed)),
+                                 prompts_for=lambda g, n=n_groups: n), _signal_rate_steps())):
       _time_pairs(ctrl, group_max[:200], group_median[:200], step)        # warm-up
       us = _time_pairs(ctrl, group_max, group_median, step) * 1e6
       results["cases"].append({

@@ -48,8 +48,10 @@ response is taken as the recent steps', at every G: the tail's growth with G is 
 straggler model's, ``straggler_constraint``). ``cost_seed = (step_s, slot_s,
 learner_step_s, learner_token_s)``, calibrate's fit of its trace (it prints the
 override), starts the coefficients there, worth ``cost_seed_steps`` steps.
-For DAPO the objective is per sampling round: informative groups sampled per second,
-the learner's seconds spread over the step's mean rounds.
+For DAPO (once a step took more than one round) the value is the groups a step keeps
+and the rollout is priced per round: both follow from the first round's mean
+informative probability by the round process (``dapo_step``, capped at the most rounds a
+step took).
 
 Choice: ``"thompson"`` draws the cost coefficients from their Gaussian posterior (the
 epistemic uncertainty: a size whose price is unknown is tried while the draws favour
@@ -74,7 +76,7 @@ from sagc_jax.control.risk import GroupSizeController, RiskSettings, check_range
 from sagc_jax.control.stragglers import straggler_flags, validated_lengths
 
 __all__ = ["CostRegression", "PassRates", "SignalRateController", "SignalRateSettings",
-           "expected_informative"]
+           "dapo_step", "expected_informative"]
 
 CHOICES = ("thompson", "mean")
 
@@ -98,14 +100,39 @@ class SignalRateSettings(RiskSettings):
 def expected_informative(alpha: np.ndarray, beta: np.ndarray,
                          sizes: Sequence[int]) -> np.ndarray:
   """``E[1 - p^G - (1 - p)^G]`` under ``p ~ Beta(alpha, beta)``, shape ``[len(alpha),
-  len(sizes)]`` (module docstring: ``E[p^G] = prod_{j<G} (a + j) / (a + b + j)``)."""
-  a = np.asarray(alpha, np.float64)[:, None]
-  b = np.asarray(beta, np.float64)[:, None]
-  j = np.arange(max(sizes), dtype=np.float64)[None, :]
-  total = a + b + j
-  columns = np.asarray(sizes) - 1
-  return (1.0 - np.cumprod((a + j) / total, axis=1)[:, columns]
-          - np.cumprod((b + j) / total, axis=1)[:, columns])
+  len(sizes)]`` (module docstring: ``E[p^G] = prod_{j<G} (a + j) / (a + b + j)``). Both
+  products in one array: this runs every step."""
+  a = np.asarray(alpha, np.float64)
+  k = a.size
+  both = np.concatenate([a, np.asarray(beta, np.float64)])
+  j = np.arange(max(sizes), dtype=np.float64)
+  total = np.concatenate([a + both[k:]] * 2)
+  prods = np.cumprod((both[:, None] + j) / (total[:, None] + j), axis=1)[
+      :, np.asarray(sizes) - 1]
+  return 1.0 - prods[:k] - prods[k:]
+
+
+def dapo_step(informative: np.ndarray, prompts: Sequence[int], max_rounds: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """(expected kept groups, expected sampling rounds) of a DAPO step per candidate:
+  rounds of ``prompts[j]`` groups, each informative with probability ``informative[j]``,
+  until that many are kept or ``max_rounds`` ran (``rl.dynamic_sampling``'s rule). The
+  distribution of the groups kept so far (capped at the target) is carried round by
+  round, each round adding a Binomial(P, q)."""
+  kept, rounds = np.empty(len(prompts)), np.empty(len(prompts))
+  for j, (q, p) in enumerate(zip(informative, prompts)):
+    q = min(max(float(q), 0.0), 1.0)
+    k = np.arange(p + 1)
+    pmf = np.array([math.comb(p, i) for i in k], np.float64) * q ** k * (1.0 - q) ** (p - k)
+    dist = np.zeros(p + 1)
+    dist[0] = 1.0
+    expected = 0.0
+    for r in range(max_rounds):
+      expected += 1.0 if r == 0 else float(dist[:p].sum())
+      grown = np.convolve(dist[:p], pmf)
+      dist = np.concatenate([grown[:p], [dist[p] + grown[p:].sum()]])
+    kept[j], rounds[j] = float(dist @ k), expected
+  return kept, rounds
 
 
 class PassRates:
@@ -117,8 +144,7 @@ class PassRates:
   def __init__(self, forgetting: float, pool_forgetting: float, strength: tuple[float, float]):
     self.forgetting, self.pool_forgetting = forgetting, pool_forgetting
     self.strength = strength
-    self.hits = np.zeros(0)
-    self.trials = np.zeros(0)
+    self.counts = np.zeros((0, 2))           # per prompt id: discounted correct, responses
     # Discounted group count, sum r, sum r^2, sum r (1 - r) / (G - 1) (G >= 2) and its count.
     self.pool = [0.0] * 5
 
@@ -139,42 +165,66 @@ class PassRates:
     if ids is None:
       return np.full(count, a0), np.full(count, b0)
     ids = np.asarray(ids, np.int64)
-    known = ids < self.hits.size
-    hits = np.zeros(ids.size)
-    trials = np.zeros(ids.size)
-    hits[known], trials[known] = self.hits[ids[known]], self.trials[ids[known]]
-    return a0 + hits, b0 + trials - hits
+    counts = np.zeros((ids.size, 2))
+    known = ids < len(self.counts)
+    counts[known] = self.counts[ids[known]]
+    return a0 + counts[:, 0], b0 + counts[:, 1] - counts[:, 0]
+
+  def expected_informative(self, ids: np.ndarray | None, count: int,
+                           sizes: Sequence[int]) -> np.ndarray:
+    """``expected_informative`` of each prompt of ``ids`` (None: ``count`` unseen ones),
+    ``[count, len(sizes)]``. The prompts not seen share the pooled prior's row, computed
+    once in floats: on a large dataset almost every prompt of a step is new."""
+    a0, b0 = self.prior()
+    row, up, down, j = [], 1.0, 1.0, 0
+    for g in sizes:
+      while j < g:
+        up, down, j = up * (a0 + j) / (a0 + b0 + j), down * (b0 + j) / (a0 + b0 + j), j + 1
+      row.append(1.0 - up - down)
+    out = np.empty((count, len(row)))
+    out[:] = row
+    if ids is not None:
+      ids = np.asarray(ids, np.int64)
+      seen = np.flatnonzero(ids < len(self.counts))
+      seen = seen[self.counts[ids[seen], 1] > 0]
+      if seen.size:
+        hits, trials = self.counts[ids[seen]].T
+        out[seen] = expected_informative(a0 + hits, b0 + trials - hits, sizes)
+    return out
 
   def update(self, ids: np.ndarray | None, rates: np.ndarray, sizes: np.ndarray) -> None:
     """One observed group per entry: its prompt (None: pooled only), pass rate and size."""
     gamma = self.pool_forgetting
-    multi = sizes > 1
-    noise = rates[multi] * (1.0 - rates[multi]) / (sizes[multi] - 1.0)
-    self.pool = [gamma * self.pool[0] + rates.size, gamma * self.pool[1] + rates.sum(),
-                 gamma * self.pool[2] + (rates * rates).sum(), gamma * self.pool[3] + noise.sum(),
-                 gamma * self.pool[4] + noise.size]
+    s1, s2 = float(rates.sum()), float(rates @ rates)
+    low, high = int(sizes.min()), int(sizes.max())
+    if low == high:                          # one size: the noise term in scalars
+      noise, counted = ((s1 - s2) / (low - 1.0), rates.size) if low > 1 else (0.0, 0)
+    else:
+      multi = sizes > 1
+      noise = float((rates[multi] * (1.0 - rates[multi]) / (sizes[multi] - 1.0)).sum())
+      counted = int(multi.sum())
+    pool = self.pool
+    self.pool = [gamma * pool[0] + rates.size, gamma * pool[1] + s1, gamma * pool[2] + s2,
+                 gamma * pool[3] + noise, gamma * pool[4] + counted]
     if ids is None:
       return
     ids = np.asarray(ids, np.int64)
-    if ids.size and ids.max() >= self.hits.size:
-      grown = max(int(ids.max()) + 1, 2 * self.hits.size)
-      self.hits, self.trials = (np.concatenate([x, np.zeros(grown - x.size)])
-                                for x in (self.hits, self.trials))
-    self.hits[ids] *= self.forgetting
-    self.trials[ids] *= self.forgetting
-    np.add.at(self.hits, ids, rates * sizes)
-    np.add.at(self.trials, ids, sizes.astype(np.float64))
+    if ids.size and ids.max() >= len(self.counts):
+      grown = max(int(ids.max()) + 1, 2 * len(self.counts))
+      self.counts = np.concatenate([self.counts, np.zeros((grown - len(self.counts), 2))])
+    self.counts[ids] *= self.forgetting
+    np.add.at(self.counts, ids, np.stack([rates * sizes, sizes], axis=1))
 
   def state_dict(self) -> dict[str, Any]:
-    seen = np.flatnonzero(self.trials)
-    return {"ids": seen.tolist(), "hits": self.hits[seen].tolist(),
-            "trials": self.trials[seen].tolist(), "pool": list(self.pool)}
+    seen = np.flatnonzero(self.counts[:, 1])
+    return {"ids": seen.tolist(), "hits": self.counts[seen, 0].tolist(),
+            "trials": self.counts[seen, 1].tolist(), "pool": list(self.pool)}
 
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     ids = np.asarray(state["ids"], np.int64)
     size = int(ids.max()) + 1 if ids.size else 0
-    self.hits, self.trials = np.zeros(size), np.zeros(size)
-    self.hits[ids], self.trials[ids] = state["hits"], state["trials"]
+    self.counts = np.zeros((size, 2))
+    self.counts[ids, 0], self.counts[ids, 1] = state["hits"], state["trials"]
     self.pool = [float(x) for x in state["pool"]]
 
 
@@ -289,9 +339,9 @@ class SignalRateController(GroupSizeController):
       weight = check_range("cost_seed_steps", s.cost_seed_steps)
     self.rollout_cost = CostRegression(s.cost_forgetting, seeds[0], weight)
     self.learner_cost = CostRegression(s.cost_forgetting, seeds[1], weight)
-    # Discounted means: the rest of a step's seconds, rounds, longest and median lengths.
-    self._means = {"other_s": [0.0, 0.0], "rounds": [0.0, 0.0], "max_len": [0.0, 0.0],
-                   "median_len": [0.0, 0.0]}
+    # Discounted means: the rest of a step's seconds, its longest and median lengths.
+    self._means = {"other_s": [0.0, 0.0], "max_len": [0.0, 0.0], "median_len": [0.0, 0.0]}
+    self._max_rounds = 1               # the most sampling rounds a step took (DAPO's cap)
     self._sizes = np.asarray(self.candidates)
     self._context_ids: np.ndarray | None = None      # the planned step's prompts
     self._priced: set[int] = set()                   # sizes whose first step was seen
@@ -315,27 +365,29 @@ class SignalRateController(GroupSizeController):
       return np.asarray(self._prompts)
     return np.full(len(self.candidates), context_size or 1)
 
-  def predicted_seconds(self, draw: bool = False) -> np.ndarray:
-    """The cost model's step seconds per candidate (module docstring), one round's
-    rollout plus the learner spread over the mean rounds."""
+  def predicted_seconds(self, draw: bool = False, rounds: Any = 1.0) -> np.ndarray:
+    """The cost model's step seconds per candidate (module docstring): ``rounds``
+    sampling rounds (per candidate, or one number), the learner on the row bucket and
+    the rest of the step."""
     rollout = self.rollout_cost.draw(self._rng) if draw else self.rollout_cost.coefficients()
     learner = self.learner_cost.draw(self._rng) if draw else self.learner_cost.coefficients()
-    rounds = max(self._mean("rounds", 1.0), 1.0)
     longest, median = self._mean("max_len", 1.0), self._mean("median_len", 1.0)
-    rows = self.prompts(None if self._context_ids is None else self._context_ids.size
-                        ) * self._sizes
-    seconds = (rollout[0] * longest + rollout[1] * rows * median
-               + (learner[0] + learner[1] * rows * median) / rounds
-               + self._mean("other_s", 0.0) / rounds)
-    return np.maximum(seconds, 1e-9)
+    counts = self.prompts(None if self._context_ids is None else self._context_ids.size)
+    fixed, per_row = rollout[0] * longest, rollout[1] * median
+    update, per_token = learner[0] + self._mean("other_s", 0.0), learner[1] * median
+    rounds = np.broadcast_to(rounds, counts.shape).tolist()
+    return np.array([max(r * (fixed + per_row * rows) + update + per_token * rows, 1e-9)
+                     for r, rows in zip(rounds, (counts * self._sizes).tolist())])
 
   def expected_signal(self) -> np.ndarray:
     """``E[I(G)]`` per candidate over the step's first P(G) prompts (module docstring)."""
     ids = self._context_ids
     counts = self.prompts(None if ids is None else ids.size)
     most = int(counts.max())
-    a, b = self.pass_rates.posterior(None if ids is None else ids[:most], most)
-    per_prompt = expected_informative(a, b, self.candidates)
+    per_prompt = self.pass_rates.expected_informative(None if ids is None else ids[:most],
+                                                      most, self.candidates)
+    if counts.min() == most:                 # hold_prompts: every size the same prompts
+      return per_prompt.sum(axis=0)
     running = np.cumsum(per_prompt, axis=0)
     return running[counts - 1, np.arange(len(self.candidates))]
 
@@ -350,7 +402,12 @@ class SignalRateController(GroupSizeController):
       return 0            # nothing priced yet: the smallest, cheapest size first
     thompson = self.settings.choice == "thompson"
     signal = self.expected_signal()
-    seconds = self.predicted_seconds(draw=thompson)
+    if self._max_rounds > 1:           # DAPO (a step took extra rounds): kept groups
+      counts = self.prompts(None if self._context_ids is None else self._context_ids.size)
+      signal, rounds = dapo_step(signal / counts, counts, self._max_rounds)
+    else:
+      rounds = 1.0
+    seconds = self.predicted_seconds(draw=thompson, rounds=rounds)
     rate = signal / seconds
     if self.settings.straggler_constraint:
       risk = np.array([self._rng.beta(a, b) for a, b in self.posterior_params()])
@@ -392,7 +449,8 @@ class SignalRateController(GroupSizeController):
       self._discount("other_s", max(t.total_s - t.rollout_s - t.learner_s, 0.0), gamma)
       out = {"observed_rollout_s": t.rollout_s, "observed_learner_s": t.learner_s,
              "observed_total_s": t.total_s}
-    for name, value in (("rounds", rounds), ("max_len", longest), ("median_len", median)):
+    self._max_rounds = max(self._max_rounds, rounds)
+    for name, value in (("max_len", longest), ("median_len", median)):
       self._discount(name, value, gamma)
     if self._last:
       out.update(predicted_signal=float(self._last["signal"][self._index]),
@@ -406,7 +464,7 @@ class SignalRateController(GroupSizeController):
                  rollout_cost=self.rollout_cost.state_dict(),
                  learner_cost=self.learner_cost.state_dict(),
                  means={k: list(v) for k, v in self._means.items()},
-                 priced=sorted(self._priced),
+                 priced=sorted(self._priced), max_rounds=self._max_rounds,
                  context_ids=None if self._context_ids is None else self._context_ids.tolist())
     return state
 
@@ -417,5 +475,6 @@ class SignalRateController(GroupSizeController):
     self.learner_cost.load_state_dict(state["learner_cost"])
     self._means = {k: [float(x) for x in v] for k, v in state["means"].items()}
     self._priced = {int(g) for g in state["priced"]}
+    self._max_rounds = int(state["max_rounds"])
     ids = state["context_ids"]
     self._context_ids = None if ids is None else np.asarray(ids, np.int64)

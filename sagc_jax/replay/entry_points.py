@@ -108,7 +108,8 @@ def replay(traces: Sequence[Trace], section: dict[str, Any], cost: Callable, *,
   world = TraceWorld(traces, max_g=max(candidates), steps=steps, seed=seed,
                      bootstrap=bootstrap, length_scale=length_scale, length_cap=length_cap)
   arms = build_arms(section, kinds, prompts_for=lambda g: prompts_for(budget, g), grid=grid)
-  arms.append(("oracle", OracleArm(candidates, lambda g: prompts_for(budget, g), cost)))
+  arms.append(("oracle", OracleArm(candidates, lambda g: prompts_for(budget, g), cost,
+                                   max_rounds=max_rounds if dapo else 1)))
   return run(arms, world, steps=steps, budget=budget, candidates=candidates, cost=cost,
              measure=(section["tau"], section["event"]),
              dapo=dapo, max_rounds=max_rounds, horizon_s=horizon_s)

@@ -12,8 +12,9 @@ The oracle is scored by the quantity it maximises; it is not a bound on learning
 For each candidate G it takes the step's first P(G) prompts (``budget.prompts_for``),
 their pass rates ``p_i``, the value ``sum_i 1 - p_i^G - (1 - p_i)^G`` and the cost
 ``cost([(their first G responses' lengths, prompt tokens)], trained=the same rows)``,
-the step a GRPO arm would run (for DAPO, one sampling round: informative groups
-sampled per second).
+the step a GRPO arm would run. For DAPO (``max_rounds > 1``) the value is the groups the
+step keeps and the rollout is priced per expected round, by ``control.signal_rate``'s
+round process on the prompts' true mean.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
+from sagc_jax.control.signal_rate import dapo_step
 
 __all__ = ["OracleArm"]
 
@@ -36,8 +38,9 @@ class OracleArm:
   sees_world = True
 
   def __init__(self, candidates: Sequence[int], prompts_for: Callable[[int], int],
-               cost: Callable):
+               cost: Callable, max_rounds: int = 1):
     self.candidates = tuple(sorted(candidates))
+    self.max_rounds = max_rounds
     self._prompts = [int(prompts_for(g)) for g in self.candidates]
     self.cost = cost
     self._block: Mapping[str, Any] | None = None
@@ -51,15 +54,18 @@ class OracleArm:
   def rates(self) -> np.ndarray:
     """Informative groups per priced second of each candidate on the block seen."""
     block = self._block
-    out = []
-    for g, k in zip(self.candidates, self._prompts):
+    value, rollout, learner = (np.empty(len(self.candidates)) for _ in range(3))
+    for j, (g, k) in enumerate(zip(self.candidates, self._prompts)):
       p = block["pass_rate"][:k]
-      value = float(np.sum(1.0 - p ** g - (1.0 - p) ** g))
+      value[j] = float(np.sum(1.0 - p ** g - (1.0 - p) ** g))
       rows = block["lengths"][:k, :g].reshape(-1)
       prompts = np.repeat(block["prompt_tokens"][:k], g)
-      seconds = self.cost([(rows, block["prompt_tokens"][:k])], (rows, prompts))["total_s"]
-      out.append(value / max(seconds, 1e-12))
-    return np.asarray(out)
+      priced = self.cost([(rows, block["prompt_tokens"][:k])], (rows, prompts))
+      rollout[j], learner[j] = priced["rollout_s"], priced["total_s"] - priced["rollout_s"]
+    rounds = 1.0
+    if self.max_rounds > 1:             # DAPO: the groups kept, rounds until then
+      value, rounds = dapo_step(value / self._prompts, self._prompts, self.max_rounds)
+    return value / np.maximum(rounds * rollout + learner, 1e-12)
 
   def plan(self, context: ContextSource | None = None) -> GroupPlan:
     if self._block is None:
