@@ -1,4 +1,5 @@
-"""Two local JAX processes through the local launcher: same G every step, same policy."""
+"""Two local JAX processes through the local launcher: same G every step (signal_rate,
+which reads prompts, rewards and seconds), same policy."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def test_two_processes_agree_on_every_group_size_and_end_with_identical_params(s
       "c.mesh.shape = (-1, 1)            # 2 processes x 2 CPU devices",
       "c.train.compilation_cache = False  # processes must not share a cache dir",
       "c.train.export_every = 2             # every process takes part in the gather",
-      "c.train.log_completions_every = 1")
+      "c.train.log_completions_every = 1",
+      # The kind that reads the most from every process: the step's prompts, rewards and
+      # seconds (process 0's clock); the processes agree only if all of it is shared.
+      "c.controller.kind = 'signal_rate'")
   workdir = tmp_path / "run"
   logs = tmp_path / "logs"
   proc = subprocess.run(

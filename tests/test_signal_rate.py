@@ -182,3 +182,22 @@ def test_oracle_takes_the_most_informative_groups_per_priced_second():
              for g in (4, 8, 16)]
   assert oracle.rates() == pytest.approx(by_hand)
   assert oracle.plan().group_size == (4, 8, 16)[int(np.argmax(by_hand))]
+
+
+def test_named_arms_carry_their_settings_and_bad_ones_are_named():
+  import runpy
+
+  from sagc_jax.experiments.arms import arm_configs
+
+  config = runpy.run_path("configs/compare_signal_rate_cpu.py")["get_config"]()
+  arms = arm_configs(config)
+  assert arms["grpo_sagc_warm"].controller.kind == "sagc"
+  assert arms["grpo_sagc_warm"].controller.initial_lambda > 0
+  assert arms["grpo_sagc"].controller.initial_lambda == 0
+  for bad, message in (({"static4": {"kind": "sagc"}}, "arm name"),
+                       ({"warm": {"initial_lambda": 1.0}}, "with its kind"),
+                       ({"warm": {"kind": "magic"}}, "named_arms.warm.kind")):
+    with config.unlocked():
+      config.compare.named_arms = bad
+    with pytest.raises(ValueError, match=message):
+      arm_configs(config)
