@@ -5,7 +5,11 @@ states them)."""
 from sagc_jax.config import controller_settings
 import dataclasses
 
+import numpy as np
+
 from sagc_jax.control.controller import SAGCController, controller_from_config
+from sagc_jax.control.protocol import GroupPlan
+from sagc_jax.control.signal_rate_per_prompt import SignalRatePerPromptController
 
 
 def build(kind, prompts_for=None, **settings):
@@ -39,3 +43,21 @@ def sagc_settings(**changes):
   """The keyword arguments of a SAGC constructor (a subclass's too), defaults filled."""
   names = {f.name for f in dataclasses.fields(SAGCController.Settings)}
   return {k: v for k, v in controller_settings(changes).items() if k in names}
+
+
+class SkipsEveryOther(SignalRatePerPromptController):
+  """``signal_rate_per_prompt`` with its skipping forced: of the context's first 2 x P(G_b)
+  prompts every other one gets size 0, so a test sees skipped prompts in every step
+  whatever the posteriors say."""
+
+  def plan(self, context=None):
+    if self._pending and self._plan is not None:
+      return self._plan
+    self._context_ids = np.asarray(context().prompt_ids, np.int64)
+    base = self.propose()
+    take = int(self.prompts(self._context_ids.size)[self._index])
+    sizes = np.zeros(2 * take, np.int64)
+    sizes[1::2] = base
+    self._skipped = take
+    self._plan = GroupPlan(base, sizes)
+    return self._plan

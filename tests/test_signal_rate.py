@@ -201,3 +201,56 @@ def test_named_arms_carry_their_settings_and_bad_ones_are_named():
       config.compare.named_arms = bad
     with pytest.raises(ValueError, match=message):
       arm_configs(config)
+
+
+def _per_prompt(**changes):
+  return controller_from_config(controller_settings(dict(kind="signal_rate_per_prompt",
+                                                         choice="mean", pass_forgetting=1.0,
+                                                         **changes)),
+                                prompts_for=lambda g: 4)
+
+
+def _observe_plan(ctrl, plan, ids, rates):
+  sampled = plan.sizes > 0
+  ctrl.observe_step(StepGroups(np.full(sampled.sum(), 40.0), np.full(sampled.sum(), 30.0),
+                               prompt_ids=ids[:plan.sizes.size][sampled],
+                               pass_rates=rates[:plan.sizes.size][sampled],
+                               group_sizes=plan.sizes[sampled],
+                               time=StepTime(0.1, 0.05, 0.15)))
+
+
+def _history(ctrl, solved):
+  """200 steps of prompts ``solved`` solved by every response (800 correct of 800: a
+  group of 16 would vary about 4% of the time), beside prompts 100-103 solved half the
+  time (the pooled prior then spreads over both)."""
+  both = np.concatenate([solved, np.arange(100, 104)])
+  for _ in range(200):
+    ctrl.observe_step(StepGroups(np.full(8, 40.0), np.full(8, 30.0), prompt_ids=both,
+                                 pass_rates=np.repeat([1.0, 0.5], 4),
+                                 group_sizes=np.full(8, 4), time=StepTime(0.1, 0.05, 0.15)))
+
+
+def test_per_prompt_skips_prompts_always_solved_and_retests_some():
+  # Prompts 0-3 always solved (_history); 4-7 never seen: they get the pooled prior.
+  solved, fresh = np.arange(4), np.arange(4, 8)
+  for retest, skipped in ((0.0, [0, 0, 0, 0]), (1.0, None)):
+    ctrl = _per_prompt(retest_prob=retest)
+    _history(ctrl, solved)
+    ids = np.concatenate([solved, fresh])
+    plan = ctrl.plan(lambda: BatchContext(ids, np.full(8, 10)))
+    if skipped is None:                    # every skip re-tested: the first 4 prompts
+      assert plan.sizes.size == 4 and (plan.sizes > 0).all()
+    else:                                  # the solved ones skipped, the fresh ones sampled
+      assert plan.sizes[:4].tolist() == skipped and (plan.sizes[4:] > 0).all()
+      assert sum(plan.sizes) <= 4 * plan.group_size
+    _observe_plan(ctrl, plan, ids, np.concatenate([np.ones(4), np.full(4, 0.5)]))
+  # With re-test probability 0.3, about 30% of the solved prompts are sampled again.
+  ctrl = _per_prompt(retest_prob=0.3)
+  _history(ctrl, solved)
+  retested = []
+  for _ in range(200):
+    plan = ctrl.plan(lambda: BatchContext(np.concatenate([solved, fresh]), np.full(8, 10)))
+    retested.append(np.mean(plan.sizes[:4] > 0))
+    _observe_plan(ctrl, plan, np.concatenate([solved, fresh]),
+                  np.concatenate([np.ones(4), np.full(4, 0.5)]))
+  assert 0.2 < np.mean(retested) < 0.4

@@ -207,6 +207,21 @@ def test_resume_is_exact(shared, tmp_path, kind):
     assert all(0.0 <= r["predicted_straggler_rate"] <= 1.0 for r in straight_rows)
 
 
+def test_skipped_prompts_are_consumed_not_sampled_and_compile_nothing(shared, tmp_path):
+  """A plan's size of 0 (a skipped prompt, ``signal_rate_per_prompt``): the loader moves
+  past it, the sampler and the learner see only the sampled prompts, and no step after
+  warm-up compiles (``controllers.SkipsEveryOther`` skips every other prompt)."""
+  config = small_config(shared, steps=3)
+  config.controller.kind = "controllers:SkipsEveryOther"
+  _, _, trainer = run(config, tmp_path)
+  rows = load_history(tmp_path)
+  assert len(rows) == 3
+  assert all(r["new_compilations"] == 0 for r in rows)
+  assert all(r["skipped_prompts"] == r["n_groups"] > 0 for r in rows)
+  groups = sum(int(r["n_groups"]) for r in rows)
+  assert trainer.loader.state_dict()["position"] == 2 * groups      # skipped ones too
+
+
 def test_a_budgeted_run_stops_at_the_first_step_past_its_budget_and_a_resume_stays_there(
     shared, tmp_path):
   """train.time_budget_s: the last step is the first whose cumulative step time reaches

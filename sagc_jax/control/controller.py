@@ -14,6 +14,9 @@ Built-in kinds (``controller.kind``):
 * ``"signal_rate"``: the G of most expected informative groups per predicted second,
   from per-prompt pass-rate posteriors and a cost model fitted to the measured step
   seconds (``sagc_jax.control.signal_rate``);
+* ``"signal_rate_per_prompt"``: a size per prompt by the same objective, skipping the
+  prompts whose posterior says always or never solved
+  (``sagc_jax.control.signal_rate_per_prompt``);
 * ``"schedule"``: a given G per step, e.g. the replay oracle's schedule
   (``sagc_jax.control.schedule``).
 
@@ -41,16 +44,18 @@ from sagc_jax.control.protocol import Needs
 from sagc_jax.control.sagc import SAGCController, StaticController
 from sagc_jax.control.schedule import ScheduleController
 from sagc_jax.control.signal_rate import SignalRateController
+from sagc_jax.control.signal_rate_per_prompt import SignalRatePerPromptController
 from sagc_jax.control.stragglers import EVENTS, straggler_flags
 
 __all__ = ["CONTROLLER_KINDS", "EVENTS", "KINDS", "BatchContext",
            "PerPromptController", "PromptAwareController", "SAGCController",
-           "ScheduleController", "SignalRateController", "StaticController", "arm_name", "controller_from_config", "group_sizes",
+           "ScheduleController", "SignalRateController", "SignalRatePerPromptController",
+           "StaticController", "arm_name", "controller_from_config", "group_sizes",
            "kind_class", "kind_settings", "straggler_flags"]
 
 KINDS: dict[str, type] = {cls.kind: cls for cls in (
     SAGCController, StaticController, PromptAwareController, PerPromptController,
-    SignalRateController, ScheduleController)}
+    SignalRateController, SignalRatePerPromptController, ScheduleController)}
 CONTROLLER_KINDS = tuple(KINDS)
 
 

@@ -53,7 +53,8 @@ class GroupPlan:
   ``group_size``: the step's G. It sets the prompts P(G) and the row bucket of the
   step (for per-prompt sizes it is the base size G_b whose budget the sizes share).
   ``sizes``: a size per prompt, in the order of the context's prompts, or None
-  when every prompt gets ``group_size`` (SAGC, static, prompt_aware).
+  when every prompt gets ``group_size`` (SAGC, static, prompt_aware). The step consumes
+  the first ``len(sizes)`` prompts and samples those of a size above 0.
   """
 
   group_size: int
@@ -100,7 +101,10 @@ class Needs:
   ``per_prompt_sizes``: its plans hold a size per prompt; ``one_process``: it runs on
   one process only; ``no_refill``: the refill sampler (``rollout.refill_slots > 0``)
   cannot run its steps; ``whole_step_per_call``: ``rollout.max_rows_per_call`` must be
-  0 or hold its largest step (its groups are not split over sampler calls).
+  0 or hold its largest step (its groups are not split over sampler calls);
+  ``peek``: its context holds ``peek`` times the prompts the largest step samples (a
+  kind that skips prompts fills the step from further ones; its plan's sizes may be 0,
+  each such prompt consumed without being sampled).
   """
 
   context: bool = False
@@ -108,6 +112,7 @@ class Needs:
   one_process: bool = False
   no_refill: bool = False
   whole_step_per_call: bool = False
+  peek: int = 1
 
 
 class GroupController(Protocol):

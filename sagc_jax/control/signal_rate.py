@@ -320,7 +320,7 @@ class SignalRateController(GroupSizeController):
                prompts_for: Callable[[int], int] | None = None, **settings: Any):
     s = settings_of(self.Settings, self.kind, candidates=candidates, tau=tau, delta=delta,
                     **settings)
-    super().__init__(s, min_candidates=2)
+    super().__init__(s, min_candidates=1)       # one size: a static G (per prompt: skipping)
     for name in ("pass_forgetting", "pool_forgetting", "cost_forgetting"):
       check_range(name, getattr(s, name), 0.0, 1.0, high_closed=True)
     low = check_range("pool_strength_min", s.pool_strength_min)

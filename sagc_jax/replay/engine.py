@@ -106,6 +106,14 @@ def group_stats(block: dict[str, Any], sizes: np.ndarray) -> dict[str, Any]:
   return out
 
 
+def _sampled(block: dict[str, Any], keep: np.ndarray) -> dict[str, Any]:
+  """The block's prompts that ``keep`` marks, in order (``keep`` covers its first
+  ``keep.size`` prompts)."""
+  rows = np.flatnonzero(keep)
+  return {key: value if value is None or np.ndim(value) == 0 else np.asarray(value)[rows]
+          for key, value in block.items()}
+
+
 def _drawn_signal(rewards: np.ndarray) -> tuple[int, float]:
   """(informative rows, advantage mass) of one group's drawn rewards (module docstring)."""
   if np.ptp(rewards) == 0:
@@ -137,9 +145,12 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
   rounds = []                                # per round: its groups' rows, prompt tokens
   for i in range(max_rounds if dapo else 1):
     sizes = plan.sizes if (i == 0 and plan.sizes is not None) else np.full(target, g)
+    block = first if i == 0 else world.block(cursor, sizes.size, step, progress)
+    cursor += sizes.size
+    if not sizes.all():          # skipped prompts (size 0): consumed, not sampled
+      block = _sampled(block, sizes > 0)
+      sizes = sizes[sizes > 0]
     k = sizes.size
-    block = first if i == 0 else world.block(cursor, k, step, progress)
-    cursor += k
     groups = group_stats(block, sizes)
     for key in ("max", "median", "pass", "ids", "sizes"):
       seen[key].append(groups[key])
@@ -214,7 +225,9 @@ def run(arms: Sequence[tuple[str, Any]], world: Any, *, steps: int, budget: Any,
   if dapo and world.shared_loader:
     raise ValueError(f"DAPO rounds need new prompts per arm: the {type(world).__name__} "
                      "hands every arm the step's prompts (replay a trace instead)")
-  per_step = max(prompts_for(budget, g) for g in candidates)
+  # A kind that skips prompts looks further ahead (``needs.peek``).
+  per_step = max(prompts_for(budget, g) for g in candidates) * max(
+      getattr(getattr(ctrl, "needs", None), "peek", 1) for _, ctrl in arms)
   cursors = {name: 0 for name, _ in arms}
   traces = {name: [] for name, _ in arms}
   started = time.perf_counter()

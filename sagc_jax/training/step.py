@@ -104,7 +104,16 @@ class RLStep:
     t0 = time.perf_counter()
     processes, me = jax.process_count(), jax.process_index()
     share = self.config.rollout.prompts_for(g) // processes
-    indices = self.loader.next_indices(share)
+    if group_sizes is not None:
+      # A plan's sizes cover the prompts it consumes (on one process: its kind's
+      # ``needs.one_process``); a size of 0 is a skipped prompt, consumed, not sampled.
+      consumed = self.loader.next_indices(len(group_sizes))
+      group_sizes = np.asarray(group_sizes, np.int64)
+      indices = [i for i, size in zip(consumed, group_sizes) if size > 0]
+      group_sizes = group_sizes[group_sizes > 0]
+      share = len(indices)
+    else:
+      indices = self.loader.next_indices(share)
     local = [self.loader.source[i] for i in indices]
     prompts = distributed.allgather_token_lists(inputs.encode(local), inputs.pad_id)
     sizes = (np.full(share * processes, g, np.int64) if group_sizes is None
@@ -249,6 +258,7 @@ class RLStep:
     P(G) are exactly the prompts a step at size G samples (each process its first
     P(G) / processes)."""
     most = max(self.config.rollout.prompts_for(g) for g in self.config.group_sizes())
+    most *= self.config.controller.needs.peek     # a kind that skips looks further
     processes = jax.process_count()
     ids = np.asarray(self.loader.peek_indices(most // processes), np.int64)
     tokens = self.inputs.encode([self.loader.source[i] for i in ids])
