@@ -254,3 +254,21 @@ def test_per_prompt_skips_prompts_always_solved_and_retests_some():
     _observe_plan(ctrl, plan, np.concatenate([solved, fresh]),
                   np.concatenate([np.ones(4), np.full(4, 0.5)]))
   assert 0.2 < np.mean(retested) < 0.4
+
+
+def test_the_straggler_constraint_keeps_sizes_whose_groups_straggle_out():
+  # Rare successes and a flat cost pick G = 16 (test_choice_follows_signal_per_second);
+  # with every group straggling (max / median 5 > tau) and the constraint on, the sizes
+  # above the smallest are admitted only while their risk is unknown.
+  ctrl = build(choice="mean", straggler_constraint=True, delta=0.25)
+  rng = np.random.default_rng(6)
+  chosen = []
+  for _ in range(150):
+    ids = rng.integers(0, 10**6, PROMPTS)
+    g = ctrl.plan(lambda: BatchContext(ids, np.full(PROMPTS, 10))).group_size
+    chosen.append(g)
+    ctrl.observe_step(StepGroups(np.full(PROMPTS, 50.0), np.full(PROMPTS, 10.0),
+                                 prompt_ids=ids, pass_rates=rng.binomial(g, 0.02, PROMPTS) / g,
+                                 group_sizes=np.full(PROMPTS, g),
+                                 time=StepTime(0.14, 0.06, 0.2)))
+  assert chosen[-50:].count(4) >= 48, chosen[-50:]
