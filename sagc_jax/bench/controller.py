@@ -33,18 +33,24 @@ def _protocol(ctrl, group_max, group_median) -> None:
 
 
 def _signal_rate_steps():
-  """``signal_rate``'s protocol step on steps of fresh prompts with pass rates, sizes and
-  seconds (what the trainer hands it; the prompt ids wrap around 20,000, so prompts recur)."""
+  """The ``signal_rate`` kinds' protocol step on steps of fresh prompts with pass rates,
+  sizes and seconds (what the trainer hands them; the prompt ids wrap around 20,000, so
+  prompts recur). The context holds twice the step's prompts (the per-prompt kind's
+  look-ahead); a per-prompt plan's sampled groups are observed."""
   first = [0]
 
   def step(ctrl, group_max, group_median) -> None:
     n = group_max.size
-    ids = (first[0] + np.arange(n)) % 20_000
-    first[0] += n
-    g = ctrl.plan(lambda: BatchContext(ids, np.full(n, 20))).group_size
-    ctrl.observe_step(StepGroups(group_max, group_median, prompt_ids=ids,
-                                 pass_rates=(ids % 7) / 7.0, group_sizes=np.full(n, g),
-                                 time=StepTime(0.01 * g, 0.005 * g, 0.016 * g)))
+    ids = (first[0] + np.arange(2 * n)) % 20_000
+    plan = ctrl.plan(lambda: BatchContext(ids, np.full(2 * n, 20)))
+    sizes = np.full(n, plan.group_size) if plan.sizes is None else plan.sizes
+    sampled = np.flatnonzero(sizes)[:n]
+    first[0] += sizes.size
+    k = sampled.size
+    ctrl.observe_step(StepGroups(group_max[:k], group_median[:k], prompt_ids=ids[sampled],
+                                 pass_rates=(ids[sampled] % 7) / 7.0, group_sizes=sizes[sampled],
+                                 time=StepTime(0.01 * plan.group_size, 0.005 * plan.group_size,
+                                               0.016 * plan.group_size)))
   return step
 
 
@@ -75,9 +81,10 @@ def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
                              ("static", build(kind="static", static_g=8, candidates=(8,)),
                               _public_api),
                              ("sagc plan", build(), _protocol),
-                             ("signal_rate", controller_from_config(
-                                 controller_settings(dict(kind="signal_rate", seed=seed)),
-                                 prompts_for=lambda g, n=n_groups: n), _signal_rate_steps())):
+                             *((kind, controller_from_config(
+                                 controller_settings(dict(kind=kind, seed=seed)),
+                                 prompts_for=lambda g, n=n_groups: n), _signal_rate_steps())
+                               for kind in ("signal_rate", "signal_rate_per_prompt"))):
       _time_pairs(ctrl, group_max[:200], group_median[:200], step)        # warm-up
       us = _time_pairs(ctrl, group_max, group_median, step) * 1e6
       results["cases"].append({
@@ -89,10 +96,10 @@ def run(steps: int = 5000, group_counts: tuple[int, ...] = (16, 64, 256),
 
 
 def report(results: dict[str, Any]) -> str:
-  lines = [f"controller propose+observe (sagc plan: plan+observe_step), "
+  lines = [f"controller propose+observe (sagc plan, signal_rate*: plan+observe_step), "
            f"{results['steps']} steps per case",
-           f"{'controller':<10} {'groups':>6} {'median_us':>10} {'p90_us':>8} {'p99_us':>8}"]
+           f"{'controller':<22} {'groups':>6} {'median_us':>10} {'p90_us':>8} {'p99_us':>8}"]
   for case in results["cases"]:
-    lines.append(f"{case['controller']:<10} {case['n_groups']:>6} {case['median_us']:>10.1f} "
+    lines.append(f"{case['controller']:<22} {case['n_groups']:>6} {case['median_us']:>10.1f} "
                  f"{case['p90_us']:>8.1f} {case['p99_us']:>8.1f}")
   return "\n".join(lines)

@@ -173,24 +173,28 @@ class PassRates:
   def expected_informative(self, ids: np.ndarray | None, count: int,
                            sizes: Sequence[int]) -> np.ndarray:
     """``expected_informative`` of each prompt of ``ids`` (None: ``count`` unseen ones),
-    ``[count, len(sizes)]``. The prompts not seen share the pooled prior's row, computed
-    once in floats: on a large dataset almost every prompt of a step is new."""
+    ``[count, len(sizes)]``. When none of them was seen, every row is the pooled prior's,
+    computed once in floats: on a large dataset almost every prompt of a step is new."""
     a0, b0 = self.prior()
+    counts = None
+    if ids is not None and len(self.counts):
+      ids = np.asarray(ids, np.int64)
+      inside = ids < len(self.counts)
+      if inside.all():
+        counts = self.counts[ids]
+      else:
+        counts = np.zeros((ids.size, 2))
+        counts[inside] = self.counts[ids[inside]]
+      if not counts[:, 1].any():
+        counts = None
+    if counts is not None:
+      return expected_informative(a0 + counts[:, 0], b0 + counts[:, 1] - counts[:, 0], sizes)
     row, up, down, j = [], 1.0, 1.0, 0
     for g in sizes:
       while j < g:
         up, down, j = up * (a0 + j) / (a0 + b0 + j), down * (b0 + j) / (a0 + b0 + j), j + 1
       row.append(1.0 - up - down)
-    out = np.empty((count, len(row)))
-    out[:] = row
-    if ids is not None:
-      ids = np.asarray(ids, np.int64)
-      seen = np.flatnonzero(ids < len(self.counts))
-      seen = seen[self.counts[ids[seen], 1] > 0]
-      if seen.size:
-        hits, trials = self.counts[ids[seen]].T
-        out[seen] = expected_informative(a0 + hits, b0 + trials - hits, sizes)
-    return out
+    return np.tile(row, (count, 1))
 
   def update(self, ids: np.ndarray | None, rates: np.ndarray, sizes: np.ndarray) -> None:
     """One observed group per entry: its prompt (None: pooled only), pass rate and size."""
@@ -375,7 +379,7 @@ class SignalRateController(GroupSizeController):
     counts = self.prompts(None if self._context_ids is None else self._context_ids.size)
     fixed, per_row = rollout[0] * longest, rollout[1] * median
     update, per_token = learner[0] + self._mean("other_s", 0.0), learner[1] * median
-    rounds = np.broadcast_to(rounds, counts.shape).tolist()
+    rounds = [rounds] * counts.size if np.ndim(rounds) == 0 else list(rounds)
     return np.array([max(r * (fixed + per_row * rows) + update + per_token * rows, 1e-9)
                      for r, rows in zip(rounds, (counts * self._sizes).tolist())])
 
