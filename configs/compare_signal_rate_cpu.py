@@ -16,7 +16,7 @@ Seeds 0-7 are the measured ones; nothing was tuned (settings tuned later go on s
 Arms: static 4, 8, 16, SAGC (lambda from 0, the paper's start), ``sagc_warm`` (calibrate's
 recommended ``initial_lambda`` at this tau and delta, 27) and ``signal_rate``. The
 oracle-schedule arm is not trained: the replay oracle chose G = 4 on all 400 steps of
-this trace (``python -m sagc_jax.replay.oracle --trace
+this trace (``python -m sagc_jax.experiments.oracle_schedule --trace
 docs/data/signal_rate_mod10/warm_trace.jsonl``), so its arm is static 4.
 
 Run: python -m sagc_jax.compare --config configs/compare_signal_rate_cpu.py \

@@ -77,7 +77,7 @@ def _mask_text(text: str) -> str:
     elif markdown and column is not None and not set(line) <= set("-|"):
       cells[column] = " T "
       line = "|".join(cells)
-    elif not markdown and column is not None and re.match(r"(static_G|sagc|prompt_|per_)", line):
+    elif not markdown and column is not None and re.match(r"(static_G|sagc|prompt_|per_|signal_rate|oracle)", line):
       line = re.sub(r"\s*\S+$", " T", line)
     elif not markdown and not set(line) <= set("-"):
       column = None

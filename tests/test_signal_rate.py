@@ -12,8 +12,8 @@ from sagc_jax.config import controller_settings
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import controller_from_config
 from sagc_jax.control.protocol import StepGroups, StepTime
-from sagc_jax.control.signal_rate import (CostRegression, PassRates, dapo_step,
-                                          expected_informative)
+from sagc_jax.control.pass_rates import PassRates, dapo_step, expected_informative
+from sagc_jax.control.step_cost import CostRegression
 from sagc_jax.replay.oracle import OracleArm
 
 PROMPTS = 8

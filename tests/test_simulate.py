@@ -274,7 +274,7 @@ def test_prompt_simulation_invalid_pool_key_is_named():
 def test_prompt_claims_rows_and_tables(tmp_path):
   config = load_prompts_config(steps=40)
   table, rows = simulate_tables(config, controller_settings(config.controller), 2)
-  assert len(rows) == 12 and {r["seed"] for r in rows} == {0, 1}
+  assert len(rows) == 14 and {r["seed"] for r in rows} == {0, 1}     # 7 arms x 2 seeds
   assert "| per_prompt |" in table and "| prompt_aware | verdict | per_prompt | verdict |" in table
   assert table.count("signal at equal wall-clock, arm / SAGC") == 1
 

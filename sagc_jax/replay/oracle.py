@@ -6,7 +6,8 @@ Why. ``signal_rate`` (``control.signal_rate``) maximises expected informative gr
 predicted second from estimates: per-prompt pass-rate posteriors and a fitted cost
 model. The oracle maximises the same objective exactly, so the replay scores how much
 each estimate costs, and training an arm on the oracle's G schedule
-(``control.schedule``) measures whether the objective itself tracks learning.
+(``control.schedule``; ``python -m sagc_jax.experiments.oracle_schedule``) measures
+whether the objective itself tracks learning.
 The oracle is scored by the quantity it maximises; it is not a bound on learning.
 
 For each candidate G it takes the step's first P(G) prompts (``budget.prompts_for``),
@@ -24,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
-from sagc_jax.control.signal_rate import dapo_step
+from sagc_jax.control.pass_rates import dapo_step
 
 __all__ = ["OracleArm"]
 
@@ -85,36 +86,3 @@ class OracleArm:
   def load_state_dict(self, state: Mapping[str, Any]) -> None:
     del state
 
-
-def oracle_schedule(trace_path: str, *, cost_flag: str = "cpu", budget: str | None = None,
-                    steps: int = 400, seed: int = 0) -> list[int]:
-  """The oracle's G of each step of one replay of ``trace_path`` (GRPO, its cost and
-  budget as calibrate replays it): the ``controller.schedule`` of an arm that follows it."""
-  from sagc_jax.config import controller_settings
-  from sagc_jax.replay.costs import budgeted_settings, cost_from_flag
-  from sagc_jax.replay.entry_points import replay
-  from sagc_jax.replay.trace import read_trace
-
-  trace = read_trace(trace_path)
-  cost = cost_from_flag(cost_flag, trace)
-  settings = budgeted_settings(cost, trace, budget)
-  section = dict(controller_settings(trace.header["controller"]),
-                 candidates=tuple(settings["candidates"]))
-  result = replay([trace], section, cost, rollout=settings["rollout"], steps=steps,
-                  max_rounds=1, kinds=(), seed=seed)
-  return [int(g) for g in result["traces"]["oracle"]["g"]]
-
-
-if __name__ == "__main__":
-  import argparse
-  import json
-
-  parser = argparse.ArgumentParser(description="The replay oracle's G schedule of a trace "
-                                   "(GRPO), for controller.kind=schedule.")
-  parser.add_argument("--trace", required=True)
-  parser.add_argument("--cost", default="cpu")
-  parser.add_argument("--budget", default=None)
-  parser.add_argument("--steps", type=int, default=400)
-  args = parser.parse_args()
-  print(json.dumps(oracle_schedule(args.trace, cost_flag=args.cost, budget=args.budget,
-                                   steps=args.steps)))
