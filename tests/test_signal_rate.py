@@ -169,7 +169,7 @@ def test_dapo_round_process_against_a_simulation():
   assert want_rounds[0] == pytest.approx(np.mean(rounds), abs=0.01)
 
 
-def test_oracle_takes_the_most_informative_groups_per_priced_second():
+def test_oracle_takes_the_most_informative_groups_per_priced_second_of_the_run():
   # Two prompts at p = 0.05 and 0.5, all lengths 10; cost: 1 s a step plus 0.01 s a row.
   block = {"pass_rate": np.array([0.05, 0.5]), "lengths": np.full((2, 16), 10),
            "prompt_tokens": np.array([5, 5])}
@@ -178,10 +178,19 @@ def test_oracle_takes_the_most_informative_groups_per_priced_second():
     return {"rollout_s": rollout, "learner_s": 1.0, "total_s": 1.0 + rollout}
   oracle = OracleArm((4, 8, 16), lambda g: 2, cost)
   oracle.see(block)
-  by_hand = [sum(1 - p ** g - (1 - p) ** g for p in (0.05, 0.5)) / (1.0 + 0.02 * g)
-             for g in (4, 8, 16)]
-  assert oracle.rates() == pytest.approx(by_hand)
-  assert oracle.plan().group_size == (4, 8, 16)[int(np.argmax(by_hand))]
+  value = [sum(1 - p ** g - (1 - p) ** g for p in (0.05, 0.5)) for g in (4, 8, 16)]
+  seconds = [1.0 + 0.02 * g for g in (4, 8, 16)]
+  assert oracle.options()[0] == pytest.approx(value)
+  assert oracle.options()[1] == pytest.approx(seconds)
+  first = int(np.argmax(np.divide(value, seconds)))       # the first step: the best ratio
+  assert oracle.plan().group_size == (4, 8, 16)[first]
+  oracle.observe_step(None)
+  # Then value - rate x seconds at the run's rate so far: a run at 10 groups per second
+  # (a hand-set history) takes the size that loses least at that rate.
+  oracle._gained, oracle._spent = 10.0, 1.0
+  oracle.see(block)
+  assert oracle.plan().group_size == (4, 8, 16)[int(np.argmax(
+      np.subtract(value, 10.0 * np.asarray(seconds))))]
 
 
 def test_named_arms_carry_their_settings_and_bad_ones_are_named():
