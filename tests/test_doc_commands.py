@@ -238,6 +238,7 @@ FIRST_WORK = {
     "sagc_jax.models.gguf_import.import_gguf": _stop,
     "sagc_jax.training.evaluation.evaluate_run": _stop,
     "sagc_jax.experiments.claims.adaptation_table": _stop,
+    "sagc_jax.experiments.goal.load_per_hour": _stop,
     "sagc_jax.bench.real_model.resolve_model": _stop,
     **{f"sagc_jax.bench.{name}.run": _stop
        for name in ("controller", "heavy_tail", "learner", "overlap", "sampler")},

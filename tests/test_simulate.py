@@ -235,7 +235,7 @@ def test_prompt_simulation_arms_budgets_and_equal_budget_metrics():
   result = run_sim(config)
   summary, traces = result["summary"], result["traces"]
   assert list(summary) == ["static_G4", "static_G8", "static_G16", "sagc", "prompt_aware",
-                           "per_prompt"]
+                           "per_prompt", "signal_rate"]
   assert max(traces["per_prompt"]["rows"]) <= config.sim.rollouts_per_step
   assert set(traces["static_G8"]["n_groups"]) == {32}
   # static G = 8 re-derived from the pool: rates, signal proxies.

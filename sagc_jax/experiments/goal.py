@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from sagc_jax.base.stats import ALPHA, holm
 
-__all__ = ["check_goal", "goal_markdown"]
+__all__ = ["check_goal", "goal_markdown", "load_per_hour"]
 
 
 def _difference(pairs: Sequence[dict[str, Any]], first: str, second: str) -> dict[str, float]:
@@ -91,8 +91,19 @@ def goal_markdown(result: dict[str, Any]) -> str:
   return "\n".join(lines).strip() + "\n"
 
 
+def load_per_hour(workdir: str | Path) -> dict[str, Any]:
+  """A finished comparison's ``per_hour.json``; a missing one is named."""
+  path = Path(workdir) / "per_hour.json"
+  if not path.exists():
+    raise SystemExit(f"error: {path} does not exist: run python -m sagc_jax.compare first")
+  return json.loads(path.read_text())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
   import argparse
+
+  # The library's functions by import: ``python -m`` runs this file as a second module.
+  from sagc_jax.experiments.goal import check_goal, goal_markdown, load_per_hour
 
   parser = argparse.ArgumentParser(description="A primary arm's goal checked on a "
                                    "comparison's per_hour.json (module docstring).")
@@ -102,10 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--also", default="", help="comma-separated arms it must beat")
   parser.add_argument("--margin", type=float, default=0.03)
   args = parser.parse_args(argv)
-  path = Path(args.workdir) / "per_hour.json"
-  if not path.exists():
-    raise SystemExit(f"error: {path} does not exist: run python -m sagc_jax.compare first")
-  result = check_goal(json.loads(path.read_text()), primary=args.primary,
+  result = check_goal(load_per_hour(args.workdir), primary=args.primary,
                       family=[a for a in args.family.split(",") if a],
                       also=[a for a in args.also.split(",") if a], margin=args.margin)
   (Path(args.workdir) / "goal.json").write_text(json.dumps(result, indent=1))
