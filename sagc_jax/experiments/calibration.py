@@ -223,14 +223,14 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"no recommendation: {rec['withheld']}")
   else:
     lines.append(f"recommended (the most {rec['measure']} per hour): {rec['overrides']}")
+    if rec["static_beats_it"]:
+      lines.append(f"  note: {rec['best_static']} gathers more {rec['measure']} per hour than "
+                   "every SAGC setting on this trace and cost model")
   if "initial_lambda" in rec:
     lines.append(f"SAGC warm start ({rec['initial_lambda']['arm']}'s equilibrium): "
                  f"{rec['initial_lambda']['override']}")
   if "cost_seed" in rec:
     lines.append(f"signal_rate's cost model from this trace's fit: {rec['cost_seed']['override']}")
-    if rec["static_beats_it"]:
-      lines.append(f"  note: {rec['best_static']} gathers more {rec['measure']} per hour than "
-                   "every SAGC setting on this trace and cost model")
   for mode, entry in report["straggler_savings"].items():
     share = "; ".join(f"{a} {v['mean']:.1%} [{v['low']:.1%}, {v['high']:.1%}]"
                       for a, v in entry["straggler_share"].items())
