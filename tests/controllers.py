@@ -55,7 +55,7 @@ class SkipsEveryOther(SignalRatePerPromptController):
       return self._plan
     self._context_ids = np.asarray(context().prompt_ids, np.int64)
     base = self.propose()
-    take = int(self.prompts(self._context_ids.size)[self._index])
+    take = int(self.prompts()[self._index])
     sizes = np.zeros(2 * take, np.int64)
     sizes[1::2] = base
     self._skipped = take

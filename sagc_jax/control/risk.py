@@ -40,13 +40,16 @@ def _validate_candidates(candidates: Sequence[int], minimum: int) -> tuple[int, 
 
 
 def check_range(name: str, value: float, low: float = 0.0, high: float = math.inf, *,
-                high_closed: bool = False) -> float:
-  """``value`` as a float in ``(low, high)``, or in ``(low, high]`` when ``high_closed``."""
+                low_closed: bool = False, high_closed: bool = False) -> float:
+  """``value`` as a float in ``(low, high)``; ``low_closed`` / ``high_closed`` include
+  that end."""
   if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
     raise ValueError(f"{name} must be a number, got {value!r}")
   value = float(value)
-  if not (low < value < high or (high_closed and value == high)):   # NaN fails both
-    raise ValueError(f"{name}={value!r} is outside ({low}, {high}{']' if high_closed else ')'}")
+  if not (low < value < high or (low_closed and value == low)
+          or (high_closed and value == high)):   # NaN fails every test
+    raise ValueError(f"{name}={value!r} is outside {'[' if low_closed else '('}{low}, "
+                     f"{high}{']' if high_closed else ')'}")
   return value
 
 

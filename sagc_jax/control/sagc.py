@@ -168,8 +168,8 @@ class SAGCController(GroupSizeController):
     # A warm start: the dual's equilibrium from calibrate's replay (its recommendation),
     # so the first steps price risk as the run's later ones will instead of climbing to
     # the largest G while lambda grows from 0 (the paper's start, the default).
-    self._lambda = max(check_range("initial_lambda", s.initial_lambda, -1e-12,
-                                   self.lambda_max, high_closed=True), 0.0)
+    self._lambda = check_range("initial_lambda", s.initial_lambda, 0.0, self.lambda_max,
+                               low_closed=True, high_closed=True)
     self._first = True
 
   def _choose(self) -> int:

@@ -149,11 +149,13 @@ class SignalRateController(GroupSizeController):
     total, weight = self._means[name]
     return total / weight if weight > 0 else default
 
-  def prompts(self, context_size: int | None) -> np.ndarray:
-    """P(G) per candidate: the run's rule, else the context's size (1 without one)."""
+  def prompts(self) -> np.ndarray:
+    """P(G) per candidate: the run's rule, else the planned context's size (1 without
+    one)."""
     if self._prompts is not None:
       return np.asarray(self._prompts)
-    return np.full(len(self.candidates), context_size or 1)
+    size = 1 if self._context_ids is None else self._context_ids.size
+    return np.full(len(self.candidates), size)
 
   def predicted_seconds(self, draw: bool = False, rounds: Any = 1.0) -> np.ndarray:
     """The cost model's step seconds per candidate (module docstring): ``rounds``
@@ -162,7 +164,7 @@ class SignalRateController(GroupSizeController):
     rollout = self.rollout_cost.draw(self._rng) if draw else self.rollout_cost.coefficients()
     learner = self.learner_cost.draw(self._rng) if draw else self.learner_cost.coefficients()
     longest, median = self._mean("max_len", 1.0), self._mean("median_len", 1.0)
-    counts = self.prompts(None if self._context_ids is None else self._context_ids.size)
+    counts = self.prompts()
     fixed, per_row = rollout[0] * longest, rollout[1] * median
     update, per_token = learner[0] + self._mean("other_s", 0.0), learner[1] * median
     rounds = [rounds] * counts.size if np.ndim(rounds) == 0 else list(rounds)
@@ -172,7 +174,7 @@ class SignalRateController(GroupSizeController):
   def expected_signal(self) -> np.ndarray:
     """``E[I(G)]`` per candidate over the step's first P(G) prompts (module docstring)."""
     ids = self._context_ids
-    counts = self.prompts(None if ids is None else ids.size)
+    counts = self.prompts()
     most = int(counts.max())
     per_prompt = self.pass_rates.expected_informative(None if ids is None else ids[:most],
                                                       most, self.candidates)
@@ -193,7 +195,7 @@ class SignalRateController(GroupSizeController):
     thompson = self.settings.choice == "thompson"
     signal = self.expected_signal()
     if self._max_rounds > 1:           # DAPO (a step took extra rounds): kept groups
-      counts = self.prompts(None if self._context_ids is None else self._context_ids.size)
+      counts = self.prompts()
       signal, rounds = dapo_step(signal / counts, counts, self._max_rounds)
     else:
       rounds = 1.0
@@ -222,8 +224,7 @@ class SignalRateController(GroupSizeController):
     rows = float(sizes.sum())
     longest = float(gmax.max()) if n else 0.0
     median = float((gmed * sizes).sum() / rows) if rows else 0.0
-    per_round = self.prompts(None if self._context_ids is None else self._context_ids.size
-                             )[self._index]
+    per_round = self.prompts()[self._index]
     rounds = max(math.ceil(n / per_round), 1)
     bucket = float(per_round * self.g)
     gamma = self.settings.cost_forgetting

@@ -66,7 +66,8 @@ class SignalRatePerPromptController(SignalRateController):
 
   def __init__(self, candidates: Sequence[int], *args: Any, **settings: Any):
     super().__init__(candidates, *args, **settings)
-    check_range("retest_prob", self.settings.retest_prob, -1e-12, 1.0, high_closed=True)
+    check_range("retest_prob", self.settings.retest_prob, 0.0, 1.0, low_closed=True,
+                high_closed=True)
     self._plan: GroupPlan | None = None
     self._skipped = 0
 
@@ -78,7 +79,7 @@ class SignalRatePerPromptController(SignalRateController):
     ids = np.asarray(context().prompt_ids, np.int64)
     self._context_ids = ids
     base = self.propose()                              # G_b, signal_rate's choice
-    take = int(self.prompts(ids.size)[self._index])
+    take = int(self.prompts()[self._index])
     sizes = np.asarray(self.candidates)
     q = self.pass_rates.expected_informative(ids, ids.size, self.candidates)
     fixed, per_row = self._step_cost(take * base)
