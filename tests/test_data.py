@@ -419,3 +419,11 @@ def test_a_read_only_checkpoint_reader_logs_no_orbax_warnings(tmp_path, caplog):
   assert reader.all_steps() == []
   assert not [r for r in caplog.records if "read only" in r.getMessage()
               or "save_interval_steps" in r.getMessage()]
+
+
+def test_loader_limit_serves_only_the_first_examples():
+  loader = PromptLoader(FakeSource(40), seed=3, limit=7)
+  epochs = [ids(loader.next_batch(7)) for _ in range(3)]
+  assert all(sorted(epoch) == list(range(7)) for epoch in epochs)    # each once an epoch
+  with pytest.raises(ValueError, match="limit=41 is more than the source's 40"):
+    PromptLoader(FakeSource(40), seed=3, limit=41)

@@ -103,8 +103,11 @@ class DataSection(Section):
   relative to ``manual_dir`` if set (else to the directory the run starts in, then
   recorded as ``manual_dir``); without ``eval_files``, ``eval_split`` must be part of
   train ('train[:200]'). ``prompt_template``: '' = the prompt as is, else every
-  '{prompt}' in it is replaced by the prompt. ``synthetic``: the built-in task's
-  settings (``sagc_jax.data.synthetic.SyntheticConfig``)."""
+  '{prompt}' in it is replaced by the prompt. ``train_prompts``: RL draws only the train
+  split's first N prompts (0 = all), so each recurs within a short run while the
+  supervised warm start still learns from the whole split (on a split of N it memorises
+  them). ``synthetic``: the built-in task's settings
+  (``sagc_jax.data.synthetic.SyntheticConfig``)."""
 
   NAME = "data"
   name: str = "synthetic"
@@ -112,6 +115,7 @@ class DataSection(Section):
   manual_dir: str = ""
   eval_split: str = "test"
   eval_examples: int = 200
+  train_prompts: int = 0
   use_chat_template: bool = False
   files: tuple = ()
   eval_files: tuple = ()
@@ -126,6 +130,7 @@ class DataSection(Section):
     self._tuple("eval_files")
     checks.one_of(self._root(), "data.name", DATASETS)
     checks.positive_int(self._root(), "data.eval_examples")
+    checks.non_negative_int(self._root(), "data.train_prompts")
     if self.name in ("gsm8k_local", "math_local") and not self.manual_dir:
       raise ValueError(f"data.manual_dir is empty: data.name={self.name!r} reads your "
                        "local GSM8K/MATH files from it")

@@ -10,8 +10,9 @@ makes the iterator position two integers (epoch, position) that fit in a JSON ch
   builder in ``data_dir`` if needed (array_record) and returns a ``DataSource``: ``len``
   and ``source[i]`` -> ``{"prompt": str, "answer": str, "solution": str, "id": int}``.
   ``builder_options(config.data)`` gives the ``builder_kwargs`` of a run's config.
-* ``PromptLoader(source, seed, shard_index=0, num_shards=1)`` serves examples in a fresh
-  permutation every epoch, drawn from ``(seed, epoch)``. With several shards (one per
+* ``PromptLoader(source, seed, shard_index=0, num_shards=1, limit=0)`` serves examples in a
+  fresh permutation every epoch, drawn from ``(seed, epoch)``; ``limit`` > 0 serves only the
+  source's first ``limit`` examples (a small set of prompts that recur, each keeping its id). With several shards (one per
   process in multi-host training) every epoch's permutation is cut into ``num_shards``
   equal contiguous slices; the ``len(source) % num_shards`` leftover examples of that
   epoch's permutation are skipped, so every shard has the same epoch length and the
@@ -272,7 +273,7 @@ class PromptLoader:
   """
 
   def __init__(self, source: Sequence[Any], seed: int, shard_index: int = 0,
-               num_shards: int = 1):
+               num_shards: int = 1, limit: int = 0):
     self.source = source
     self.seed = _check_int("seed", seed, 0)
     self.num_shards = _check_int("num_shards", num_shards, 1)
@@ -280,6 +281,9 @@ class PromptLoader:
     if self.shard_index >= self.num_shards:
       raise ValueError(f"shard_index={shard_index} must be < num_shards={num_shards}")
     self.num_examples = len(source)
+    if _check_int("limit", limit, 0) > self.num_examples:
+      raise ValueError(f"limit={limit} is more than the source's {self.num_examples} examples")
+    self.num_examples = limit or self.num_examples
     if self.num_examples < self.num_shards:
       raise ValueError(f"source has {self.num_examples} examples, fewer than "
                        f"num_shards={self.num_shards}: every shard needs at least one")

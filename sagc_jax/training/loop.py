@@ -99,7 +99,8 @@ class Trainer:
     self.inputs = build_run_inputs(config, self.local_dir, self.cache_root, self.log)
     self.model = self.inputs.model
     self.loader = PromptLoader(self.inputs.train_source, seed=config.seed,
-                               shard_index=jax.process_index(), num_shards=jax.process_count())
+                               shard_index=jax.process_index(), num_shards=jax.process_count(),
+                               limit=config.data.train_prompts)
     self.controller = config.build_controller()
     processes = jax.process_count()
     if config.controller.needs.one_process and processes > 1:
