@@ -18,15 +18,15 @@ def expected_informative(alpha: np.ndarray, beta: np.ndarray,
                          sizes: Sequence[int]) -> np.ndarray:
   """``E[1 - p^G - (1 - p)^G]`` under ``p ~ Beta(alpha, beta)``, shape ``[len(alpha),
   len(sizes)]`` (module docstring: ``E[p^G] = prod_{j<G} (a + j) / (a + b + j)``). Both
-  products in one array: this runs every step."""
-  a = np.asarray(alpha, np.float64)
-  k = a.size
-  both = np.concatenate([a, np.asarray(beta, np.float64)])
-  j = np.arange(max(sizes), dtype=np.float64)
-  total = np.concatenate([a + both[k:]] * 2)
-  prods = np.cumprod((both[:, None] + j) / (total[:, None] + j), axis=1)[
-      :, np.asarray(sizes) - 1]
-  return 1.0 - prods[:k] - prods[k:]
+  products in one array, the running product down its first axis (across the row per
+  factor, the fast direction): this runs every step."""
+  a, b = np.asarray(alpha, np.float64), np.asarray(beta, np.float64)
+  k, total = a.size, a + b
+  j = np.arange(max(sizes), dtype=np.float64)[:, None]
+  factors = (np.concatenate([a, b]) + j) / (np.concatenate([total, total]) + j)
+  np.multiply.accumulate(factors, axis=0, out=factors)
+  prods = factors[np.asarray(sizes) - 1]
+  return (1.0 - prods[:, :k] - prods[:, k:]).T
 
 
 def dapo_step(informative: np.ndarray, prompts: Sequence[int], max_rounds: int
