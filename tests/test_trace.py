@@ -385,6 +385,25 @@ def test_the_compiled_cost_brackets_the_aot_reports_own_projections():
   assert short["rollout_s"] < full["rollout_s"] / 4 and short["learner_s"] < full["learner_s"]
 
 
+def test_the_aot_cost_seed_prices_a_step_as_the_compiled_cost_does():
+  """signal_rate's linear form with the seed calibrate prints for an AOT report prices
+  the trace's responses, scaled to the preset's cap, as one step (a multiple of the
+  refill's slots) at the compiled cost's own seconds: it is linearised there."""
+  from sagc_jax.replay.costs import CompiledStepCost
+
+  cost, trace = CompiledStepCost.load(AOT_REPORT), trace_lib.read_trace(BEFORE)
+  step_s, slot_s, update_s, token_s = cost.seed_for(trace)
+  lengths = np.minimum(trace.lengths * (cost.cap / trace.max_new_tokens), cost.cap)
+  rows, prompts = lengths.reshape(-1), np.repeat(trace.prompt_tokens, trace.responses)
+  assert rows.size % cost.report["refill"]["slots"] == 0
+  median = np.median(lengths, axis=1).mean()
+  priced = cost([(rows, prompts)], (rows, prompts))
+  assert step_s * rows.max() + slot_s * rows.size * median == pytest.approx(
+      priced["rollout_s"], rel=1e-9)
+  assert update_s + token_s * rows.size * median == pytest.approx(priced["learner_s"],
+                                                                  rel=1e-9)
+
+
 def test_signal_names_the_measures_a_replay_ranks_by(tmp_path):
   from sagc_jax.experiments.signals import chosen
   from sagc_jax.experiments.replay_tables import trace_tables

@@ -11,7 +11,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["PassRates", "dapo_step", "expected_informative"]
+__all__ = ["PassRates", "dapo_step", "expected_informative", "informative_groups"]
+
+
+def informative_groups(p: np.ndarray, sizes: Any) -> float:
+  """``sum_i 1 - p_i^G_i - (1 - p_i)^G_i``: the groups whose rewards vary, expected at
+  known pass rates ``p`` (a group of one size, or one size per prompt)."""
+  p = np.asarray(p, np.float64)
+  return float(np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
 
 
 def expected_informative(alpha: np.ndarray, beta: np.ndarray,

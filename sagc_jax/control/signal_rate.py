@@ -46,8 +46,9 @@ rest of the step (``total - rollout - learner``) is a discounted mean. A size is
 from its rows and the recent lengths, so it need not be tried to be priced (the longest
 response is taken as the recent steps', at every G: the tail's growth with G is the
 straggler model's, ``straggler_constraint``). ``cost_seed = (step_s, slot_s,
-learner_step_s, learner_token_s)``, calibrate's fit of its trace (it prints the
-override), starts the coefficients there, worth ``cost_seed_steps`` steps.
+learner_step_s, learner_token_s)``, calibrate's fit of its trace or, with ``--cost
+aot:REPORT``, a pod preset's compiled cost linearised at the trace's lengths (it prints
+the override), starts the coefficients there, worth ``cost_seed_steps`` steps.
 For DAPO (once a step took more than one round) the value is the groups a step keeps
 and the rollout is priced per round: both follow from the first round's mean
 informative probability by the round process (``dapo_step``, capped at the most rounds a

@@ -125,7 +125,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
         "arm": warm, "value": value, "override": f"--config.controller.initial_lambda={value:.3g}",
         "rule": "the median over replicates of the dual's mean over the second half of the "
                 "replay at the run's tau and delta: SAGC warm-started at its equilibrium"}
-  seed = getattr(cost, "seed", None)
+  seed = cost.seed_for(trace) if hasattr(cost, "seed_for") else None
   if seed is not None:
     recommended["cost_seed"] = {"value": list(seed), "override": (
         "--config.controller.cost_seed='(" + ",".join(f"{v:.4g}" for v in seed) + ")'")}
@@ -230,7 +230,9 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"SAGC warm start ({rec['initial_lambda']['arm']}'s equilibrium): "
                  f"{rec['initial_lambda']['override']}")
   if "cost_seed" in rec:
-    lines.append(f"signal_rate's cost model from this trace's fit: {rec['cost_seed']['override']}")
+    source = ("the AOT report, at this trace's lengths" if report["cost_model"].startswith(
+        "aot") else "this trace's fit")
+    lines.append(f"signal_rate's cost model from {source}: {rec['cost_seed']['override']}")
   for mode, entry in report["straggler_savings"].items():
     share = "; ".join(f"{a} {v['mean']:.1%} [{v['low']:.1%}, {v['high']:.1%}]"
                       for a, v in entry["straggler_share"].items())

@@ -129,10 +129,9 @@ class DecodeCost:
     return cls(float(fit["step_s"]), float(fit["slot_s"]), float(learner.get("step_s", 0.0)),
                float(learner.get("token_s", 0.0)))
 
-  @property
-  def seed(self) -> tuple[float, float, float, float]:
+  def seed_for(self, trace: Any = None) -> tuple[float, float, float, float]:
     """This fit as ``signal_rate``'s ``cost_seed`` (``control.signal_rate``: the same
-    form)."""
+    form, so no trace is needed)."""
     return (self.step_s, self.slot_s, self.learner_step_s, self.learner_token_s)
 
   def settings(self, trace: Any) -> dict[str, Any]:
@@ -225,6 +224,32 @@ class CompiledStepCost:
     return replay_settings(trace, rollout=self.rollout, candidates=sorted(r["group_sizes"]),
                            max_rounds=int(r["dynamic_max_rounds"]),
                            length_scale=self.cap / trace.max_new_tokens, length_cap=self.cap)
+
+  def seed_for(self, trace: Any) -> tuple[float, float, float, float]:
+    """This report's cost in ``signal_rate``'s linear form (``cost_seed``: per longest
+    token, per row token at the median length, per update, per trained response token),
+    linearised at ``trace``'s lengths scaled to the preset's cap, as a replay scales them.
+    Refill: a decode step's time at the trace's mean KV keys; the prefills and the rows'
+    mean-over-median length go into the per-row term. Dense: each call decodes to its own
+    longest row; its prefill is a per-step constant. Learner: the projected update per
+    token, prompts included, per response token at the median."""
+    lengths = np.minimum(trace.lengths * (self.cap / trace.max_new_tokens), self.cap)
+    median = max(float(np.median(lengths, axis=1).mean()), 1.0)
+    mean, prompt_mean = float(lengths.mean()), float(trace.prompt_tokens.mean())
+    refill, report = self.report.get("refill"), self.report
+    constant = 0.0
+    if refill is not None:
+      slots = int(refill["slots"])
+      step_s = (refill["segment_ms"] + refill["kv_ms_per_key"] * (slots // int(refill["lanes"]))
+                * (prompt_mean + mean / 2)) / 1e3
+      slot_s = (step_s * mean + refill["prefill_ms"] / 1e3) / (slots * median)
+    else:
+      calls = int(report.get("sampler_calls_per_round") or 1)
+      step_s, slot_s = calls * report["decode_step_ms"] / 1e3, 0.0
+      constant = calls * max(report["generate_ms"] - report["decode_step_ms"], 0.0) / 1e3
+    per_token = report["projected_learner_s"] / (
+        self._rows_budget() * (max(report["rollout"]["prompt_buckets"]) + self.cap))
+    return (step_s, slot_s, constant, per_token * (mean + prompt_mean) / median)
 
   def _rows_budget(self) -> int:
     r = self.report["rollout"]

@@ -56,6 +56,7 @@ from sagc_jax.control.budget import prompts_for
 from sagc_jax.control.context import BatchContext
 from sagc_jax.control.controller import arm_name, controller_from_config
 from sagc_jax.control.dapo import keep_informative
+from sagc_jax.control.pass_rates import informative_groups
 from sagc_jax.control.protocol import StepGroups, StepTime
 from sagc_jax.control.stragglers import step_straggler_stats
 
@@ -164,8 +165,7 @@ def play_step(ctrl: Any, world: Any, step: int, cursor: int, *, budget: Any, per
       p = block["pass_rate"][:k]
       signal += float(np.sum((4.0 * p * (1.0 - p) * np.log2(sizes))[keep]))
       # Groups whose rewards vary: DAPO keeps only those; for GRPO, their expectation.
-      informative += float(keep.sum()) if dapo else float(
-          np.sum(1.0 - p ** sizes - (1.0 - p) ** sizes))
+      informative += float(keep.sum()) if dapo else informative_groups(p, sizes)
     trained += [(rows[j], int(block["prompt_tokens"][j])) for j in np.flatnonzero(keep)]
     if block["rewards"] is not None:
       seen["rewards"] += [block["rewards"][j, :s] for j, s in enumerate(sizes)]

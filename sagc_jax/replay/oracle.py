@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from sagc_jax.control.protocol import ContextSource, GroupPlan, Needs, StepGroups
-from sagc_jax.control.pass_rates import dapo_step
+from sagc_jax.control.pass_rates import dapo_step, informative_groups
 
 __all__ = ["OracleArm"]
 
@@ -64,8 +64,7 @@ class OracleArm:
     block = self._block
     value, rollout, learner = (np.empty(len(self.candidates)) for _ in range(3))
     for j, (g, k) in enumerate(zip(self.candidates, self._prompts)):
-      p = block["pass_rate"][:k]
-      value[j] = float(np.sum(1.0 - p ** g - (1.0 - p) ** g))
+      value[j] = informative_groups(block["pass_rate"][:k], g)
       rows = block["lengths"][:k, :g].reshape(-1)
       prompts = np.repeat(block["prompt_tokens"][:k], g)
       priced = self.cost([(rows, block["prompt_tokens"][:k])], (rows, prompts))
