@@ -404,6 +404,27 @@ def test_the_aot_cost_seed_prices_a_step_as_the_compiled_cost_does():
                                                                   rel=1e-9)
 
 
+def test_the_aot_cost_seed_of_a_dense_sampler_report():
+  """The dense sampler's branch: one call per round decodes to the round's longest row,
+  its prefill a per-step constant; the seed prices the trace's responses as one step at
+  the compiled cost's own seconds."""
+  from sagc_jax.replay.costs import CompiledStepCost
+
+  rollout = dict(mode="hold_rollouts", rollouts_per_step=2048, prompts_per_step=8,
+                 max_new_tokens=1024, prompt_buckets=[256], group_sizes=[4, 8, 16],
+                 dynamic_max_rounds=3)
+  cost = CompiledStepCost(dict(rollout=rollout, refill=None, generate_ms=900.0,
+                               decode_step_ms=12.0, projected_learner_s=30.0))
+  trace = trace_lib.read_trace(BEFORE)
+  step_s, slot_s, update_s, token_s = cost.seed_for(trace)
+  lengths = np.minimum(np.rint(trace.lengths * (1024 / trace.max_new_tokens)), 1024)
+  rows, prompts = lengths.reshape(-1), np.repeat(trace.prompt_tokens, trace.responses)
+  priced = cost([(rows, prompts)], (rows, prompts))
+  assert step_s * rows.max() + update_s == pytest.approx(priced["rollout_s"], rel=1e-9)
+  assert token_s * rows.size * np.median(lengths, axis=1).mean() == pytest.approx(
+      priced["learner_s"], rel=1e-9)
+
+
 def test_signal_names_the_measures_a_replay_ranks_by(tmp_path):
   from sagc_jax.experiments.signals import chosen
   from sagc_jax.experiments.replay_tables import trace_tables

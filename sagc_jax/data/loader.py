@@ -12,8 +12,8 @@ makes the iterator position two integers (epoch, position) that fit in a JSON ch
   ``builder_options(config.data)`` gives the ``builder_kwargs`` of a run's config.
 * ``PromptLoader(source, seed, shard_index=0, num_shards=1, limit=0)`` serves examples in a
   fresh permutation every epoch, drawn from ``(seed, epoch)``; ``limit`` > 0 serves only the
-  source's first ``limit`` examples (a small set of prompts that recur, each keeping its id). With several shards (one per
-  process in multi-host training) every epoch's permutation is cut into ``num_shards``
+  source's first ``limit`` examples (a few prompts that recur, each keeping its id). With
+  several shards (one per process in multi-host training) every epoch's permutation is cut into ``num_shards``
   equal contiguous slices; the ``len(source) % num_shards`` leftover examples of that
   epoch's permutation are skipped, so every shard has the same epoch length and the
   processes stay in lockstep (a different handful is skipped each epoch).
