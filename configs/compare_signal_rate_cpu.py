@@ -28,6 +28,9 @@ import runpy
 
 # calibrate --trace docs/data/signal_rate_mod10/warm_trace.jsonl: its printed overrides.
 INITIAL_LAMBDA = 27.0
+# The seed these runs used: the raw decode fit, whose per-row and learner terms count
+# every token where signal_rate counts rows x the median length (calibrate now prints
+# it converted, replay.costs.DecodeCost.cost_seed); worth cost_seed_steps = 4 steps.
 COST_SEED = (0.0003485, 3.007e-05, 0.02421, 0.0001175)
 
 

@@ -20,6 +20,9 @@ import pathlib
 import runpy
 
 # calibrate --trace docs/data/extreme_warm_start/trace.jsonl: its printed override.
+# The seed these runs used: the raw decode fit, whose per-row and learner terms count
+# every token where signal_rate counts rows x the median length (calibrate now prints
+# it converted, replay.costs.DecodeCost.cost_seed); worth cost_seed_steps = 4 steps.
 COST_SEED = (0.0007972, 1.293e-05, 0.03933, 0.000132)
 
 

@@ -21,6 +21,9 @@ import runpy
 
 # calibrate --config.data.eval_split=train (64 of the 200 prompts):
 # docs/data/signal_rate_per_prompt/calibrate, its printed cost seed.
+# The seed these runs used: the raw decode fit, whose per-row and learner terms count
+# every token where signal_rate counts rows x the median length (calibrate now prints
+# it converted, replay.costs.DecodeCost.cost_seed); worth cost_seed_steps = 4 steps.
 COST_SEED = (0.0002708, 2.756e-05, 0.06072, 9.492e-05)
 
 

@@ -125,7 +125,7 @@ def calibration_report(trace: Trace, cost: Callable, section: dict[str, Any], *,
         "arm": warm, "value": value, "override": f"--config.controller.initial_lambda={value:.3g}",
         "rule": "the median over replicates of the dual's mean over the second half of the "
                 "replay at the run's tau and delta: SAGC warm-started at its equilibrium"}
-  seed = cost.seed_for(trace) if hasattr(cost, "seed_for") else None
+  seed = cost.cost_seed(trace) if hasattr(cost, "cost_seed") else None
   if seed is not None:
     recommended["cost_seed"] = {"value": list(seed), "override": (
         "--config.controller.cost_seed='(" + ",".join(f"{v:.4g}" for v in seed) + ")'")}

@@ -129,10 +129,14 @@ class DecodeCost:
     return cls(float(fit["step_s"]), float(fit["slot_s"]), float(learner.get("step_s", 0.0)),
                float(learner.get("token_s", 0.0)))
 
-  def seed_for(self, trace: Any = None) -> tuple[float, float, float, float]:
-    """This fit as ``signal_rate``'s ``cost_seed`` (``control.signal_rate``: the same
-    form, so no trace is needed)."""
-    return (self.step_s, self.slot_s, self.learner_step_s, self.learner_token_s)
+  def cost_seed(self, trace: Any) -> tuple[float, float, float, float]:
+    """This fit as ``signal_rate``'s ``cost_seed``, linearised at ``trace``'s lengths: a
+    round's decoded tokens (``rows x`` the mean length) and the learner's prompt and
+    response tokens become ``signal_rate``'s ``rows x`` the median length
+    (``control.signal_rate``)."""
+    mean, median, prompt_mean = length_stats(trace.lengths, trace.prompt_tokens)
+    return (self.step_s, self.slot_s * mean / median, self.learner_step_s,
+            self.learner_token_s * (mean + prompt_mean) / median)
 
   def settings(self, trace: Any) -> dict[str, Any]:
     """What a replay under this cost takes from the trace's run: its rollout budget,
@@ -147,6 +151,14 @@ class DecodeCost:
       tokens = float(trained[0].sum() + trained[1].sum())
       learner = self.learner_step_s + self.learner_token_s * tokens
     return {"rollout_s": rollout, "learner_s": learner, "total_s": rollout + learner}
+
+
+def length_stats(lengths: np.ndarray, prompt_tokens: np.ndarray) -> tuple[float, float, float]:
+  """(mean response length, mean over prompts of the median, mean prompt length) of a
+  trace's ``[prompts, responses]`` lengths: where a cost is linearised into
+  ``signal_rate``'s form, whose per-row terms count ``rows x`` the median (at least 1)."""
+  return (float(lengths.mean()), max(float(np.median(lengths, axis=1).mean()), 1.0),
+          float(prompt_tokens.mean()))
 
 
 def replay_settings(trace: Any, **changes: Any) -> dict[str, Any]:
@@ -225,7 +237,7 @@ class CompiledStepCost:
                            max_rounds=int(r["dynamic_max_rounds"]),
                            length_scale=self.cap / trace.max_new_tokens, length_cap=self.cap)
 
-  def seed_for(self, trace: Any) -> tuple[float, float, float, float]:
+  def cost_seed(self, trace: Any) -> tuple[float, float, float, float]:
     """This report's cost in ``signal_rate``'s linear form (``cost_seed``: per longest
     token, per row token at the median length, per update, per trained response token),
     linearised at ``trace``'s lengths scaled to the preset's cap, as a replay scales them.
@@ -234,8 +246,7 @@ class CompiledStepCost:
     longest row; its prefill is a per-step constant. Learner: the projected update per
     token, prompts included, per response token at the median."""
     lengths = np.minimum(trace.lengths * (self.cap / trace.max_new_tokens), self.cap)
-    median = max(float(np.median(lengths, axis=1).mean()), 1.0)
-    mean, prompt_mean = float(lengths.mean()), float(trace.prompt_tokens.mean())
+    mean, median, prompt_mean = length_stats(lengths, trace.prompt_tokens)
     refill, report = self.report.get("refill"), self.report
     constant = 0.0
     if refill is not None:
