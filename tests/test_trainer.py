@@ -478,6 +478,8 @@ def test_a_final_evaluation_stopped_by_a_signal_is_run_on_resume(shared, tmp_pat
     ("rollout.rollouts_per_step", 6, "rollout.rollouts_per_step=6 is not divisible"),
     ("data.name", "gsm8k_local", "data.manual_dir is empty"),
     ("data.synthetic.max_ops", 0, "data.synthetic:"),
+    ("data.train_prompts", -1, "data.train_prompts=-1 must be an integer >= 0"),
+    ("data.train_prompts", 10**9, "data.train_prompts=1000000000 is more than the train split"),
     ("train.steps", 0, "train.steps=0"),
     ("sft.warmup_steps", 8, "sft.warmup_steps=8 must be an int in"),
     ("reward.workers", -1, "reward.workers=-1 must be an integer >= 0"),

@@ -155,6 +155,10 @@ class DataSection(Section):
       from sagc_jax.data.synthetic import SyntheticConfig
       with self._errors_as("data.synthetic: ", (TypeError, ValueError)):
         SyntheticConfig(**self.synthetic)
+      num_train = self.synthetic.get("num_train", _SYNTHETIC_DEFAULTS["num_train"])
+      if self.train_prompts > num_train:
+        raise ValueError(f"data.train_prompts={self.train_prompts} is more than the train "
+                         f"split's data.synthetic.num_train={num_train} prompts")
     self._string("manual_dir")
     self._string("data_dir")
     self._local_folder("data_dir", "TFDS builds and the staging cache need a real filesystem")
