@@ -385,20 +385,26 @@ def test_the_compiled_cost_brackets_the_aot_reports_own_projections():
   assert short["rollout_s"] < full["rollout_s"] / 4 and short["learner_s"] < full["learner_s"]
 
 
+def _one_step(cost, trace, lengths):
+  """(the seed's linear price: rollout, learner) and the cost's own price of ``lengths``
+  (``[prompts, responses]``, the trace's prompts) as one step: signal_rate's form counts
+  the longest row and rows x the mean over prompts of the median length."""
+  step_s, slot_s, update_s, token_s = cost.cost_seed(trace)
+  rows, prompts = lengths.reshape(-1), np.repeat(trace.prompt_tokens, trace.responses)
+  per_rows = rows.size * max(np.median(lengths, axis=1).mean(), 1.0)
+  linear = (step_s * rows.max() + slot_s * per_rows, update_s + token_s * per_rows)
+  return linear, update_s, cost([(rows, prompts)], (rows, prompts))
+
+
 def test_the_cpu_cost_seed_prices_a_step_as_the_decode_cost_does():
   """signal_rate's linear form with the seed calibrate prints for a trace's CPU fit prices
   the trace's responses as one step at the decode cost's own seconds: its per-row terms
   count rows x the median length, the fit's count every decoded and trained token."""
   trace = trace_lib.read_trace(BEFORE)
   cost = DecodeCost(step_s=0.05, slot_s=0.004, learner_step_s=2.0, learner_token_s=0.001)
-  step_s, slot_s, update_s, token_s = cost.cost_seed(trace)
-  rows, prompts = trace.lengths.reshape(-1), np.repeat(trace.prompt_tokens, trace.responses)
-  median = max(np.median(trace.lengths, axis=1).mean(), 1.0)
-  priced = cost([(rows, prompts)], (rows, prompts))
-  assert step_s * rows.max() + slot_s * rows.size * median == pytest.approx(
-      priced["rollout_s"], rel=1e-9)
-  assert update_s + token_s * rows.size * median == pytest.approx(priced["learner_s"],
-                                                                  rel=1e-9)
+  (rollout, learner), _, priced = _one_step(cost, trace, trace.lengths)
+  assert rollout == pytest.approx(priced["rollout_s"], rel=1e-9)
+  assert learner == pytest.approx(priced["learner_s"], rel=1e-9)
 
 
 def test_the_aot_cost_seed_prices_a_step_as_the_compiled_cost_does():
@@ -408,22 +414,17 @@ def test_the_aot_cost_seed_prices_a_step_as_the_compiled_cost_does():
   from sagc_jax.replay.costs import CompiledStepCost
 
   cost, trace = CompiledStepCost.load(AOT_REPORT), trace_lib.read_trace(BEFORE)
-  step_s, slot_s, update_s, token_s = cost.cost_seed(trace)
   lengths = np.minimum(trace.lengths * (cost.cap / trace.max_new_tokens), cost.cap)
-  rows, prompts = lengths.reshape(-1), np.repeat(trace.prompt_tokens, trace.responses)
-  assert rows.size % cost.report["refill"]["slots"] == 0
-  median = np.median(lengths, axis=1).mean()
-  priced = cost([(rows, prompts)], (rows, prompts))
-  assert step_s * rows.max() + slot_s * rows.size * median == pytest.approx(
-      priced["rollout_s"], rel=1e-9)
-  assert update_s + token_s * rows.size * median == pytest.approx(priced["learner_s"],
-                                                                  rel=1e-9)
+  assert lengths.size % cost.report["refill"]["slots"] == 0
+  (rollout, learner), _, priced = _one_step(cost, trace, lengths)
+  assert rollout == pytest.approx(priced["rollout_s"], rel=1e-9)
+  assert learner == pytest.approx(priced["learner_s"], rel=1e-9)
 
 
 def test_the_aot_cost_seed_of_a_dense_sampler_report():
   """The dense sampler's branch: one call per round decodes to the round's longest row,
-  its prefill a per-step constant; the seed prices the trace's responses as one step at
-  the compiled cost's own seconds."""
+  its prefill a per-step constant (the seed's update term); the seed prices the trace's
+  responses as one step at the compiled cost's own seconds."""
   from sagc_jax.replay.costs import CompiledStepCost
 
   rollout = dict(mode="hold_rollouts", rollouts_per_step=2048, prompts_per_step=8,
@@ -432,13 +433,10 @@ def test_the_aot_cost_seed_of_a_dense_sampler_report():
   cost = CompiledStepCost(dict(rollout=rollout, refill=None, generate_ms=900.0,
                                decode_step_ms=12.0, projected_learner_s=30.0))
   trace = trace_lib.read_trace(BEFORE)
-  step_s, slot_s, update_s, token_s = cost.cost_seed(trace)
   lengths = np.minimum(np.rint(trace.lengths * (1024 / trace.max_new_tokens)), 1024)
-  rows, prompts = lengths.reshape(-1), np.repeat(trace.prompt_tokens, trace.responses)
-  priced = cost([(rows, prompts)], (rows, prompts))
-  assert step_s * rows.max() + update_s == pytest.approx(priced["rollout_s"], rel=1e-9)
-  assert token_s * rows.size * np.median(lengths, axis=1).mean() == pytest.approx(
-      priced["learner_s"], rel=1e-9)
+  (rollout_s, learner_s), update_s, priced = _one_step(cost, trace, lengths)
+  assert rollout_s + update_s == pytest.approx(priced["rollout_s"], rel=1e-9)
+  assert learner_s - update_s == pytest.approx(priced["learner_s"], rel=1e-9)
 
 
 def test_signal_names_the_measures_a_replay_ranks_by(tmp_path):
